@@ -1,0 +1,151 @@
+//! The wire contract between the filter and `idemd` (JSON over HTTP/1.1).
+//!
+//! One definition serves both sides: the filter serializes requests and parses
+//! answers with these types, and the sidecar's axum handlers use the same ones,
+//! so the two cannot drift apart.
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/acquire`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireRequest {
+    /// The fingerprint nonce: 32 lowercase hex chars.
+    pub key: String,
+    pub param_hash: String,
+    pub subject_hash: String,
+    pub scope: String,
+    /// How long the new owner holds the IN_FLIGHT lease.
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AcquireOutcome {
+    /// The caller owns the operation now and must execute it.
+    Acquired,
+    /// Someone else owns it and the result is not known yet.
+    InFlight,
+    Done,
+    Failed,
+    /// The reconciler could not tell whether it executed: a person decides.
+    NeedsReview,
+    /// Same key, different param_hash: a security event.
+    ParamMismatch,
+    /// The SQL truth cannot be reached: nothing was recorded, nothing may run.
+    StoreUnavailable,
+}
+
+/// Answer to `POST /v1/acquire`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireResponse {
+    pub outcome: AcquireOutcome,
+    /// Set on ACQUIRED (the caller's owner token) and on IN_FLIGHT (the holder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Set on DONE and FAILED: what a replay sends back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<StoredResult>,
+}
+
+/// What a replay needs: the upstream's status, a safe subset of its headers,
+/// and its body (base64 so any bytes survive JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredResult {
+    pub status: u16,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    #[serde(default)]
+    pub body_b64: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TerminalState {
+    Done,
+    Failed,
+}
+
+/// `POST /v1/complete`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompleteRequest {
+    pub key: String,
+    pub owner: String,
+    pub state: TerminalState,
+    pub result: StoredResult,
+}
+
+/// `POST /v1/release`: the request provably never reached the upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    pub key: String,
+    pub owner: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Ack {
+    Ok,
+    /// The caller no longer owns the operation; its write was ignored.
+    NotOwner,
+    StoreUnavailable,
+}
+
+/// Answer to `POST /v1/complete` and `POST /v1/release`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckResponse {
+    pub outcome: Ack,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OpState {
+    InFlight,
+    Done,
+    Failed,
+    NeedsReview,
+}
+
+/// `GET /v1/operations/{key}` (404 when the key was never acquired or was released).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationView {
+    pub key: String,
+    pub state: OpState,
+    pub scope: String,
+    pub subject_hash: String,
+    pub param_hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<StoredResult>,
+    /// Unix milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until_ms: Option<i64>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_use_the_documented_spelling() -> Result<(), serde_json::Error> {
+        let r = AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None };
+        assert_eq!(serde_json::to_string(&r)?, r#"{"outcome":"PARAM_MISMATCH"}"#);
+        let a: AckResponse = serde_json::from_str(r#"{"outcome":"NOT_OWNER"}"#)?;
+        assert_eq!(a.outcome, Ack::NotOwner);
+        Ok(())
+    }
+
+    #[test]
+    fn stored_result_round_trips() -> Result<(), serde_json::Error> {
+        let r = StoredResult {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body_b64: "e30".into(),
+        };
+        let text = serde_json::to_string(&r)?;
+        assert_eq!(serde_json::from_str::<StoredResult>(&text)?, r);
+        Ok(())
+    }
+}
