@@ -1,1 +1,69 @@
-fn main() {}
+//! `demo`: the stand-in business service (transfers) behind Envoy in the
+//! walkthrough and the end-to-end tests. See `api` for the endpoints.
+
+mod api;
+mod server;
+mod store;
+mod transfer;
+
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser};
+use std::io::{IsTerminal, Write};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "demo",
+    version,
+    about = "Demo transfers service (stand-in upstream)"
+)]
+struct Cli {
+    /// Address to listen on (port 0 picks a free port; the line printed at
+    /// start says which).
+    #[arg(long, env = "DEMO_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+
+    /// SQLite database: a `sqlite:` URL or a file path (created if missing).
+    #[arg(long, env = "DEMO_DB", default_value = "sqlite://./data/demo.db")]
+    db: String,
+
+    /// Do not deduplicate on Idempotency-Key: every confirm executes.
+    #[arg(long, env = "DEMO_NO_DEDUP", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    no_dedup: bool,
+
+    /// Honour the x-demo-* fault injection headers.
+    #[arg(long, env = "DEMO_FAULTS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    faults: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let cli = Cli::parse();
+
+    let store = store::Store::open(&cli.db).await?;
+    let router = api::router(
+        store,
+        api::Config {
+            dedup: !cli.no_dedup,
+            faults: cli.faults,
+        },
+    );
+    let listener = TcpListener::bind(&cli.listen).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, db = %cli.db, dedup = !cli.no_dedup, faults = cli.faults, "started");
+    // Scripts and tests wait for this exact line.
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "demo listening on {addr}")?;
+    stdout.flush()?;
+
+    server::run(listener, router).await;
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! HTTP endpoints of the transfers service, including the fault injection
+//! the end-to-end tests use to make it misbehave on purpose.
+
+use crate::server::Hangup;
+use crate::store::{Inserted, NewRecord, Store};
+use crate::transfer::{self, TransferRequest};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+pub struct Config {
+    /// Deduplicate confirms on `Idempotency-Key` (off: `--no-dedup`).
+    pub dedup: bool,
+    /// Honour the `x-demo-*` fault headers (`--faults`).
+    pub faults: bool,
+}
+
+#[derive(Clone)]
+struct App {
+    store: Store,
+    config: Arc<Config>,
+}
+
+pub fn router(store: Store, config: Config) -> Router {
+    let app = App {
+        store,
+        config: Arc::new(config),
+    };
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({ "ok": true })) }))
+        .route("/v1/transfers/preview", post(preview))
+        .route("/v1/transfers", post(confirm))
+        .route("/v1/transfers/by-key/{idempotency_key}", get(by_key))
+        .route("/v1/executions", get(executions))
+        .with_state(app)
+}
+
+async fn preview(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
+    let faults = Faults::read(&headers, app.config.faults);
+    faults.delay().await;
+    if let Some(status) = faults.fail {
+        return injected_failure(status);
+    }
+    let req = match TransferRequest::parse(&body) {
+        Ok(req) => req,
+        Err(detail) => return invalid_request(detail),
+    };
+    let quote = json!({
+        "quote_id": transfer::new_id("q_"),
+        "amount": req.amount,
+        "currency": req.currency,
+        "payee_id": req.payee_id,
+        "fee": transfer::FEE,
+        "expires_at": transfer::unix_now() + transfer::QUOTE_TTL_SECS,
+    });
+    (StatusCode::OK, Json(quote)).into_response()
+}
+
+/// What a confirm ends in: an answer, or a connection dropped without one.
+enum Outcome {
+    Reply(Response),
+    Reset,
+}
+
+async fn confirm(
+    State(app): State<App>,
+    Extension(hangup): Extension<Hangup>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    // Run detached: a real service keeps executing after the caller (Envoy,
+    // on a timeout) hangs up, and the gateway's in-flight handling is
+    // tested against exactly that.
+    match tokio::spawn(confirm_detached(app, headers, body)).await {
+        Ok(Outcome::Reply(response)) => response,
+        Ok(Outcome::Reset) => {
+            hangup.reset();
+            // Never answer: the connection task drops the socket instead.
+            std::future::pending().await
+        }
+        Err(e) => {
+            error!(error = %e, "confirm task failed");
+            internal_error()
+        }
+    }
+}
+
+async fn confirm_detached(app: App, headers: HeaderMap, body: Bytes) -> Outcome {
+    match try_confirm(&app, &headers, &body).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            error!(error = %e, "database error");
+            Outcome::Reply(internal_error())
+        }
+    }
+}
+
+async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outcome, sqlx::Error> {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty());
+    let now = transfer::unix_now() as i64;
+    let attempt = app.store.count_attempt(key, now).await?;
+
+    let faults = Faults::read(headers, app.config.faults);
+    faults.delay().await;
+
+    // Without a key, anyone reaching the service around the gateway could
+    // execute the same transfer twice.
+    let Some(key) = key else {
+        return Ok(reply(
+            StatusCode::PRECONDITION_REQUIRED,
+            json!({ "error": "idempotency_key_required" }),
+        ));
+    };
+    if let Some(status) = faults.fail {
+        return Ok(Outcome::Reply(injected_failure(status)));
+    }
+    if faults.reset_first && attempt == 1 {
+        warn!(key, "fault: resetting the connection on the first attempt");
+        return Ok(Outcome::Reset);
+    }
+
+    let req = match TransferRequest::parse(body) {
+        Ok(req) => req,
+        Err(detail) => return Ok(Outcome::Reply(invalid_request(detail))),
+    };
+    if req.over_limit() {
+        return Ok(reply(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({ "error": "limit_exceeded" }),
+        ));
+    }
+
+    let transfer_id = transfer::new_id("t_");
+    let response = json!({
+        "transfer_id": transfer_id,
+        "status": "executed",
+        "amount": req.amount,
+        "currency": req.currency,
+        "payee_id": req.payee_id,
+        "memo": req.memo,
+        "idempotency_key": key,
+        "executed_at": now,
+    })
+    .to_string();
+    // Under --no-dedup each attempt gets its own row key, so the UNIQUE
+    // constraint never fires and every retry really executes.
+    let idem_key = if app.config.dedup {
+        key.to_string()
+    } else {
+        format!("{key}#{attempt}")
+    };
+    let amount = match &req.amount {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let record = NewRecord {
+        idem_key: &idem_key,
+        request_key: key,
+        transfer_id: &transfer_id,
+        amount: &amount,
+        currency: &req.currency,
+        payee_id: &req.payee_id,
+        memo: req.memo.as_deref(),
+        response: &response,
+        created_at: now,
+    };
+    let body = match app.store.insert(&record).await? {
+        Inserted::Executed => {
+            info!(key, transfer_id, amount, "transfer executed");
+            response
+        }
+        Inserted::Duplicate(stored) => {
+            info!(key, "duplicate key: replaying the stored transfer");
+            stored
+        }
+    };
+
+    if faults.crash_after_commit {
+        warn!(key, "fault: exiting after commit, before answering");
+        std::process::exit(0);
+    }
+    Ok(Outcome::Reply(raw_json(StatusCode::CREATED, body)))
+}
+
+async fn by_key(State(app): State<App>, Path(key): Path<String>) -> Response {
+    match app.store.by_key(&key).await {
+        Ok(Some(body)) => raw_json(StatusCode::OK, body),
+        Ok(None) => (StatusCode::NOT_FOUND, Json(json!({ "error": "not_found" }))).into_response(),
+        Err(e) => {
+            error!(error = %e, "database error");
+            internal_error()
+        }
+    }
+}
+
+async fn executions(State(app): State<App>) -> Response {
+    match app.store.executions().await {
+        Ok(executions) => Json(executions).into_response(),
+        Err(e) => {
+            error!(error = %e, "database error");
+            internal_error()
+        }
+    }
+}
+
+/// The `x-demo-*` request headers; all off unless the service runs with `--faults`.
+#[derive(Default)]
+struct Faults {
+    delay: Option<Duration>,
+    fail: Option<StatusCode>,
+    crash_after_commit: bool,
+    reset_first: bool,
+}
+
+impl Faults {
+    fn read(headers: &HeaderMap, enabled: bool) -> Faults {
+        if !enabled {
+            return Faults::default();
+        }
+        let get = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        };
+        Faults {
+            delay: get("x-demo-delay-ms")
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
+            // Any 4xx/5xx, so tests can also exercise how the gateway
+            // classifies definite failures (400, 409, 429, ...).
+            fail: get("x-demo-fail")
+                .and_then(|v| v.parse::<u16>().ok())
+                .filter(|code| (400..=599).contains(code))
+                .and_then(|code| StatusCode::from_u16(code).ok()),
+            crash_after_commit: get("x-demo-crash-after-commit") == Some("1"),
+            reset_first: get("x-demo-reset") == Some("first"),
+        }
+    }
+
+    async fn delay(&self) {
+        if let Some(delay) = self.delay {
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+fn reply(status: StatusCode, body: Value) -> Outcome {
+    Outcome::Reply((status, Json(body)).into_response())
+}
+
+/// A stored body goes back byte for byte, so a replay equals the original.
+fn raw_json(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn invalid_request(detail: String) -> Response {
+    let body = json!({ "error": "invalid_request", "detail": detail });
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+fn injected_failure(status: StatusCode) -> Response {
+    (status, Json(json!({ "error": "injected_failure" }))).into_response()
+}
+
+fn internal_error() -> Response {
+    let body = json!({ "error": "internal_error" });
+    (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response()
+}

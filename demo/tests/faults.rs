@@ -1,0 +1,179 @@
+//! The `x-demo-*` fault headers: honoured with `--faults`, ignored without.
+
+mod support;
+
+use serde_json::json;
+use std::time::{Duration, Instant};
+use support::{json, transfer, Demo};
+
+const ALL_FAULTS: [(&str, &str); 4] = [
+    ("x-demo-delay-ms", "1500"),
+    ("x-demo-fail", "503"),
+    ("x-demo-crash-after-commit", "1"),
+    ("x-demo-reset", "first"),
+];
+
+#[tokio::test]
+async fn ignored_without_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &[]);
+    let started = Instant::now();
+    let (status, _) = demo
+        .confirm(Some("k"), &ALL_FAULTS, &transfer(json("1")))
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    assert_eq!(demo.get("/healthz").await.0, 200, "still running");
+    assert_eq!(demo.executions().await["total"], 1);
+}
+
+#[tokio::test]
+async fn delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    let delay = [("x-demo-delay-ms", "300")];
+    let started = Instant::now();
+    let (status, _) = demo
+        .confirm(Some("slow"), &delay, &transfer(json("1")))
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    let started = Instant::now();
+    let resp = demo
+        .client
+        .post(demo.url("/v1/transfers/preview"))
+        .header("x-demo-delay-ms", "300")
+        .json(&transfer(json("1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn a_caller_that_hangs_up_does_not_stop_the_execution() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let err = impatient
+        .post(demo.url("/v1/transfers"))
+        .header("Idempotency-Key", "late")
+        .header("x-demo-delay-ms", "400")
+        .json(&transfer(json("1")))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(demo.get("/v1/transfers/by-key/late").await.0, 200);
+}
+
+#[tokio::test]
+async fn fail_answers_the_status_without_executing() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    let (status, body) = demo
+        .confirm(Some("f"), &[("x-demo-fail", "503")], &transfer(json("1")))
+        .await
+        .unwrap();
+    assert_eq!(status, 503);
+    assert_eq!(json(&body), json!({ "error": "injected_failure" }));
+    let (status, _) = demo
+        .confirm(Some("f"), &[("x-demo-fail", "500")], &transfer(json("1")))
+        .await
+        .unwrap();
+    assert_eq!(status, 500);
+    assert_eq!(demo.get("/v1/transfers/by-key/f").await.0, 404);
+    // Without the header the same key then executes.
+    let (status, _) = demo
+        .confirm(Some("f"), &[], &transfer(json("1")))
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    let exec = demo.executions().await;
+    assert_eq!(exec["total"], 1);
+    assert_eq!(exec["attempts_by_key"]["f"], 3);
+}
+
+#[tokio::test]
+async fn crash_after_commit_keeps_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = support::db_path(dir.path());
+    let mut demo = Demo::start_with(&db, &["--faults"], &[]);
+    let result = demo
+        .confirm(
+            Some("boom"),
+            &[("x-demo-crash-after-commit", "1")],
+            &transfer(json("9.99")),
+        )
+        .await;
+    assert!(result.is_err(), "no answer expected, got {result:?}");
+    assert!(demo.wait_exit(Duration::from_secs(5)).success());
+
+    let demo = Demo::start_with(&db, &["--faults"], &[]);
+    let (status, record) = demo.get("/v1/transfers/by-key/boom").await;
+    assert_eq!(status, 200);
+    assert_eq!(record["amount"], json("9.99"));
+    assert_eq!(record["status"], "executed");
+    // A retry after the restart replays instead of executing again.
+    let (status, body) = demo
+        .confirm(Some("boom"), &[], &transfer(json("9.99")))
+        .await
+        .unwrap();
+    assert_eq!((status, json(&body)), (201, record));
+    assert_eq!(
+        demo.executions().await,
+        json!({ "total": 1, "by_key": { "boom": 1 }, "attempts": 2, "attempts_by_key": { "boom": 2 } })
+    );
+}
+
+#[tokio::test]
+async fn reset_first_drops_only_the_first_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    let reset = [("x-demo-reset", "first")];
+    let first = demo.confirm(Some("r"), &reset, &transfer(json("2"))).await;
+    assert!(first.is_err(), "connection error expected, got {first:?}");
+    assert_eq!(
+        demo.get("/v1/transfers/by-key/r").await.0,
+        404,
+        "not executed"
+    );
+
+    let (status, _) = demo
+        .confirm(Some("r"), &reset, &transfer(json("2")))
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    let exec = demo.executions().await;
+    assert_eq!(exec["total"], 1);
+    assert_eq!(exec["attempts_by_key"]["r"], 2);
+}
+
+/// Envoy's `retry_on: reset` needs a real RST, not a clean close.
+#[test]
+fn reset_is_a_tcp_reset() {
+    use std::io::{ErrorKind, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    let mut conn = std::net::TcpStream::connect(&demo.addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let body = r#"{"amount":1,"currency":"EUR","payee_id":"p"}"#;
+    write!(
+        conn,
+        "POST /v1/transfers HTTP/1.1\r\nHost: demo\r\nIdempotency-Key: rst\r\nx-demo-reset: first\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = [0; 64];
+    let err = conn.read(&mut buf).expect_err("no bytes, no clean EOF");
+    assert_eq!(err.kind(), ErrorKind::ConnectionReset);
+}
