@@ -1,4 +1,12 @@
 //! Pure decisions of the agent-idempotency filter. No proxy-wasm, no I/O, no
 //! clock: the host glue passes bytes, time and randomness in.
 
+pub mod canonical;
+pub mod fingerprint;
+pub mod outcome;
+pub mod policy;
 pub mod protocol;
+pub mod reply;
+
+mod json_text;
+mod strict_json;

@@ -58,6 +58,30 @@ pub struct StoredResult {
     pub body_b64: String,
 }
 
+/// Upstream headers worth replaying. Everything else (hop-by-hop, cookies,
+/// server timing, content-length that the replay envelope changes) stays out
+/// of the store.
+const REPLAY_HEADERS: &[&str] = &["content-type", "location", "content-language"];
+
+/// The safe subset of an upstream answer's headers, lowercased, in order.
+pub fn replay_headers(headers: &[(String, String)]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(k, _)| REPLAY_HEADERS.contains(&k.to_ascii_lowercase().as_str()))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+        .collect()
+}
+
+pub fn encode_body(body: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(body)
+}
+
+pub fn decode_body(body_b64: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(body_b64).ok()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TerminalState {
@@ -135,6 +159,30 @@ mod tests {
         let a: AckResponse = serde_json::from_str(r#"{"outcome":"NOT_OWNER"}"#)?;
         assert_eq!(a.outcome, Ack::NotOwner);
         Ok(())
+    }
+
+    #[test]
+    fn only_safe_headers_are_kept() {
+        let kept = replay_headers(&[
+            ("Content-Type".into(), "application/json".into()),
+            ("set-cookie".into(), "s=1".into()),
+            ("content-length".into(), "10".into()),
+            ("location".into(), "/v1/transfers/t_1".into()),
+        ]);
+        assert_eq!(
+            kept,
+            vec![
+                ("content-type".to_string(), "application/json".to_string()),
+                ("location".to_string(), "/v1/transfers/t_1".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn bodies_survive_base64() {
+        let bytes = [0u8, 159, 146, 150, b'{', b'}'];
+        assert_eq!(decode_body(&encode_body(&bytes)), Some(bytes.to_vec()));
+        assert_eq!(decode_body("not base64!"), None);
     }
 
     #[test]

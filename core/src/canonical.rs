@@ -1,0 +1,517 @@
+//! Canonical JSON of a route's bound fields and its `param_hash` (DESIGN §3).
+//!
+//! The hash must not change when an agent re-spells the same business values
+//! (`1.0` vs `1.00`, key order, whitespace) and must change when any bound value
+//! changes. Numbers never pass through f64: money has more digits than a double.
+
+use crate::json_text::{push_json_string, push_pointer_token};
+use crate::strict_json;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One bound field: a JSON pointer into the request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundField {
+    pub pointer: String,
+    /// Accept a number or a decimal string and hash both as the same number.
+    pub decimal: bool,
+}
+
+impl BoundField {
+    pub fn new(pointer: &str, decimal: bool) -> BoundField {
+        BoundField { pointer: pointer.to_string(), decimal }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyError {
+    TooLarge { limit: usize },
+    Invalid(String),
+    NotAnObject,
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BodyError::TooLarge { limit } => write!(f, "body larger than {limit} bytes"),
+            BodyError::Invalid(why) => write!(f, "body is not valid JSON: {why}"),
+            BodyError::NotAnObject => f.write_str("body is not a JSON object"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CanonError {
+    /// `pointer` names the offending value, which may lie inside a bound field.
+    WrongType {
+        pointer: String,
+        expected: &'static str,
+    },
+    NumberOutOfRange {
+        pointer: String,
+    },
+    TooDeep {
+        pointer: String,
+    },
+}
+
+impl CanonError {
+    pub fn pointer(&self) -> &str {
+        match self {
+            CanonError::WrongType { pointer, .. }
+            | CanonError::NumberOutOfRange { pointer }
+            | CanonError::TooDeep { pointer } => pointer,
+        }
+    }
+}
+
+impl fmt::Display for CanonError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CanonError::WrongType { pointer, expected } => write!(f, "{pointer}: expected a {expected}"),
+            CanonError::NumberOutOfRange { pointer } => write!(
+                f,
+                "{pointer}: number out of range (at most {MAX_LITERAL_LEN} characters, exponent within ±{MAX_EXPONENT}, {MAX_DIGITS} digits)"
+            ),
+            CanonError::TooDeep { pointer } => write!(f, "{pointer}: nested deeper than {MAX_DEPTH} levels"),
+        }
+    }
+}
+
+impl std::error::Error for CanonError {}
+
+/// Bounds that keep a hostile number (`1e999999999`) cheap to reject.
+pub const MAX_LITERAL_LEN: usize = 100;
+pub const MAX_EXPONENT: u32 = 100;
+pub const MAX_DIGITS: usize = 200;
+/// Deeper than any real tool argument; bounds the recursion.
+pub const MAX_DEPTH: usize = 32;
+
+/// Parse a request/response body: reject over `max_bytes` BEFORE parsing,
+/// reject non-JSON (including duplicate object keys), require a top-level object.
+pub fn parse_json_body(bytes: &[u8], max_bytes: usize) -> Result<Value, BodyError> {
+    if bytes.len() > max_bytes {
+        return Err(BodyError::TooLarge { limit: max_bytes });
+    }
+    let value = strict_json::from_slice(bytes).map_err(BodyError::Invalid)?;
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err(BodyError::NotAnObject)
+    }
+}
+
+/// Canonical JSON text of the bound fields, keyed by their pointer strings.
+pub fn canonical_params(body: &Value, fields: &[BoundField]) -> Result<String, CanonError> {
+    let mut members: BTreeMap<&str, String> = BTreeMap::new();
+    for field in fields {
+        let Some(value) = body.pointer(&field.pointer) else { continue };
+        if value.is_null() {
+            continue;
+        }
+        let mut text = String::new();
+        if field.decimal {
+            push_decimal_field(&mut text, value, &field.pointer)?;
+        } else {
+            let mut path = field.pointer.clone();
+            push_canonical(&mut text, value, &mut path, 0)?;
+        }
+        members.insert(field.pointer.as_str(), text);
+    }
+    // BTreeMap<&str> iterates in byte order, which for UTF-8 is code point order.
+    let mut out = String::from("{");
+    for (i, (key, text)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_json_string(&mut out, key);
+        out.push(':');
+        out.push_str(text);
+    }
+    out.push('}');
+    Ok(out)
+}
+
+/// Lowercase hex SHA-256 of [`canonical_params`].
+pub fn param_hash(body: &Value, fields: &[BoundField]) -> Result<String, CanonError> {
+    let text = canonical_params(body, fields)?;
+    Ok(hex::encode(Sha256::digest(text.as_bytes())))
+}
+
+/// Normalize a decimal literal ("100e-2", "1.00", "-0.0", "1E+3") to its
+/// canonical text ("1", "1", "0", "1000"). `None` if it is not a decimal
+/// literal or exceeds the bounds.
+pub fn normalize_decimal(text: &str) -> Option<String> {
+    parse_decimal(text).ok()
+}
+
+fn push_decimal_field(out: &mut String, value: &Value, pointer: &str) -> Result<(), CanonError> {
+    let literal = match value {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        _ => return Err(CanonError::WrongType { pointer: pointer.to_string(), expected: "decimal" }),
+    };
+    match parse_decimal(&literal) {
+        Ok(normal) => {
+            out.push_str(&normal);
+            Ok(())
+        }
+        Err(DecimalError::OutOfRange) => Err(CanonError::NumberOutOfRange { pointer: pointer.to_string() }),
+        Err(DecimalError::Syntax) => Err(CanonError::WrongType { pointer: pointer.to_string(), expected: "decimal" }),
+    }
+}
+
+/// `path` is the pointer of `value`, extended in place while descending so an
+/// error can name exactly where it happened.
+fn push_canonical(out: &mut String, value: &Value, path: &mut String, depth: usize) -> Result<(), CanonError> {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::String(s) => push_json_string(out, s),
+        Value::Number(n) => match parse_decimal(&n.to_string()) {
+            Ok(normal) => out.push_str(&normal),
+            // serde_json only yields valid literals, so any failure is a bound.
+            Err(_) => return Err(CanonError::NumberOutOfRange { pointer: path.clone() }),
+        },
+        Value::Array(items) => {
+            if depth >= MAX_DEPTH {
+                return Err(CanonError::TooDeep { pointer: path.clone() });
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let restore = path.len();
+                path.push('/');
+                path.push_str(&i.to_string());
+                push_canonical(out, item, path, depth + 1)?;
+                path.truncate(restore);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            if depth >= MAX_DEPTH {
+                return Err(CanonError::TooDeep { pointer: path.clone() });
+            }
+            let mut keys: Vec<&String> = map.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k).collect();
+            keys.sort_unstable();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                let Some(member) = map.get(key) else { continue };
+                if i > 0 {
+                    out.push(',');
+                }
+                push_json_string(out, key);
+                out.push(':');
+                let restore = path.len();
+                path.push('/');
+                push_pointer_token(path, key);
+                push_canonical(out, member, path, depth + 1)?;
+                path.truncate(restore);
+            }
+            out.push('}');
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DecimalError {
+    Syntax,
+    OutOfRange,
+}
+
+/// JSON number grammar, except that leading zeros in the integer part are
+/// tolerated (a decimal *string* such as "007.50" is still unambiguous).
+fn parse_decimal(text: &str) -> Result<String, DecimalError> {
+    if text.len() > MAX_LITERAL_LEN {
+        return Err(DecimalError::OutOfRange);
+    }
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    let negative = bytes.first() == Some(&b'-');
+    if negative {
+        i += 1;
+    }
+    let int_start = i;
+    while bytes.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    let int_digits = text.get(int_start..i).ok_or(DecimalError::Syntax)?;
+    if int_digits.is_empty() {
+        return Err(DecimalError::Syntax);
+    }
+    let mut frac_digits = "";
+    if bytes.get(i) == Some(&b'.') {
+        i += 1;
+        let start = i;
+        while bytes.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        frac_digits = text.get(start..i).ok_or(DecimalError::Syntax)?;
+        if frac_digits.is_empty() {
+            return Err(DecimalError::Syntax);
+        }
+    }
+    let mut exponent: i64 = 0;
+    if matches!(bytes.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        let exp_negative = match bytes.get(i) {
+            Some(b'-') => {
+                i += 1;
+                true
+            }
+            Some(b'+') => {
+                i += 1;
+                false
+            }
+            _ => false,
+        };
+        let start = i;
+        while bytes.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        let digits = text.get(start..i).ok_or(DecimalError::Syntax)?;
+        if digits.is_empty() {
+            return Err(DecimalError::Syntax);
+        }
+        let significant = digits.trim_start_matches('0');
+        // Checked on the text so a huge exponent is never even parsed.
+        if significant.len() > 3 {
+            return Err(DecimalError::OutOfRange);
+        }
+        let magnitude: i64 =
+            if significant.is_empty() { 0 } else { significant.parse().map_err(|_| DecimalError::Syntax)? };
+        if magnitude > i64::from(MAX_EXPONENT) {
+            return Err(DecimalError::OutOfRange);
+        }
+        exponent = if exp_negative { -magnitude } else { magnitude };
+    }
+    if i != bytes.len() {
+        return Err(DecimalError::Syntax);
+    }
+
+    // value = digits × 10^(exponent − len(frac)), with digits = int ++ frac.
+    let mut digits = String::with_capacity(int_digits.len() + frac_digits.len());
+    digits.push_str(int_digits);
+    digits.push_str(frac_digits);
+    let significant = digits.trim_start_matches('0');
+    if significant.is_empty() {
+        return Ok("0".to_string());
+    }
+    let trimmed = significant.trim_end_matches('0');
+    let dropped = significant.len() - trimmed.len();
+    // All lengths are ≤ MAX_LITERAL_LEN, so these casts cannot overflow.
+    let scale = exponent - frac_digits.len() as i64 + dropped as i64;
+    let n = trimmed.len() as i64;
+
+    // Size the output before building it: never allocate by the exponent.
+    let total_digits = if scale >= 0 { n + scale } else { n.max(-scale + 1) };
+    if total_digits > MAX_DIGITS as i64 {
+        return Err(DecimalError::OutOfRange);
+    }
+    let mut out = String::with_capacity(total_digits as usize + 2);
+    if negative {
+        out.push('-');
+    }
+    if scale >= 0 {
+        out.push_str(trimmed);
+        out.extend(std::iter::repeat_n('0', scale as usize));
+    } else {
+        let point = n + scale;
+        if point > 0 {
+            let (whole, fraction) = trimmed.split_at(point as usize);
+            out.push_str(whole);
+            out.push('.');
+            out.push_str(fraction);
+        } else {
+            out.push_str("0.");
+            out.extend(std::iter::repeat_n('0', (-point) as usize));
+            out.push_str(trimmed);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(text: &str) -> Result<Value, BodyError> {
+        parse_json_body(text.as_bytes(), 65536)
+    }
+
+    fn fields(spec: &[(&str, bool)]) -> Vec<BoundField> {
+        spec.iter().map(|(p, d)| BoundField::new(p, *d)).collect()
+    }
+
+    #[test]
+    fn decimals_normalize() {
+        let cases = [
+            ("100e-2", "1"),
+            ("1.00", "1"),
+            ("1", "1"),
+            ("1.0", "1"),
+            ("-0.0", "0"),
+            ("-0", "0"),
+            ("0e5", "0"),
+            ("1E+3", "1000"),
+            ("1e3", "1000"),
+            ("12.3400", "12.34"),
+            ("-12.34e1", "-123.4"),
+            ("0.001", "0.001"),
+            ("1e-3", "0.001"),
+            ("007.50", "7.5"),
+            ("123456789012345678901234567890.000000000000000001", "123456789012345678901234567890.000000000000000001"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(normalize_decimal(input).as_deref(), Some(want), "{input}");
+        }
+        let tiny = normalize_decimal("5e-100");
+        assert_eq!(tiny.as_deref().map(str::len), Some(102));
+        assert!(tiny.is_some_and(|t| t.starts_with("0.000") && t.ends_with('5')));
+    }
+
+    #[test]
+    fn decimal_syntax_is_strict() {
+        for bad in
+            ["", "-", "+1", "1.", ".5", "1e", "1e+", "0x10", "1,0", " 1", "1 ", "NaN", "Infinity", "1.2.3", "--1", "١"]
+        {
+            assert_eq!(normalize_decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_numbers_are_rejected_cheaply() {
+        assert_eq!(parse_decimal("1e999999999"), Err(DecimalError::OutOfRange));
+        assert_eq!(parse_decimal("1e101"), Err(DecimalError::OutOfRange));
+        assert_eq!(parse_decimal("1e-101"), Err(DecimalError::OutOfRange));
+        assert_eq!(parse_decimal("1e0000000000000000100"), Ok(format!("1{}", "0".repeat(100))));
+        assert_eq!(parse_decimal(&"1".repeat(101)), Err(DecimalError::OutOfRange));
+        let long = format!("{}e100", "9".repeat(95));
+        assert_eq!(parse_decimal(&long), Ok(format!("{}{}", "9".repeat(95), "0".repeat(100))));
+        let small = format!("0.{}1e-100", "0".repeat(92));
+        assert_eq!(parse_decimal(&small).map(|t| t.len()), Ok(195));
+        let b = body(r#"{"amount": 1e999999999}"#);
+        assert!(matches!(b, Ok(ref v) if matches!(
+            param_hash(v, &fields(&[("/amount", false)])),
+            Err(CanonError::NumberOutOfRange { ref pointer }) if pointer == "/amount"
+        )));
+    }
+
+    #[test]
+    fn canonical_text_sorts_and_drops_nulls() -> Result<(), Box<dyn std::error::Error>> {
+        let b = body(r#"{"currency":"USD","amount":100.50,"memo":"ASAP","payee":null}"#)?;
+        let f = fields(&[("/currency", false), ("/amount", true), ("/payee", false), ("/missing", false)]);
+        assert_eq!(canonical_params(&b, &f)?, r#"{"/amount":100.5,"/currency":"USD"}"#);
+        assert_eq!(canonical_params(&b, &[])?, "{}");
+        Ok(())
+    }
+
+    #[test]
+    fn free_text_drift_does_not_change_the_hash() -> Result<(), Box<dyn std::error::Error>> {
+        let f = fields(&[("/amount", true), ("/currency", false)]);
+        let a = body(r#"{"amount":"1.00","currency":"USD","memo":"ASAP"}"#)?;
+        let b = body(r#"{ "memo" : "please ASAP", "currency":"USD", "amount": 100e-2 }"#)?;
+        assert_eq!(param_hash(&a, &f)?, param_hash(&b, &f)?);
+        let c = body(r#"{"amount":"1.01","currency":"USD"}"#)?;
+        assert_ne!(param_hash(&a, &f)?, param_hash(&c, &f)?);
+        Ok(())
+    }
+
+    #[test]
+    fn strings_and_numbers_differ_unless_declared_decimal() -> Result<(), Box<dyn std::error::Error>> {
+        let f = fields(&[("/amount", false)]);
+        let a = body(r#"{"amount":"1.00"}"#)?;
+        let b = body(r#"{"amount":1}"#)?;
+        assert_ne!(param_hash(&a, &f)?, param_hash(&b, &f)?);
+        assert_eq!(canonical_params(&a, &f)?, r#"{"/amount":"1.00"}"#);
+        Ok(())
+    }
+
+    #[test]
+    fn decimal_fields_reject_other_types() -> Result<(), Box<dyn std::error::Error>> {
+        let f = fields(&[("/amount", true)]);
+        for text in [r#"{"amount":true}"#, r#"{"amount":"ten"}"#, r#"{"amount":[1]}"#, r#"{"amount":{"v":1}}"#] {
+            let b = body(text)?;
+            assert_eq!(
+                canonical_params(&b, &f),
+                Err(CanonError::WrongType { pointer: "/amount".into(), expected: "decimal" }),
+                "{text}"
+            );
+        }
+        let b = body(r#"{"amount":"1e500"}"#)?;
+        assert_eq!(canonical_params(&b, &f), Err(CanonError::NumberOutOfRange { pointer: "/amount".into() }));
+        Ok(())
+    }
+
+    #[test]
+    fn nested_values_are_canonical() -> Result<(), Box<dyn std::error::Error>> {
+        let f = fields(&[("/items", false), ("/payee", false)]);
+        let b = body(r#"{"payee":{"z":1.0,"a":"x","n":null,"ok":true},"items":[2.50,null,{"b":1,"a":[]}]}"#)?;
+        assert_eq!(
+            canonical_params(&b, &f)?,
+            r#"{"/items":[2.5,null,{"a":[],"b":1}],"/payee":{"a":"x","ok":true,"z":1}}"#
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn errors_name_the_nested_location() -> Result<(), Box<dyn std::error::Error>> {
+        let b = body(r#"{"payee":{"a/b":[0, 1e300]}}"#)?;
+        let e = canonical_params(&b, &fields(&[("/payee", false)]));
+        assert_eq!(e, Err(CanonError::NumberOutOfRange { pointer: "/payee/a~1b/1".into() }));
+        Ok(())
+    }
+
+    #[test]
+    fn nesting_is_bounded() -> Result<(), Box<dyn std::error::Error>> {
+        let ok = format!(r#"{{"x":{}1{}}}"#, "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        let f = fields(&[("/x", false)]);
+        assert!(canonical_params(&body(&ok)?, &f).is_ok());
+        let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert!(matches!(canonical_params(&body(&deep)?, &f), Err(CanonError::TooDeep { .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn strings_are_escaped_as_jcs() -> Result<(), Box<dyn std::error::Error>> {
+        let b = json!({"s": "a\"b\\c\u{0001}\n\u{7f}é\u{2028}😀"});
+        let text = canonical_params(&b, &fields(&[("/s", false)]))?;
+        assert_eq!(text, "{\"/s\":\"a\\\"b\\\\c\\u0001\\n\u{7f}é\u{2028}😀\"}");
+        Ok(())
+    }
+
+    #[test]
+    fn pointers_follow_rfc6901() -> Result<(), Box<dyn std::error::Error>> {
+        let b = body(r#"{"a/b":1,"m~n":2,"list":[10,20]}"#)?;
+        let f = fields(&[("/a~1b", false), ("/m~0n", false), ("/list/1", false), ("/list/01", false)]);
+        assert_eq!(canonical_params(&b, &f)?, r#"{"/a~1b":1,"/list/1":20,"/m~0n":2}"#);
+        Ok(())
+    }
+
+    #[test]
+    fn bodies_are_checked_before_and_after_parsing() {
+        assert_eq!(parse_json_body(b"{\"a\":1}", 3), Err(BodyError::TooLarge { limit: 3 }));
+        assert_eq!(parse_json_body(b"[1]", 10), Err(BodyError::NotAnObject));
+        assert_eq!(parse_json_body(b"\"x\"", 10), Err(BodyError::NotAnObject));
+        assert!(matches!(parse_json_body(b"{\"a\":", 10), Err(BodyError::Invalid(_))));
+        assert!(matches!(parse_json_body(b"\xff", 10), Err(BodyError::Invalid(_))));
+        assert!(matches!(parse_json_body(b"", 10), Err(BodyError::Invalid(_))));
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected() {
+        // The upstream may read the first "amount" while a last-wins parser hashes the second.
+        let e = parse_json_body(br#"{"amount":1,"amount":1000}"#, 100);
+        assert!(matches!(e, Err(BodyError::Invalid(ref m)) if m.contains("amount")), "{e:?}");
+        let nested = parse_json_body(br#"{"p":{"id":1,"id":2}}"#, 100);
+        assert!(matches!(nested, Err(BodyError::Invalid(_))));
+    }
+}

@@ -1,0 +1,737 @@
+//! Plugin configuration and route annotations (DESIGN §5, §6).
+//!
+//! Both are validated completely when loaded: a typo in a field name or a TTL
+//! out of range must refuse the configuration, never fall back to a default
+//! that quietly weakens idempotency. Every message names the field.
+
+use crate::canonical::BoundField;
+use crate::fingerprint::{Key, Keyring, MIN_SECRET_LEN};
+use crate::json_text::is_json_pointer;
+use crate::strict_json;
+use serde_json::{Map, Value};
+use std::fmt;
+use std::ops::RangeInclusive;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    En,
+    Zh,
+}
+
+/// Where the caller's identity comes from. It must be something the gateway
+/// establishes (a header `jwt_authn` sets, or its dynamic metadata), never a
+/// value the agent chooses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectSource {
+    /// Lowercased header name.
+    Header(String),
+    /// An Envoy property path.
+    Property(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteDefaults {
+    pub fingerprint_ttl_s: u64,
+    pub lease_ms: u64,
+    pub poll_after_ms: u64,
+    pub retry_after_ms: u64,
+}
+
+impl Default for RouteDefaults {
+    fn default() -> Self {
+        RouteDefaults { fingerprint_ttl_s: 900, lease_ms: 60_000, poll_after_ms: 2_000, retry_after_ms: 1_000 }
+    }
+}
+
+/// A day at most: a preview older than that quotes a price nobody honours.
+pub const FINGERPRINT_TTL_S: RangeInclusive<u64> = 1..=86_400;
+/// The lease must outlast the upstream's worst case plus the gateway timeout
+/// plus retry backoff (DESIGN §5); below a second it cannot, for any upstream.
+pub const LEASE_MS: RangeInclusive<u64> = 1_000..=86_400_000;
+pub const POLL_AFTER_MS: RangeInclusive<u64> = 1..=3_600_000;
+pub const RETRY_AFTER_MS: RangeInclusive<u64> = 1..=3_600_000;
+pub const SIDECAR_TIMEOUT_MS: RangeInclusive<u64> = 1..=60_000;
+pub const BODY_BYTES: RangeInclusive<u64> = 1..=16 * 1024 * 1024;
+/// Far above any real configuration; keeps a runaway file from being parsed.
+const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    pub sidecar_cluster: String,
+    pub sidecar_authority: String,
+    pub sidecar_timeout_ms: u64,
+    pub keyring: Keyring,
+    pub subject: SubjectSource,
+    pub language: Language,
+    pub max_body_bytes: usize,
+    /// The held upstream answer that is recorded for replay.
+    pub max_response_bytes: usize,
+    pub defaults: RouteDefaults,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+const TOP_FIELDS: &[&str] = &[
+    "sidecar_cluster",
+    "sidecar_authority",
+    "sidecar_timeout_ms",
+    "keys",
+    "active_kid",
+    "subject",
+    "language",
+    "max_body_bytes",
+    "max_response_bytes",
+    "defaults",
+];
+const KEY_FIELDS: &[&str] = &["kid", "secret", "secret_env"];
+const SUBJECT_FIELDS: &[&str] = &["header", "property"];
+const DEFAULT_FIELDS: &[&str] = &["fingerprint_ttl_s", "lease_ms", "poll_after_ms", "retry_after_ms"];
+
+/// `env` resolves `secret_env` names (the glue passes `std::env::var`).
+pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<PluginConfig, ConfigError> {
+    if json.iter().all(u8::is_ascii_whitespace) {
+        return err("configuration: empty (at least sidecar_cluster, keys, active_kid and subject are required)");
+    }
+    if json.len() > MAX_CONFIG_BYTES {
+        return err(format!("configuration: larger than {MAX_CONFIG_BYTES} bytes"));
+    }
+    let root = strict_json::from_slice(json).map_err(|e| ConfigError(format!("configuration: not valid JSON: {e}")))?;
+    let top = Obj::new(&root, "configuration".into())?;
+    top.only(TOP_FIELDS)?;
+
+    let sidecar_cluster = top.string("sidecar_cluster")?.ok_or_else(|| top.missing("sidecar_cluster"))?;
+    let sidecar_authority = top.string("sidecar_authority")?.unwrap_or_else(|| "idemd".into());
+    let sidecar_timeout_ms = top.int("sidecar_timeout_ms", SIDECAR_TIMEOUT_MS)?.unwrap_or(2_000);
+    let keyring = parse_keys(&top, env)?;
+    let subject = parse_subject(&top)?;
+    let language = match top.string("language")?.as_deref() {
+        None | Some("en") => Language::En,
+        Some("zh") => Language::Zh,
+        Some(other) => return err(format!("language: {other:?} is not supported (expected \"en\" or \"zh\")")),
+    };
+    let max_body_bytes = top.int("max_body_bytes", BODY_BYTES)?.unwrap_or(65_536);
+    let max_response_bytes = top.int("max_response_bytes", BODY_BYTES)?.unwrap_or(1_048_576);
+    let defaults = parse_defaults(&top)?;
+
+    Ok(PluginConfig {
+        sidecar_cluster,
+        sidecar_authority,
+        sidecar_timeout_ms,
+        keyring,
+        subject,
+        language,
+        // Bounded by BODY_BYTES (16 MiB), so this fits every usize.
+        max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
+        max_response_bytes: usize::try_from(max_response_bytes).unwrap_or(usize::MAX),
+        defaults,
+    })
+}
+
+fn parse_keys(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Keyring, ConfigError> {
+    let items = match top.get("keys") {
+        None => return Err(top.missing("keys")),
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        Some(_) => return err("keys: expected a non-empty array of {\"kid\", \"secret\" | \"secret_env\"}"),
+    };
+    let mut keys = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let key = Obj::new(item, format!("keys[{i}]"))?;
+        key.only(KEY_FIELDS)?;
+        let kid = key.string("kid")?.ok_or_else(|| key.missing("kid"))?;
+        let secret = match (key.string("secret")?, key.string("secret_env")?) {
+            (Some(inline), None) => {
+                if inline.len() < MIN_SECRET_LEN {
+                    return err(format!("keys[{i}].secret: shorter than {MIN_SECRET_LEN} bytes"));
+                }
+                inline.into_bytes()
+            }
+            (None, Some(var)) => {
+                let value = env(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
+                    ConfigError(format!("keys[{i}].secret_env: environment variable {var} is not set or empty"))
+                })?;
+                if value.len() < MIN_SECRET_LEN {
+                    return err(format!(
+                        "keys[{i}].secret_env: environment variable {var} holds fewer than {MIN_SECRET_LEN} bytes"
+                    ));
+                }
+                value.into_bytes()
+            }
+            _ => return err(format!("keys[{i}]: exactly one of \"secret\" or \"secret_env\" is required")),
+        };
+        keys.push(Key { kid, secret });
+    }
+    let active = top.string("active_kid")?.ok_or_else(|| top.missing("active_kid"))?;
+    Keyring::new(keys, &active).map_err(ConfigError)
+}
+
+fn parse_subject(top: &Obj) -> Result<SubjectSource, ConfigError> {
+    let Some(value) = top.get("subject") else { return Err(top.missing("subject")) };
+    let subject = Obj::new(value, "subject".into())?;
+    subject.only(SUBJECT_FIELDS)?;
+    match (subject.get("header"), subject.get("property")) {
+        (Some(_), None) => {
+            let name = subject.string("header")?.unwrap_or_default().to_ascii_lowercase();
+            if name.is_empty() || !name.bytes().all(is_header_char) {
+                return err(format!("subject.header: {name:?} is not a valid HTTP header name"));
+            }
+            Ok(SubjectSource::Header(name))
+        }
+        (None, Some(Value::Array(parts))) if !parts.is_empty() && parts.len() <= 16 => {
+            let mut path = Vec::with_capacity(parts.len());
+            for (i, part) in parts.iter().enumerate() {
+                match part {
+                    Value::String(s) if !s.is_empty() => path.push(s.clone()),
+                    _ => return err(format!("subject.property[{i}]: expected a non-empty string")),
+                }
+            }
+            Ok(SubjectSource::Property(path))
+        }
+        (None, Some(_)) => err("subject.property: expected an array of 1 to 16 strings (an Envoy property path)"),
+        _ => err("subject: exactly one of \"header\" or \"property\" is required"),
+    }
+}
+
+/// RFC 9110 `tchar`; pseudo-headers (`:path`) are not an identity source.
+fn is_header_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn parse_defaults(top: &Obj) -> Result<RouteDefaults, ConfigError> {
+    let base = RouteDefaults::default();
+    let Some(value) = top.get("defaults") else { return Ok(base) };
+    let d = Obj::new(value, "defaults".into())?;
+    d.only(DEFAULT_FIELDS)?;
+    Ok(RouteDefaults {
+        fingerprint_ttl_s: d.int("fingerprint_ttl_s", FINGERPRINT_TTL_S)?.unwrap_or(base.fingerprint_ttl_s),
+        lease_ms: d.int("lease_ms", LEASE_MS)?.unwrap_or(base.lease_ms),
+        poll_after_ms: d.int("poll_after_ms", POLL_AFTER_MS)?.unwrap_or(base.poll_after_ms),
+        retry_after_ms: d.int("retry_after_ms", RETRY_AFTER_MS)?.unwrap_or(base.retry_after_ms),
+    })
+}
+
+/// A JSON object plus its path, so every message can say where it points.
+struct Obj<'a> {
+    map: &'a Map<String, Value>,
+    path: String,
+}
+
+impl<'a> Obj<'a> {
+    fn new(value: &'a Value, path: String) -> Result<Obj<'a>, ConfigError> {
+        match value {
+            Value::Object(map) => Ok(Obj { map, path }),
+            _ => err(format!("{path}: expected a JSON object")),
+        }
+    }
+
+    fn field(&self, name: &str) -> String {
+        if self.path == "configuration" {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.path)
+        }
+    }
+
+    fn missing(&self, name: &str) -> ConfigError {
+        ConfigError(format!("{}: required", self.field(name)))
+    }
+
+    fn only(&self, allowed: &[&str]) -> Result<(), ConfigError> {
+        match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(unknown) => {
+                err(format!("{}: unknown field (expected one of: {})", self.field(unknown), allowed.join(", ")))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&'a Value> {
+        self.map.get(name)
+    }
+
+    /// `None` when absent; an empty string is an error, not "absent".
+    fn string(&self, name: &str) -> Result<Option<String>, ConfigError> {
+        match self.map.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+            Some(_) => err(format!("{}: expected a non-empty string", self.field(name))),
+        }
+    }
+
+    fn int(&self, name: &str, range: RangeInclusive<u64>) -> Result<Option<u64>, ConfigError> {
+        let Some(value) = self.map.get(name) else { return Ok(None) };
+        match value.as_u64() {
+            Some(n) if range.contains(&n) => Ok(Some(n)),
+            _ => err(format!(
+                "{}: expected an integer from {} to {}, got {value}",
+                self.field(name),
+                range.start(),
+                range.end()
+            )),
+        }
+    }
+}
+
+// ---- route annotations -------------------------------------------------
+
+pub const ROUTE_NAMESPACE: &str = "agent_idempotency";
+pub const ROUTE_KEYS: &[&str] =
+    &["role", "scope", "bind", "fingerprint_ttl_s", "lease_ms", "poll_after_ms", "status_tool", "result_ref"];
+
+const MAX_SCOPE_LEN: usize = 128;
+const MAX_BOUND_FIELDS: usize = 64;
+const MAX_POINTER_LEN: usize = 256;
+const MAX_TOOL_NAME_LEN: usize = 128;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Preview,
+    Confirm,
+    Status,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Preview => "preview",
+            Role::Confirm => "confirm",
+            Role::Status => "status",
+        }
+    }
+}
+
+/// Envoy hands string leaves as bytes and number leaves as doubles.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeafValue {
+    Str(String),
+    Num(f64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePolicy {
+    pub role: Role,
+    pub scope: String,
+    pub bound: Vec<BoundField>,
+    pub fingerprint_ttl_s: u64,
+    pub lease_ms: u64,
+    pub poll_after_ms: u64,
+    pub status_tool: Option<String>,
+    pub result_ref: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError(pub String);
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+fn perr<T>(msg: impl Into<String>) -> Result<T, PolicyError> {
+    Err(PolicyError(msg.into()))
+}
+
+/// `Ok(None)` when there is no `role` leaf: the route is not ours.
+pub fn parse_route_policy(
+    get: &dyn Fn(&str) -> Option<LeafValue>,
+    defaults: &RouteDefaults,
+) -> Result<Option<RoutePolicy>, PolicyError> {
+    let role = match get("role") {
+        None => return Ok(None),
+        Some(LeafValue::Str(s)) => match s.as_str() {
+            "preview" => Role::Preview,
+            "confirm" => Role::Confirm,
+            "status" => Role::Status,
+            other => return perr(format!("role: {other:?} is not one of preview, confirm, status")),
+        },
+        Some(LeafValue::Num(_)) => return perr("role: expected a string (preview, confirm or status)"),
+    };
+
+    let scope = leaf_string(get, "scope")?.ok_or_else(|| PolicyError("scope: required".into()))?;
+    if scope.len() > MAX_SCOPE_LEN
+        || !scope.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+    {
+        return perr(format!("scope: {scope:?} must be at most {MAX_SCOPE_LEN} characters of A-Z a-z 0-9 _ . : -"));
+    }
+
+    let bound = match leaf_string(get, "bind")? {
+        Some(text) => parse_bind(&text)?,
+        None => Vec::new(),
+    };
+    if bound.is_empty() && role != Role::Status {
+        return perr(format!(
+            "bind: required for role {}: list the JSON pointers of the fields that decide the outcome (amount, currency, payee)",
+            role.as_str()
+        ));
+    }
+
+    let status_tool = leaf_string(get, "status_tool")?;
+    if let Some(tool) = &status_tool {
+        if tool.len() > MAX_TOOL_NAME_LEN || tool.chars().any(char::is_control) {
+            return perr(format!("status_tool: must be at most {MAX_TOOL_NAME_LEN} printable characters"));
+        }
+    }
+    let result_ref = leaf_string(get, "result_ref")?;
+    if let Some(pointer) = &result_ref {
+        if !pointer.starts_with('/') || !is_json_pointer(pointer) || pointer.len() > MAX_POINTER_LEN {
+            return perr(format!("result_ref: {pointer:?} is not a JSON pointer such as /transfer_id"));
+        }
+    }
+
+    Ok(Some(RoutePolicy {
+        role,
+        scope,
+        bound,
+        fingerprint_ttl_s: leaf_int(get, "fingerprint_ttl_s", FINGERPRINT_TTL_S)?.unwrap_or(defaults.fingerprint_ttl_s),
+        lease_ms: leaf_int(get, "lease_ms", LEASE_MS)?.unwrap_or(defaults.lease_ms),
+        poll_after_ms: leaf_int(get, "poll_after_ms", POLL_AFTER_MS)?.unwrap_or(defaults.poll_after_ms),
+        status_tool,
+        result_ref,
+    }))
+}
+
+/// `"/amount:decimal, /currency /payee_id"`: separated by commas and/or whitespace.
+pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
+    let mut fields: Vec<BoundField> = Vec::new();
+    for token in text.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
+        let (pointer, decimal) = match token.strip_suffix(":decimal") {
+            Some(p) => (p, true),
+            None => (token, false),
+        };
+        if !pointer.starts_with('/') || !is_json_pointer(pointer) {
+            return perr(format!("bind: {token:?} is not a JSON pointer such as /amount"));
+        }
+        // A mistyped suffix would otherwise become a pointer to a field that is
+        // never present, and an absent field is silently left unbound.
+        if pointer.contains(':') {
+            return perr(format!("bind: {token:?}: the only suffix allowed is :decimal"));
+        }
+        if pointer.len() > MAX_POINTER_LEN {
+            return perr(format!("bind: {token:?} is longer than {MAX_POINTER_LEN} characters"));
+        }
+        if fields.iter().any(|f| f.pointer == pointer) {
+            return perr(format!("bind: {pointer:?} is listed twice"));
+        }
+        if fields.len() == MAX_BOUND_FIELDS {
+            return perr(format!("bind: more than {MAX_BOUND_FIELDS} fields"));
+        }
+        fields.push(BoundField { pointer: pointer.to_string(), decimal });
+    }
+    Ok(fields)
+}
+
+fn leaf_string(get: &dyn Fn(&str) -> Option<LeafValue>, key: &str) -> Result<Option<String>, PolicyError> {
+    match get(key) {
+        None => Ok(None),
+        Some(LeafValue::Str(s)) if !s.trim().is_empty() => Ok(Some(s.trim().to_string())),
+        Some(LeafValue::Str(_)) => perr(format!("{key}: empty")),
+        Some(LeafValue::Num(n)) => perr(format!("{key}: expected a string, got the number {n}")),
+    }
+}
+
+fn leaf_int(
+    get: &dyn Fn(&str) -> Option<LeafValue>,
+    key: &str,
+    range: RangeInclusive<u64>,
+) -> Result<Option<u64>, PolicyError> {
+    let value = match get(key) {
+        None => return Ok(None),
+        // Every bound is far below 2^53, so an in-range double is exact.
+        Some(LeafValue::Num(n)) if n.is_finite() && n.fract() == 0.0 && n >= 0.0 && n <= *range.end() as f64 => {
+            Some(n as u64)
+        }
+        Some(LeafValue::Str(s)) if !s.is_empty() && s.len() <= 15 && s.bytes().all(|b| b.is_ascii_digit()) => {
+            s.parse::<u64>().ok()
+        }
+        Some(_) => None,
+    };
+    match value {
+        Some(n) if range.contains(&n) => Ok(Some(n)),
+        _ => perr(format!("{key}: expected an integer from {} to {}", range.start(), range.end())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn config(extra: &str) -> String {
+        format!(
+            r#"{{"sidecar_cluster":"idem_sidecar","keys":[{{"kid":"k1","secret":"{SECRET}"}}],"active_kid":"k1","subject":{{"header":"X-Agent-Subject"}}{extra}}}"#
+        )
+    }
+
+    fn parse(text: &str) -> Result<PluginConfig, ConfigError> {
+        parse_plugin_config(text.as_bytes(), &no_env)
+    }
+
+    fn error_of(text: &str) -> String {
+        match parse(text) {
+            Ok(_) => String::from("<accepted>"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() -> Result<(), ConfigError> {
+        let c = parse(&config(""))?;
+        assert_eq!(c.sidecar_cluster, "idem_sidecar");
+        assert_eq!(c.sidecar_authority, "idemd");
+        assert_eq!(c.sidecar_timeout_ms, 2000);
+        assert_eq!(c.subject, SubjectSource::Header("x-agent-subject".into()));
+        assert_eq!(c.language, Language::En);
+        assert_eq!(c.max_body_bytes, 65536);
+        assert_eq!(c.max_response_bytes, 1_048_576);
+        assert_eq!(c.defaults, RouteDefaults::default());
+        assert_eq!(c.keyring.active_kid(), "k1");
+        Ok(())
+    }
+
+    #[test]
+    fn full_config() -> Result<(), ConfigError> {
+        let text = format!(
+            r#"{{"sidecar_cluster":"c","sidecar_authority":"idemd.internal","sidecar_timeout_ms":500,
+            "keys":[{{"kid":"k1","secret":"{SECRET}"}},{{"kid":"k0","secret_env":"IDEM_HMAC_K0"}}],
+            "active_kid":"k0",
+            "subject":{{"property":["metadata","filter_metadata","envoy.filters.http.jwt_authn","jwt_payload","sub"]}},
+            "language":"zh","max_body_bytes":1024,"max_response_bytes":2048,
+            "defaults":{{"fingerprint_ttl_s":600,"lease_ms":120000,"poll_after_ms":500,"retry_after_ms":1500}}}}"#
+        );
+        let env = |name: &str| (name == "IDEM_HMAC_K0").then(|| "k0-secret-from-the-environment-xyz".to_string());
+        let c = parse_plugin_config(text.as_bytes(), &env)?;
+        assert_eq!(c.keyring.active_kid(), "k0");
+        assert_eq!(c.language, Language::Zh);
+        assert_eq!(c.sidecar_timeout_ms, 500);
+        assert_eq!((c.max_body_bytes, c.max_response_bytes), (1024, 2048));
+        assert_eq!(
+            c.defaults,
+            RouteDefaults { fingerprint_ttl_s: 600, lease_ms: 120_000, poll_after_ms: 500, retry_after_ms: 1500 }
+        );
+        assert!(matches!(c.subject, SubjectSource::Property(ref p) if p.len() == 5 && p[4] == "sub"));
+        assert!(!format!("{c:?}").contains(SECRET));
+        Ok(())
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let short = r#"{"sidecar_cluster":"c","keys":[{"kid":"k1","secret":"0123456789abcdef0123456789abcdef"},{"kid":"k2","secret":"short"}],"active_kid":"k1","subject":{"header":"x"}}"#;
+        let cases: Vec<(String, &str)> = vec![
+            (short.to_string(), "keys[1].secret: shorter than 32 bytes"),
+            (config(r#","sidcar_timeout_ms":5"#), "sidcar_timeout_ms: unknown field"),
+            (config(r#","defaults":{"lease":5}"#), "defaults.lease: unknown field"),
+            (config(r#","sidecar_timeout_ms":0"#), "sidecar_timeout_ms: expected an integer from 1 to 60000"),
+            (config(r#","sidecar_timeout_ms":"2000""#), "sidecar_timeout_ms: expected an integer"),
+            (config(r#","max_body_bytes":16777217"#), "max_body_bytes: expected an integer from 1 to 16777216"),
+            (config(r#","max_response_bytes":1.5"#), "max_response_bytes: expected an integer"),
+            (config(r#","language":"fr""#), "language: \"fr\" is not supported"),
+            (
+                config(r#","defaults":{"fingerprint_ttl_s":86401}"#),
+                "defaults.fingerprint_ttl_s: expected an integer from 1 to 86400",
+            ),
+            (config(r#","defaults":{"lease_ms":10}"#), "defaults.lease_ms: expected an integer from 1000"),
+            (config(r#","sidecar_authority":"""#), "sidecar_authority: expected a non-empty string"),
+            (config(r#","sidecar_cluster":"x""#), "configuration: not valid JSON: duplicate key"),
+            ("".into(), "configuration: empty"),
+            ("[]".into(), "configuration: expected a JSON object"),
+            ("{".into(), "configuration: not valid JSON"),
+            (r#"{"keys":[]}"#.into(), "sidecar_cluster: required"),
+            (r#"{"sidecar_cluster":"c"}"#.into(), "keys: required"),
+            (r#"{"sidecar_cluster":"c","keys":[]}"#.into(), "keys: expected a non-empty array"),
+            (r#"{"sidecar_cluster":"c","keys":[{"kid":"k1"}]}"#.into(), "keys[0]: exactly one of"),
+            (
+                format!(r#"{{"sidecar_cluster":"c","keys":[{{"kid":"k1","secret":"{SECRET}","secret_env":"X"}}]}}"#),
+                "keys[0]: exactly one of",
+            ),
+            (
+                r#"{"sidecar_cluster":"c","keys":[{"kid":"k1","secret_env":"IDEM_K"}]}"#.into(),
+                "keys[0].secret_env: environment variable IDEM_K is not set",
+            ),
+            (r#"{"sidecar_cluster":"c","keys":[{"secret":"x"}]}"#.into(), "keys[0].kid: required"),
+            (r#"{"sidecar_cluster":"c","keys":[{"kid":"k","secret":"x","id":1}]}"#.into(), "keys[0].id: unknown field"),
+            (
+                format!(r#"{{"sidecar_cluster":"c","keys":[{{"kid":"k 1","secret":"{SECRET}"}}],"active_kid":"k"}}"#),
+                "keys[0].kid: may only contain",
+            ),
+            (
+                format!(r#"{{"sidecar_cluster":"c","keys":[{{"kid":"k1","secret":"{SECRET}"}}]}}"#),
+                "active_kid: required",
+            ),
+            (
+                format!(r#"{{"sidecar_cluster":"c","keys":[{{"kid":"k1","secret":"{SECRET}"}}],"active_kid":"k2"}}"#),
+                "active_kid: \"k2\" is not one of",
+            ),
+            (
+                format!(r#"{{"sidecar_cluster":"c","keys":[{{"kid":"k1","secret":"{SECRET}"}}],"active_kid":"k1"}}"#),
+                "subject: required",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = error_of(&text);
+            assert!(got.starts_with(want), "want {want:?}, got {got:?}");
+        }
+    }
+
+    #[test]
+    fn subject_errors() {
+        let with = |subject: &str| {
+            format!(
+                r#"{{"sidecar_cluster":"c","keys":[{{"kid":"k1","secret":"{SECRET}"}}],"active_kid":"k1","subject":{subject}}}"#
+            )
+        };
+        let cases = [
+            (r#"{}"#, "subject: exactly one of"),
+            (r#"{"header":"a","property":["b"]}"#, "subject: exactly one of"),
+            (r#"{"header":"x agent"}"#, "subject.header: \"x agent\" is not a valid"),
+            (r#"{"header":":path"}"#, "subject.header:"),
+            (r#"{"header":""}"#, "subject.header: expected a non-empty string"),
+            (r#"{"property":[]}"#, "subject.property: expected an array"),
+            (r#"{"property":["a",""]}"#, "subject.property[1]: expected a non-empty string"),
+            (r#"{"cookie":"a"}"#, "subject.cookie: unknown field"),
+            (r#""x-agent""#, "subject: expected a JSON object"),
+        ];
+        for (subject, want) in cases {
+            let got = error_of(&with(subject));
+            assert!(got.starts_with(want), "want {want:?}, got {got:?}");
+        }
+    }
+
+    #[test]
+    fn env_secret_too_short_names_the_variable() {
+        let text = r#"{"sidecar_cluster":"c","keys":[{"kid":"k1","secret_env":"K1"}],"active_kid":"k1","subject":{"header":"x"}}"#;
+        let env = |_: &str| Some("short".to_string());
+        let got = parse_plugin_config(text.as_bytes(), &env).map(|_| ());
+        assert_eq!(
+            got,
+            Err(ConfigError("keys[0].secret_env: environment variable K1 holds fewer than 32 bytes".into()))
+        );
+    }
+
+    fn leaves(pairs: &[(&str, LeafValue)]) -> HashMap<String, LeafValue> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+
+    fn route(pairs: &[(&str, LeafValue)]) -> Result<Option<RoutePolicy>, PolicyError> {
+        let map = leaves(pairs);
+        parse_route_policy(&|k| map.get(k).cloned(), &RouteDefaults::default())
+    }
+
+    fn s(v: &str) -> LeafValue {
+        LeafValue::Str(v.into())
+    }
+
+    #[test]
+    fn unannotated_route_passes_through() -> Result<(), PolicyError> {
+        assert_eq!(route(&[])?, None);
+        assert_eq!(route(&[("scope", s("x"))])?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn confirm_route() -> Result<(), PolicyError> {
+        let p = route(&[
+            ("role", s("confirm")),
+            ("scope", s("payments.transfer:v1")),
+            ("bind", s("/amount:decimal, /currency\n/payee/id\t/a~1b")),
+            ("lease_ms", LeafValue::Num(120_000.0)),
+            ("poll_after_ms", s("1500")),
+            ("status_tool", s("get_transfer_status")),
+            ("result_ref", s("/transfer_id")),
+        ])?;
+        let want = RoutePolicy {
+            role: Role::Confirm,
+            scope: "payments.transfer:v1".into(),
+            bound: vec![
+                BoundField::new("/amount", true),
+                BoundField::new("/currency", false),
+                BoundField::new("/payee/id", false),
+                BoundField::new("/a~1b", false),
+            ],
+            fingerprint_ttl_s: 900,
+            lease_ms: 120_000,
+            poll_after_ms: 1500,
+            status_tool: Some("get_transfer_status".into()),
+            result_ref: Some("/transfer_id".into()),
+        };
+        assert_eq!(p, Some(want));
+        Ok(())
+    }
+
+    #[test]
+    fn status_route_needs_no_bind() -> Result<(), PolicyError> {
+        let p = route(&[("role", s("status")), ("scope", s("payments.transfer"))])?;
+        assert!(matches!(p, Some(RoutePolicy { role: Role::Status, ref bound, .. }) if bound.is_empty()));
+        Ok(())
+    }
+
+    #[test]
+    fn route_errors_name_the_key() {
+        let base = |extra: &[(&str, LeafValue)]| {
+            let mut v = vec![("role", s("preview")), ("scope", s("pay")), ("bind", s("/amount"))];
+            for (k, val) in extra {
+                v.retain(|(key, _)| key != k);
+                v.push((k, val.clone()));
+            }
+            match route(&v) {
+                Ok(_) => String::from("<accepted>"),
+                Err(e) => e.0,
+            }
+        };
+        let cases: Vec<((&str, LeafValue), &str)> = vec![
+            (("role", s("execute")), "role: \"execute\" is not one of"),
+            (("role", LeafValue::Num(1.0)), "role: expected a string"),
+            (("scope", s("")), "scope: empty"),
+            (("scope", s("pay ment")), "scope: \"pay ment\" must be"),
+            (("scope", s(&"a".repeat(129))), "scope:"),
+            (("bind", s(" , ")), "bind: required for role preview"),
+            (("bind", s("amount")), "bind: \"amount\" is not a JSON pointer"),
+            (("bind", s("/amount:decimall")), "bind: \"/amount:decimall\": the only suffix"),
+            (("bind", s("/amount, /amount:decimal")), "bind: \"/amount\" is listed twice"),
+            (("bind", s("/a~2")), "bind: \"/a~2\" is not a JSON pointer"),
+            (("fingerprint_ttl_s", LeafValue::Num(0.0)), "fingerprint_ttl_s: expected an integer from 1 to 86400"),
+            (("fingerprint_ttl_s", LeafValue::Num(86_401.0)), "fingerprint_ttl_s: expected"),
+            (("fingerprint_ttl_s", LeafValue::Num(1.5)), "fingerprint_ttl_s: expected"),
+            (("fingerprint_ttl_s", LeafValue::Num(f64::NAN)), "fingerprint_ttl_s: expected"),
+            (("fingerprint_ttl_s", LeafValue::Num(-5.0)), "fingerprint_ttl_s: expected"),
+            (("fingerprint_ttl_s", s("15m")), "fingerprint_ttl_s: expected"),
+            (("lease_ms", LeafValue::Num(86_400_001.0)), "lease_ms: expected an integer from 1000 to 86400000"),
+            (("poll_after_ms", s("")), "poll_after_ms: expected"),
+            (("result_ref", s("transfer_id")), "result_ref: \"transfer_id\" is not a JSON pointer"),
+            (("status_tool", LeafValue::Num(3.0)), "status_tool: expected a string"),
+        ];
+        for ((key, value), want) in cases {
+            let got = base(&[(key, value)]);
+            assert!(got.starts_with(want), "{key}: want {want:?}, got {got:?}");
+        }
+        assert_eq!(base(&[("scope", s("a"))]), "<accepted>");
+    }
+
+    #[test]
+    fn bind_limits() {
+        let many: Vec<String> = (0..65).map(|i| format!("/f{i}")).collect();
+        assert!(parse_bind(&many.join(",")).is_err());
+        assert!(matches!(parse_bind(&many[..64].join(" ")), Ok(f) if f.len() == 64));
+        assert!(parse_bind(&format!("/{}", "a".repeat(256))).is_err());
+    }
+}

@@ -1,0 +1,739 @@
+//! Replies are prompts (DESIGN §7).
+//!
+//! The caller is a model that reads the body and reasons about its next step,
+//! and models lean towards "try again". So every body says what happened, what
+//! to do next, and, whenever retrying is wrong, what to do instead.
+
+use crate::policy::Language;
+use crate::protocol::{decode_body, StoredResult};
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyKind {
+    AlreadyCompleted,
+    AlreadyFailed,
+    InProgress,
+    NeedsReview,
+    /// Sidecar/store unavailable, or the upstream said 429/503 (released):
+    /// 503 + Retry-After; the same call is safe to repeat.
+    NotExecuted,
+    /// Status route: this fingerprint was never confirmed and may still be,
+    /// until `fingerprint_expires_at` (HTTP 200).
+    NotYetExecuted,
+    /// Status route: the store cannot be asked right now (503 + Retry-After).
+    /// Unlike `NotExecuted` it claims nothing about the operation, which may
+    /// or may not have run; only the lookup is safe to repeat.
+    StatusUnavailable,
+    ParamsChanged,
+    FingerprintExpired,
+    FingerprintInvalid,
+    FingerprintMissing,
+    Forbidden,
+    /// 401: the gateway could not identify the caller.
+    SubjectMissing,
+    /// 413
+    BodyTooLarge,
+    /// 400
+    InvalidJson,
+    /// 400: a bound field has the wrong type or an out-of-range number; `detail` names it.
+    InvalidField,
+}
+
+impl ReplyKind {
+    pub const ALL: [ReplyKind; 16] = [
+        ReplyKind::AlreadyCompleted,
+        ReplyKind::AlreadyFailed,
+        ReplyKind::InProgress,
+        ReplyKind::NeedsReview,
+        ReplyKind::NotExecuted,
+        ReplyKind::NotYetExecuted,
+        ReplyKind::StatusUnavailable,
+        ReplyKind::ParamsChanged,
+        ReplyKind::FingerprintExpired,
+        ReplyKind::FingerprintInvalid,
+        ReplyKind::FingerprintMissing,
+        ReplyKind::Forbidden,
+        ReplyKind::SubjectMissing,
+        ReplyKind::BodyTooLarge,
+        ReplyKind::InvalidJson,
+        ReplyKind::InvalidField,
+    ];
+
+    /// The body's `status` value (also a good stats/log label).
+    pub fn status(self) -> &'static str {
+        match self {
+            ReplyKind::AlreadyCompleted => "already_completed",
+            ReplyKind::AlreadyFailed => "already_failed",
+            ReplyKind::InProgress => "in_progress",
+            ReplyKind::NeedsReview => "needs_review",
+            ReplyKind::NotExecuted | ReplyKind::NotYetExecuted => "not_executed",
+            ReplyKind::StatusUnavailable => "status_unavailable",
+            ReplyKind::ParamsChanged => "params_changed",
+            ReplyKind::FingerprintExpired => "fingerprint_expired",
+            ReplyKind::FingerprintInvalid => "fingerprint_invalid",
+            ReplyKind::FingerprintMissing => "fingerprint_missing",
+            ReplyKind::Forbidden => "forbidden",
+            ReplyKind::SubjectMissing => "unauthenticated",
+            ReplyKind::BodyTooLarge => "body_too_large",
+            ReplyKind::InvalidJson => "invalid_json",
+            ReplyKind::InvalidField => "invalid_field",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ReplyContext<'a> {
+    pub trace_id: &'a str,
+    /// The status tool's name, for `in_progress` (and `needs_review`).
+    pub poll_with: Option<&'a str>,
+    pub poll_after_ms: u64,
+    pub retry_after_ms: u64,
+    /// The recorded upstream answer, for `already_completed` / `already_failed`.
+    pub result: Option<&'a StoredResult>,
+    pub result_ref: Option<String>,
+    /// Unix seconds, for the status route's "not yet executed".
+    pub fingerprint_expires_at: Option<u64>,
+    pub detail: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub http_status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
+    let text = wording(kind, lang, ctx);
+    let mut body = Map::new();
+    body.insert("status".into(), kind.status().into());
+    body.insert("meaning".into(), text.meaning.into());
+    body.insert("instruction".into(), text.instruction.into());
+    body.insert("retryable".into(), retryable(kind, ctx).into());
+    body.insert("trace_id".into(), ctx.trace_id.into());
+
+    let mut headers = vec![
+        ("content-type".to_string(), "application/json".to_string()),
+        // Replays carry one caller's business result; no cache may keep them.
+        ("cache-control".to_string(), "no-store".to_string()),
+    ];
+    match kind {
+        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
+            body.insert("result".into(), ctx.result.map(original_body).unwrap_or(Value::Null));
+            if let Some(reference) = &ctx.result_ref {
+                body.insert("result_ref".into(), reference.clone().into());
+            }
+            if let Some(result) = ctx.result {
+                body.insert("original_status".into(), result.status.into());
+                // The envelope is JSON whatever the original was; other recorded
+                // headers (e.g. `location` of a 201) still describe the result.
+                headers.extend(result.headers.iter().filter(|(k, _)| !k.eq_ignore_ascii_case("content-type")).cloned());
+            }
+            headers.push(("idempotent-replayed".to_string(), "true".to_string()));
+        }
+        ReplyKind::InProgress => {
+            body.insert("poll_with".into(), ctx.poll_with.map_or(Value::Null, Value::from));
+            body.insert("poll_after_ms".into(), ctx.poll_after_ms.into());
+        }
+        ReplyKind::NeedsReview => {
+            if let Some(tool) = ctx.poll_with {
+                body.insert("poll_with".into(), tool.into());
+            }
+        }
+        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => {
+            body.insert("retry_after_ms".into(), ctx.retry_after_ms.into());
+            headers.push(("retry-after".to_string(), ctx.retry_after_ms.div_ceil(1000).to_string()));
+        }
+        ReplyKind::NotYetExecuted => {
+            body.insert("fingerprint_expires_at".into(), ctx.fingerprint_expires_at.map_or(Value::Null, Value::from));
+        }
+        _ => {}
+    }
+    if let Some(detail) = ctx.detail {
+        body.insert("detail".into(), detail.into());
+    }
+
+    Reply { http_status: http_status(kind, ctx), headers, body: Value::Object(body).to_string().into_bytes() }
+}
+
+/// Resolve a route's `result_ref` pointer against a JSON body: strings as-is,
+/// numbers as their literal, booleans as text; `None` if absent, structured,
+/// or the body is not JSON.
+pub fn result_ref(body: &[u8], pointer: &str) -> Option<String> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    match value.pointer(pointer)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
+    let original = ctx.result.map(|r| r.status).filter(|s| (200..=599).contains(s));
+    match kind {
+        ReplyKind::AlreadyCompleted => original.unwrap_or(200),
+        ReplyKind::AlreadyFailed => original.unwrap_or(409),
+        ReplyKind::InProgress | ReplyKind::NeedsReview => 202,
+        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
+        ReplyKind::NotYetExecuted => 200,
+        ReplyKind::ParamsChanged => 422,
+        ReplyKind::FingerprintExpired => 410,
+        ReplyKind::FingerprintInvalid => 400,
+        ReplyKind::FingerprintMissing => 428,
+        ReplyKind::Forbidden => 403,
+        ReplyKind::SubjectMissing => 401,
+        ReplyKind::BodyTooLarge => 413,
+        ReplyKind::InvalidJson | ReplyKind::InvalidField => 400,
+    }
+}
+
+fn retryable(kind: ReplyKind, ctx: &ReplyContext) -> bool {
+    match kind {
+        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => true,
+        // Without a status tool, polling *is* repeating the same call, which
+        // is safe: it can only report, never execute twice.
+        ReplyKind::InProgress => ctx.poll_with.is_none(),
+        _ => false,
+    }
+}
+
+/// The original body as JSON if it is JSON, else as text.
+fn original_body(result: &StoredResult) -> Value {
+    let Some(bytes) = decode_body(&result.body_b64) else { return Value::Null };
+    if bytes.is_empty() {
+        return Value::Null;
+    }
+    match serde_json::from_slice(&bytes) {
+        Ok(value) => value,
+        Err(_) => Value::String(String::from_utf8_lossy(&bytes).into_owned()),
+    }
+}
+
+struct Wording {
+    meaning: String,
+    instruction: String,
+}
+
+fn wording(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Wording {
+    match lang {
+        Language::En => english(kind, ctx),
+        Language::Zh => chinese(kind, ctx),
+    }
+}
+
+fn w(meaning: impl Into<String>, instruction: impl Into<String>) -> Wording {
+    Wording { meaning: meaning.into(), instruction: instruction.into() }
+}
+
+fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
+    let wait = |ms: u64| wait_en(ms);
+    match kind {
+        ReplyKind::AlreadyCompleted => w(
+            "This operation was already executed successfully by an earlier call. This call is a duplicate and did not execute it again.",
+            match &ctx.result_ref {
+                Some(r) => format!("Do not call this tool again. Report the outcome in `result` to the user as the result of this operation; its reference is {r}."),
+                None => "Do not call this tool again. Report the outcome in `result` to the user as the result of this operation.".to_string(),
+            },
+        ),
+        ReplyKind::AlreadyFailed => w(
+            format!(
+                "This operation was already attempted with this fingerprint and it failed definitively (original HTTP status {}). This call is a duplicate and did not execute anything.",
+                ctx.result.map_or(0, |r| r.status)
+            ),
+            "Do not call this tool again with this fingerprint. Tell the user why it failed, using `result`. If the user still wants the operation, call the preview tool again to get a new fingerprint, then confirm with that new fingerprint.",
+        ),
+        ReplyKind::InProgress => w(
+            "This operation is being processed by an earlier call; its outcome is not known yet.",
+            match ctx.poll_with {
+                Some(tool) => format!(
+                    "Do not call this tool again. Wait {}, then call `{tool}` with the same fingerprint to learn the outcome, and report that outcome to the user.",
+                    wait(ctx.poll_after_ms)
+                ),
+                None => format!(
+                    "Do not start a new preview and do not change any argument. Wait {}, then call this tool again with exactly the same arguments and the same fingerprint: it will not execute twice, it will report the outcome.",
+                    wait(ctx.poll_after_ms)
+                ),
+            },
+        ),
+        ReplyKind::NeedsReview => w(
+            "The outcome of this operation could not be determined automatically: it may or may not have been executed. A person is checking it.",
+            format!(
+                "Do not retry and do not start a new preview for the same purpose. Tell the user that the operation is being reviewed by a person and that they will be told the outcome; give them the reference {}.",
+                ctx.trace_id
+            ),
+        ),
+        ReplyKind::NotExecuted => w(
+            "This operation was NOT executed: a service it depends on was temporarily unavailable. Nothing happened.",
+            format!(
+                "Wait {}, then call this tool again with exactly the same arguments and the same fingerprint. That is safe: it cannot execute twice.",
+                wait(ctx.retry_after_ms)
+            ),
+        ),
+        ReplyKind::NotYetExecuted => w(
+            "This operation has not been executed: this fingerprint was never used to confirm it.",
+            match ctx.fingerprint_expires_at {
+                Some(at) => format!(
+                    "Do not report this operation as done. If the user still wants it, call the confirm tool with this fingerprint before {} (Unix time {at}); after that, call the preview tool again first.",
+                    iso_utc(at)
+                ),
+                None => "Do not report this operation as done. If the user still wants it, call the confirm tool with this fingerprint while it is valid; once it has expired, call the preview tool again first.".to_string(),
+            },
+        ),
+        ReplyKind::StatusUnavailable => w(
+            "The outcome of this operation cannot be looked up right now because a service is temporarily unavailable. It may or may not have been executed.",
+            format!(
+                "Do not call the confirm tool again and do not start a new preview. Wait {}, then call this status tool again with the same fingerprint. Until then, tell the user the outcome is not known yet.",
+                wait(ctx.retry_after_ms)
+            ),
+        ),
+        ReplyKind::ParamsChanged => w(
+            "The bound arguments of this call (such as amount, currency or recipient) differ from those the fingerprint was issued for in the preview. Nothing was executed.",
+            "Do not retry with this fingerprint. Call the preview tool again with the arguments the user actually wants, show the user the new preview, then confirm with the new fingerprint.",
+        ),
+        ReplyKind::FingerprintExpired => w(
+            "The fingerprint has expired: a fingerprint from the preview is valid only for a limited time. Nothing was executed.",
+            "Call the preview tool again with the same arguments to get a new fingerprint, tell the user if the preview changed, then confirm with the new fingerprint.",
+        ),
+        ReplyKind::FingerprintInvalid => w(
+            "The fingerprint is not valid: it was altered, truncated, or not issued by this service. Nothing was executed.",
+            "Copy the fingerprint exactly, character for character, from the latest preview result and call again. If you no longer have it, call the preview tool again.",
+        ),
+        ReplyKind::FingerprintMissing => w(
+            "This call requires the fingerprint issued by the preview tool, and none was sent. Nothing was executed.",
+            "If you have not run the preview yet, call the preview tool first. Then call this tool again with the fingerprint copied exactly from the preview result.",
+        ),
+        ReplyKind::Forbidden => w(
+            "This fingerprint was issued to a different caller and cannot be used by you. Nothing was executed.",
+            "Do not retry. If the user wants this operation, call the preview tool yourself to get your own fingerprint, then confirm with it.",
+        ),
+        ReplyKind::SubjectMissing => w(
+            "The gateway could not identify who is making this call, so nothing was executed.",
+            "Do not retry this call as it is. Tell the user that the tool's authentication is missing or invalid and has to be fixed before the operation can be done.",
+        ),
+        ReplyKind::BodyTooLarge => w(
+            "The request body is larger than the gateway accepts. Nothing was executed.",
+            "Send only the arguments the tool documents, without extra data, and call again.",
+        ),
+        ReplyKind::InvalidJson => w(
+            "The request body is not a valid JSON object (or it repeats a field name). Nothing was executed.",
+            "Send the arguments as one valid JSON object in which every field name appears once, and call again.",
+        ),
+        ReplyKind::InvalidField => w(
+            format!(
+                "The field {} has the wrong type or a number out of range. Nothing was executed.",
+                ctx.detail.unwrap_or("named in `detail`")
+            ),
+            "Correct that field (give amounts as a JSON number or a decimal string such as \"12.50\") and call again.",
+        ),
+    }
+}
+
+fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
+    let wait = |ms: u64| wait_zh(ms);
+    match kind {
+        ReplyKind::AlreadyCompleted => w(
+            "该操作在此前的调用中已经成功执行，本次为重复调用，没有再次执行。",
+            match &ctx.result_ref {
+                Some(r) => format!("不要再次调用本工具。直接向用户播报下方 result 中的结果，业务单号为 {r}。"),
+                None => "不要再次调用本工具。直接向用户播报下方 result 中的结果。".to_string(),
+            },
+        ),
+        ReplyKind::AlreadyFailed => w(
+            format!(
+                "该操作此前已用同一个指纹执行过，并且已经明确失败（原始 HTTP 状态码 {}）。本次为重复调用，没有执行任何操作。",
+                ctx.result.map_or(0, |r| r.status)
+            ),
+            "不要再用这个指纹调用本工具。根据 result 把失败原因告诉用户。如果用户仍想完成这笔操作，先重新调用预览工具获取新的指纹，再用新指纹确认。",
+        ),
+        ReplyKind::InProgress => w(
+            "该操作正在处理中，结果尚未确定。",
+            match ctx.poll_with {
+                Some(tool) => format!(
+                    "不要重新调用本工具。等待 {} 后调用状态查询工具 {tool}（带上同一个指纹）确认结果，再把结果告诉用户。",
+                    wait(ctx.poll_after_ms)
+                ),
+                None => format!(
+                    "不要重新预览，也不要改动任何参数。等待 {} 后，用完全相同的参数和同一个指纹再调用一次本工具：它不会重复执行，只会返回这次操作的结果。",
+                    wait(ctx.poll_after_ms)
+                ),
+            },
+        ),
+        ReplyKind::NeedsReview => w(
+            "该操作的结果无法自动确定：可能已经执行，也可能没有执行，正在由人工核查。",
+            format!(
+                "不要重试，也不要为同一目的重新预览。告诉用户这笔操作正在人工核查，结果确定后会另行通知，查询编号为 {}。",
+                ctx.trace_id
+            ),
+        ),
+        ReplyKind::NotExecuted => w(
+            "该操作没有被执行：它依赖的服务暂时不可用，什么都没有发生。",
+            format!(
+                "等待 {} 后，用完全相同的参数和同一个指纹重新调用本工具。这是安全的，不会重复执行。",
+                wait(ctx.retry_after_ms)
+            ),
+        ),
+        ReplyKind::NotYetExecuted => w(
+            "该操作尚未执行：这个指纹从未被用于确认。",
+            match ctx.fingerprint_expires_at {
+                Some(at) => format!(
+                    "不要告诉用户该操作已完成。如果用户仍要执行，请在 {}（Unix 时间 {at}）之前用这个指纹调用确认工具；过期后需先重新调用预览工具。",
+                    iso_utc(at)
+                ),
+                None => "不要告诉用户该操作已完成。如果用户仍要执行，请在指纹有效期内用它调用确认工具；过期后需先重新调用预览工具。".to_string(),
+            },
+        ),
+        ReplyKind::StatusUnavailable => w(
+            "由于服务暂时不可用，现在无法查询该操作的结果：它可能已经执行，也可能没有执行。",
+            format!(
+                "不要再次调用确认工具，也不要重新预览。等待 {} 后，用同一个指纹再次调用本状态查询工具；在此之前告诉用户结果暂时未知。",
+                wait(ctx.retry_after_ms)
+            ),
+        ),
+        ReplyKind::ParamsChanged => w(
+            "本次调用中的关键参数（如金额、币种、收款方）与预览时签发指纹的参数不一致，没有执行。",
+            "不要用这个指纹重试。用用户真正想要的参数重新调用预览工具，把新的预览结果告诉用户，再用新的指纹确认。",
+        ),
+        ReplyKind::FingerprintExpired => w(
+            "指纹已过期：预览签发的指纹只在有限时间内有效。本次没有执行。",
+            "用相同的参数重新调用预览工具获取新的指纹；如果预览结果有变化，先告诉用户，再用新指纹确认。",
+        ),
+        ReplyKind::FingerprintInvalid => w(
+            "指纹无效：它被改动、截断，或者不是本服务签发的。本次没有执行。",
+            "从最近一次预览结果中逐字符原样复制指纹后重新调用；如果已经找不到，就重新调用预览工具。",
+        ),
+        ReplyKind::FingerprintMissing => w(
+            "本次调用需要预览工具签发的指纹，但没有携带。本次没有执行。",
+            "如果还没有预览，先调用预览工具；然后把预览结果中的指纹原样带上，再调用本工具。",
+        ),
+        ReplyKind::Forbidden => w(
+            "这个指纹是签发给其他调用方的，你不能使用。本次没有执行。",
+            "不要重试。如果用户确实要执行这笔操作，请自己调用预览工具获取属于你的指纹，再用它确认。",
+        ),
+        ReplyKind::SubjectMissing => w(
+            "网关无法识别本次调用的身份，没有执行任何操作。",
+            "不要原样重试。告诉用户该工具的身份认证缺失或无效，需要先修复后才能执行这笔操作。",
+        ),
+        ReplyKind::BodyTooLarge => w(
+            "请求体超过了网关允许的大小，没有执行。",
+            "只发送工具要求的参数，去掉多余的数据，然后重新调用。",
+        ),
+        ReplyKind::InvalidJson => w(
+            "请求体不是合法的 JSON 对象（或者有重复的字段名），没有执行。",
+            "把参数作为一个合法的 JSON 对象发送，每个字段名只出现一次，然后重新调用。",
+        ),
+        ReplyKind::InvalidField => w(
+            format!("字段 {} 的类型错误或数值超出范围，没有执行。", ctx.detail.unwrap_or("（见 detail）")),
+            "修正该字段（金额请使用 JSON 数字或十进制字符串，例如 \"12.50\"），然后重新调用。",
+        ),
+    }
+}
+
+fn wait_en(ms: u64) -> String {
+    match ms {
+        1000 => "1 second".to_string(),
+        ms if ms.is_multiple_of(1000) => format!("{} seconds", ms / 1000),
+        ms => format!("{ms} ms"),
+    }
+}
+
+fn wait_zh(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} 秒", ms / 1000)
+    } else {
+        format!("{ms} 毫秒")
+    }
+}
+
+/// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`: models read dates better than epochs.
+fn iso_utc(unix_s: u64) -> String {
+    let days = unix_s / 86_400;
+    let secs = unix_s % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
+}
+
+/// Howard Hinnant's `civil_from_days`, for days since 1970-01-01 (never negative here).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::encode_body;
+
+    fn json(reply: &Reply) -> Result<Map<String, Value>, serde_json::Error> {
+        serde_json::from_slice(&reply.body)
+    }
+
+    fn header<'r>(reply: &'r Reply, name: &str) -> Option<&'r str> {
+        reply.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    fn stored(status: u16, body: &[u8]) -> StoredResult {
+        StoredResult { status, headers: vec![], body_b64: encode_body(body) }
+    }
+
+    fn expected_http(kind: ReplyKind) -> u16 {
+        match kind {
+            ReplyKind::AlreadyCompleted => 201,
+            ReplyKind::AlreadyFailed => 402,
+            ReplyKind::InProgress | ReplyKind::NeedsReview => 202,
+            ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
+            ReplyKind::NotYetExecuted => 200,
+            ReplyKind::ParamsChanged => 422,
+            ReplyKind::FingerprintExpired => 410,
+            ReplyKind::FingerprintInvalid => 400,
+            ReplyKind::FingerprintMissing => 428,
+            ReplyKind::Forbidden => 403,
+            ReplyKind::SubjectMissing => 401,
+            ReplyKind::BodyTooLarge => 413,
+            ReplyKind::InvalidJson | ReplyKind::InvalidField => 400,
+        }
+    }
+
+    #[test]
+    fn every_kind_in_every_language_has_the_required_fields() -> Result<(), serde_json::Error> {
+        for lang in [Language::En, Language::Zh] {
+            for kind in ReplyKind::ALL {
+                let result = stored(if kind == ReplyKind::AlreadyFailed { 402 } else { 201 }, br#"{"id":"T-1"}"#);
+                let ctx = ReplyContext {
+                    trace_id: "trace-123",
+                    poll_with: Some("get_transfer_status"),
+                    poll_after_ms: 2000,
+                    retry_after_ms: 1500,
+                    result: Some(&result),
+                    result_ref: Some("T-1".into()),
+                    fingerprint_expires_at: Some(1_753_500_000),
+                    detail: Some("/amount"),
+                };
+                let reply = render(kind, lang, &ctx);
+                let body = json(&reply)?;
+                let label = format!("{kind:?}/{lang:?}");
+                assert_eq!(reply.http_status, expected_http(kind), "{label}");
+                assert_eq!(body.get("status").and_then(Value::as_str), Some(kind.status()), "{label}");
+                for field in ["meaning", "instruction"] {
+                    let text = body.get(field).and_then(Value::as_str).unwrap_or_default();
+                    assert!(text.chars().count() > 10, "{label}: {field}");
+                    if lang == Language::Zh {
+                        assert!(text.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)), "{label}: {field}");
+                    }
+                }
+                assert!(body.get("retryable").is_some_and(Value::is_boolean), "{label}");
+                assert_eq!(body.get("trace_id").and_then(Value::as_str), Some("trace-123"), "{label}");
+                assert_eq!(header(&reply, "content-type"), Some("application/json"), "{label}");
+                let replayed = matches!(kind, ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed);
+                assert_eq!(header(&reply, "idempotent-replayed").is_some(), replayed, "{label}");
+                let retry_later = matches!(kind, ReplyKind::NotExecuted | ReplyKind::StatusUnavailable);
+                assert_eq!(header(&reply, "retry-after").is_some(), retry_later, "{label}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn status_strings_follow_the_design_table() {
+        let names: Vec<&str> = ReplyKind::ALL.iter().map(|k| k.status()).collect();
+        assert_eq!(
+            names,
+            [
+                "already_completed",
+                "already_failed",
+                "in_progress",
+                "needs_review",
+                "not_executed",
+                "not_executed",
+                "status_unavailable",
+                "params_changed",
+                "fingerprint_expired",
+                "fingerprint_invalid",
+                "fingerprint_missing",
+                "forbidden",
+                "unauthenticated",
+                "body_too_large",
+                "invalid_json",
+                "invalid_field"
+            ]
+        );
+    }
+
+    #[test]
+    fn replay_carries_the_original_result() -> Result<(), serde_json::Error> {
+        let result = stored(201, br#"{"transfer_id":"T-9","amount":"10.00"}"#);
+        let ctx =
+            ReplyContext { trace_id: "t", result: Some(&result), result_ref: Some("T-9".into()), ..Default::default() };
+        let reply = render(ReplyKind::AlreadyCompleted, Language::En, &ctx);
+        let body = json(&reply)?;
+        assert_eq!(reply.http_status, 201);
+        assert_eq!(header(&reply, "idempotent-replayed"), Some("true"));
+        assert_eq!(body.get("result"), Some(&serde_json::json!({"transfer_id":"T-9","amount":"10.00"})));
+        assert_eq!(body.get("result_ref").and_then(Value::as_str), Some("T-9"));
+        assert_eq!(body.get("original_status").and_then(Value::as_u64), Some(201));
+        assert_eq!(body.get("retryable"), Some(&Value::Bool(false)));
+        assert!(body
+            .get("instruction")
+            .and_then(Value::as_str)
+            .is_some_and(|i| i.contains("Do not call") && i.contains("T-9")));
+        Ok(())
+    }
+
+    #[test]
+    fn non_json_results_become_strings() -> Result<(), serde_json::Error> {
+        let text = stored(402, b"insufficient funds");
+        let binary = stored(400, &[0xff, 0xfe, b'x']);
+        let empty = stored(404, b"");
+        for (result, want) in [
+            (&text, Value::from("insufficient funds")),
+            (&binary, Value::from("\u{fffd}\u{fffd}x")),
+            (&empty, Value::Null),
+        ] {
+            let ctx = ReplyContext { result: Some(result), ..Default::default() };
+            let reply = render(ReplyKind::AlreadyFailed, Language::Zh, &ctx);
+            assert_eq!(reply.http_status, result.status);
+            assert_eq!(json(&reply)?.get("result"), Some(&want));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn replay_keeps_recorded_headers_but_not_the_content_type() {
+        let result = StoredResult {
+            status: 201,
+            headers: vec![
+                ("content-type".into(), "text/plain".into()),
+                ("location".into(), "/v1/transfers/T-1".into()),
+            ],
+            body_b64: encode_body(b"ok"),
+        };
+        let ctx = ReplyContext { result: Some(&result), ..Default::default() };
+        let reply = render(ReplyKind::AlreadyCompleted, Language::En, &ctx);
+        assert_eq!(header(&reply, "content-type"), Some("application/json"));
+        assert_eq!(reply.headers.iter().filter(|(k, _)| k == "content-type").count(), 1);
+        assert_eq!(header(&reply, "location"), Some("/v1/transfers/T-1"));
+    }
+
+    #[test]
+    fn unreadable_stored_body_is_null() -> Result<(), serde_json::Error> {
+        let broken = StoredResult { status: 200, headers: vec![], body_b64: "!!".into() };
+        let ctx = ReplyContext { result: Some(&broken), ..Default::default() };
+        assert_eq!(json(&render(ReplyKind::AlreadyCompleted, Language::En, &ctx))?.get("result"), Some(&Value::Null));
+        Ok(())
+    }
+
+    #[test]
+    fn replay_status_falls_back_when_unusable() {
+        let odd = stored(101, b"");
+        let ctx = ReplyContext { result: Some(&odd), ..Default::default() };
+        assert_eq!(render(ReplyKind::AlreadyCompleted, Language::En, &ctx).http_status, 200);
+        assert_eq!(render(ReplyKind::AlreadyFailed, Language::En, &ReplyContext::default()).http_status, 409);
+    }
+
+    #[test]
+    fn in_progress_says_where_to_poll() -> Result<(), serde_json::Error> {
+        let ctx = ReplyContext { poll_with: Some("get_status"), poll_after_ms: 2000, ..Default::default() };
+        let body = json(&render(ReplyKind::InProgress, Language::Zh, &ctx))?;
+        assert_eq!(body.get("poll_with").and_then(Value::as_str), Some("get_status"));
+        assert_eq!(body.get("poll_after_ms").and_then(Value::as_u64), Some(2000));
+        assert_eq!(body.get("retryable"), Some(&Value::Bool(false)));
+        let instruction = body.get("instruction").and_then(Value::as_str).unwrap_or_default();
+        assert!(instruction.contains("2 秒") && instruction.contains("get_status"), "{instruction}");
+
+        let alone = json(&render(
+            ReplyKind::InProgress,
+            Language::En,
+            &ReplyContext { poll_after_ms: 1500, ..Default::default() },
+        ))?;
+        assert_eq!(alone.get("poll_with"), Some(&Value::Null));
+        assert_eq!(alone.get("retryable"), Some(&Value::Bool(true)));
+        assert!(alone.get("instruction").and_then(Value::as_str).is_some_and(|i| i.contains("1500 ms")));
+        Ok(())
+    }
+
+    #[test]
+    fn not_executed_sets_retry_after_in_whole_seconds() -> Result<(), serde_json::Error> {
+        for (ms, secs) in [(1000, "1"), (1001, "2"), (1500, "2"), (0, "0"), (60_000, "60")] {
+            let ctx = ReplyContext { retry_after_ms: ms, ..Default::default() };
+            let reply = render(ReplyKind::NotExecuted, Language::En, &ctx);
+            assert_eq!(reply.http_status, 503);
+            assert_eq!(header(&reply, "retry-after"), Some(secs), "{ms}");
+            let body = json(&reply)?;
+            assert_eq!(body.get("retry_after_ms").and_then(Value::as_u64), Some(ms));
+            assert_eq!(body.get("retryable"), Some(&Value::Bool(true)));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn not_yet_executed_gives_the_deadline() -> Result<(), serde_json::Error> {
+        let ctx = ReplyContext { fingerprint_expires_at: Some(1_753_500_000), ..Default::default() };
+        for lang in [Language::En, Language::Zh] {
+            let reply = render(ReplyKind::NotYetExecuted, lang, &ctx);
+            assert_eq!(reply.http_status, 200);
+            let body = json(&reply)?;
+            assert_eq!(body.get("status").and_then(Value::as_str), Some("not_executed"));
+            assert_eq!(body.get("fingerprint_expires_at").and_then(Value::as_u64), Some(1_753_500_000));
+            let instruction = body.get("instruction").and_then(Value::as_str).unwrap_or_default();
+            assert!(instruction.contains("2025-07-26T03:20:00Z"), "{instruction}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn invalid_field_names_the_field() -> Result<(), serde_json::Error> {
+        let ctx = ReplyContext { detail: Some("/amount: expected a decimal"), ..Default::default() };
+        let body = json(&render(ReplyKind::InvalidField, Language::En, &ctx))?;
+        assert_eq!(body.get("detail").and_then(Value::as_str), Some("/amount: expected a decimal"));
+        assert!(body.get("meaning").and_then(Value::as_str).is_some_and(|m| m.contains("/amount")));
+        Ok(())
+    }
+
+    #[test]
+    fn refusals_are_not_retryable_and_say_what_to_do() -> Result<(), serde_json::Error> {
+        for kind in ReplyKind::ALL {
+            for lang in [Language::En, Language::Zh] {
+                let body = json(&render(kind, lang, &ReplyContext { poll_with: Some("s"), ..Default::default() }))?;
+                let retryable = body.get("retryable").and_then(Value::as_bool);
+                let retry_later = matches!(kind, ReplyKind::NotExecuted | ReplyKind::StatusUnavailable);
+                assert_eq!(retryable, Some(retry_later), "{kind:?}");
+                let instruction = body.get("instruction").and_then(Value::as_str).unwrap_or_default();
+                let names_next_step = [
+                    "preview", "Do not", "call", "Tell", "Send", "Correct", "预览", "不要", "调用", "告诉", "发送",
+                    "修正",
+                ]
+                .iter()
+                .any(|word| instruction.contains(word));
+                assert!(names_next_step, "{kind:?}/{lang:?}: {instruction}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn result_ref_resolves_scalars() {
+        let body = br#"{"transfer":{"id":"T-1","seq":12.50,"ok":true,"items":[1]}}"#;
+        assert_eq!(result_ref(body, "/transfer/id").as_deref(), Some("T-1"));
+        assert_eq!(result_ref(body, "/transfer/seq").as_deref(), Some("12.50"));
+        assert_eq!(result_ref(body, "/transfer/ok").as_deref(), Some("true"));
+        assert_eq!(result_ref(body, "/transfer/items"), None);
+        assert_eq!(result_ref(body, "/missing"), None);
+        assert_eq!(result_ref(b"not json", "/id"), None);
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(iso_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(iso_utc(1_753_500_000), "2025-07-26T03:20:00Z");
+        assert_eq!(iso_utc(4_102_444_799), "2099-12-31T23:59:59Z");
+    }
+}
