@@ -1,0 +1,393 @@
+//! End-to-end harness: starts the real processes the way an operator would —
+//! the demo service, `idemd`, and Envoy 1.40 loading the built `.wasm` — each on
+//! free ports, and kills them when the test ends.
+//!
+//! `make test` builds the binaries and the `.wasm` first; a missing artifact is
+//! a loud failure here, never a skip.
+
+use serde_json::Value;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+pub type BoxError = Box<dyn std::error::Error>;
+
+pub const SUBJECT: &str = "user-alice";
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"))
+}
+
+pub fn bin(name: &str) -> Result<PathBuf, BoxError> {
+    let p = target_dir().join("debug").join(name);
+    if !p.exists() {
+        return Err(format!("{} is missing: run `make build` (or `make test`) first", p.display()).into());
+    }
+    Ok(p)
+}
+
+pub fn wasm() -> Result<PathBuf, BoxError> {
+    let p = target_dir().join("wasm32-wasip1/wasm/agent_idempotency_filter.wasm");
+    if !p.exists() {
+        return Err(format!("{} is missing: run `make wasm` first", p.display()).into());
+    }
+    Ok(p)
+}
+
+pub fn envoy_bin() -> Result<PathBuf, BoxError> {
+    let p = repo_root().join(".venv/bin/envoy");
+    if !p.exists() {
+        return Err("the pinned Envoy is missing: run `make bootstrap` first".into());
+    }
+    Ok(p)
+}
+
+pub fn free_port() -> Result<u16, BoxError> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A child process that is killed when dropped; its output goes to a log file
+/// that is printed if the test fails to start it.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, cmd: &mut Command, dir: &Path) -> Result<Proc, BoxError> {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let child = cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).spawn()?;
+        Ok(Proc { name: name.to_owned(), child: Some(child), log })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL, like an OOM kill or an evicted pod.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+            None => true,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub async fn wait_ready(url: &str, proc: &mut Proc) -> Result<(), BoxError> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if proc.exited() {
+            return Err(format!("{} exited during start:\n{}", proc.name(), proc.log_text()).into());
+        }
+        if let Ok(r) = client.get(url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("{} not ready at {url} after 30 s:\n{}", proc.name(), proc.log_text()).into())
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DemoOpts {
+    pub no_dedup: bool,
+    pub faults: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct SidecarOpts {
+    pub redis_url: Option<String>,
+    /// None: a fresh SQLite file in the stack's temp dir.
+    pub database_url: Option<String>,
+    pub extra_args: Vec<String>,
+}
+
+impl Default for SidecarOpts {
+    fn default() -> Self {
+        SidecarOpts { redis_url: None, database_url: None, extra_args: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StackOpts {
+    pub demo: DemoOpts,
+    pub sidecar: SidecarOpts,
+    /// Which config under envoy/ to run.
+    pub envoy_config: &'static str,
+}
+
+impl Default for StackOpts {
+    fn default() -> Self {
+        StackOpts { demo: DemoOpts::default(), sidecar: SidecarOpts::default(), envoy_config: "e2e.yaml" }
+    }
+}
+
+pub struct Ports {
+    pub listener: u16,
+    pub admin: u16,
+    pub demo: u16,
+    pub sidecar: u16,
+}
+
+/// demo + idemd + Envoy, on their own ports and temp dir.
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    pub ports: Ports,
+    pub opts: StackOpts,
+    pub demo: Proc,
+    pub sidecar: Proc,
+    pub envoy: Proc,
+    pub http: reqwest::Client,
+}
+
+impl Stack {
+    pub async fn start(opts: StackOpts) -> Result<Stack, BoxError> {
+        let dir = tempfile::tempdir()?;
+        let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
+        let mut demo = start_demo(&opts.demo, ports.demo, dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
+        let mut sidecar = start_sidecar(&opts.sidecar, ports.sidecar, dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
+        let mut envoy = start_envoy(opts.envoy_config, &ports, dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        Ok(Stack { dir, ports, opts, demo, sidecar, envoy, http })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports.listener)
+    }
+
+    pub async fn restart_demo(&mut self) -> Result<(), BoxError> {
+        self.demo.kill9();
+        self.demo = start_demo(&self.opts.demo, self.ports.demo, self.dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/healthz", self.ports.demo), &mut self.demo).await
+    }
+
+    pub async fn restart_sidecar(&mut self) -> Result<(), BoxError> {
+        self.sidecar.kill9();
+        self.sidecar = start_sidecar(&self.opts.sidecar, self.ports.sidecar, self.dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/healthz", self.ports.sidecar), &mut self.sidecar).await
+    }
+
+    pub async fn restart_envoy(&mut self) -> Result<(), BoxError> {
+        self.envoy.kill9();
+        self.envoy = start_envoy(self.opts.envoy_config, &self.ports, self.dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/ready", self.ports.admin), &mut self.envoy).await
+    }
+
+    /// POST JSON through Envoy as `subject`.
+    pub async fn post(&self, path: &str, subject: &str, body: &Value, headers: &[(&str, &str)]) -> Result<Answer, BoxError> {
+        let mut req = self.http.post(self.url(path)).header("x-agent-subject", subject).json(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        Answer::read(req.send().await?).await
+    }
+
+    pub async fn get(&self, path: &str, subject: &str, headers: &[(&str, &str)]) -> Result<Answer, BoxError> {
+        let mut req = self.http.get(self.url(path)).header("x-agent-subject", subject);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        Answer::read(req.send().await?).await
+    }
+
+    /// Preview a transfer and return the fingerprint it minted.
+    pub async fn preview(&self, amount: Value) -> Result<(Answer, String), BoxError> {
+        let a = self.post("/v1/transfers/preview", SUBJECT, &transfer(amount, "preview memo"), &[]).await?;
+        let fp = a.json["fingerprint"].as_str().ok_or_else(|| format!("no fingerprint in preview answer: {a:?}"))?.to_owned();
+        Ok((a, fp))
+    }
+
+    /// What the demo says really happened (straight to the demo, not through Envoy).
+    pub async fn executions(&self) -> Result<Value, BoxError> {
+        let url = format!("http://127.0.0.1:{}/v1/executions", self.ports.demo);
+        Ok(self.http.get(url).send().await?.json().await?)
+    }
+
+    /// One counter from Envoy's /stats (the filter's show as `wasmcustom.idem.*`).
+    pub async fn stat(&self, name: &str) -> Result<u64, BoxError> {
+        let url = format!("http://127.0.0.1:{}/stats?filter={name}", self.ports.admin);
+        let text = self.http.get(url).send().await?.text().await?;
+        for line in text.lines() {
+            if let Some((k, v)) = line.split_once(": ") {
+                if k == name {
+                    return Ok(v.trim().parse()?);
+                }
+            }
+        }
+        Ok(0)
+    }
+}
+
+pub fn transfer(amount: Value, memo: &str) -> Value {
+    serde_json::json!({"amount": amount, "currency": "EUR", "payee_id": "payee-42", "memo": memo})
+}
+
+/// A reply: status, headers and body (JSON when it parses).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+    pub json: Value,
+}
+
+impl Answer {
+    async fn read(r: reqwest::Response) -> Result<Answer, BoxError> {
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let body = r.bytes().await?.to_vec();
+        let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Ok(Answer { status, headers, body, json })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The DESIGN §7 contract: every reply tells the model what to do.
+    pub fn assert_prompt(&self, status: &str) {
+        assert_eq!(self.json["status"], status, "reply: {self:?}");
+        for field in ["meaning", "instruction", "trace_id"] {
+            assert!(self.json[field].is_string(), "{field} missing in {self:?}");
+        }
+        assert!(self.json["retryable"].is_boolean(), "retryable missing in {self:?}");
+        assert!(self.header("content-type").is_some_and(|c| c.contains("application/json")));
+    }
+}
+
+pub fn start_demo(opts: &DemoOpts, port: u16, dir: &Path) -> Result<Proc, BoxError> {
+    let mut cmd = Command::new(bin("demo")?);
+    cmd.arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--db").arg(format!("sqlite://{}/demo.db", dir.display()));
+    if opts.no_dedup {
+        cmd.arg("--no-dedup");
+    }
+    if opts.faults {
+        cmd.arg("--faults");
+    }
+    Proc::spawn("demo", &mut cmd, dir)
+}
+
+pub fn start_sidecar(opts: &SidecarOpts, port: u16, dir: &Path) -> Result<Proc, BoxError> {
+    let mut cmd = Command::new(bin("idemd")?);
+    let db = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/idem.db?mode=rwc", dir.display()));
+    cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--database-url").arg(db);
+    cmd.env_remove("IDEM_REDIS_URL");
+    if let Some(r) = &opts.redis_url {
+        cmd.arg("--redis-url").arg(r);
+    }
+    cmd.args(&opts.extra_args);
+    Proc::spawn("idemd", &mut cmd, dir)
+}
+
+/// Rewrite the committed config's fixed addresses to this stack's ports, so the
+/// file that runs in the test is the file users read.
+pub fn render_envoy_config(config: &str, ports: &Ports) -> Result<String, BoxError> {
+    let text = std::fs::read_to_string(repo_root().join("envoy").join(config))?;
+    let wasm = wasm()?;
+    Ok(text
+        .replace("port_value: 10000", &format!("port_value: {}", ports.listener))
+        .replace("port_value: 9901", &format!("port_value: {}", ports.admin))
+        .replace("port_value: 8080", &format!("port_value: {}", ports.demo))
+        .replace("port_value: 9090", &format!("port_value: {}", ports.sidecar))
+        .replace("target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm", &wasm.display().to_string())
+        .replace("/etc/envoy/agent_idempotency_filter.wasm", &wasm.display().to_string()))
+}
+
+pub fn start_envoy(config: &str, ports: &Ports, dir: &Path) -> Result<Proc, BoxError> {
+    let path = dir.join(format!("envoy-{config}"));
+    std::fs::write(&path, render_envoy_config(config, ports)?)?;
+    let mut cmd = Command::new(envoy_bin()?);
+    cmd.arg("-c")
+        .arg(&path)
+        .arg("--disable-hot-restart")
+        .arg("--concurrency")
+        .arg("1")
+        .arg("--log-level")
+        .arg("warn")
+        .arg("--component-log-level")
+        .arg("wasm:info");
+    Proc::spawn("envoy", &mut cmd, dir)
+}
+
+/// Run `envoy --mode validate` on a config under envoy/ (with the real .wasm path).
+pub fn validate_envoy_config(config: &str) -> Result<(bool, String), BoxError> {
+    let ports = Ports { listener: 10000, admin: 9901, demo: 8080, sidecar: 9090 };
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join(config);
+    std::fs::write(&path, render_envoy_config(config, &ports)?)?;
+    let out = Command::new(envoy_bin()?)
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(&path)
+        .arg("--disable-hot-restart")
+        // compose.yaml takes its HMAC key from the environment, as production should.
+        .env("IDEM_HMAC_K1", "validate-only-secret-0123456789abcdef-0123")
+        .output()?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.success(), text))
+}
+
+/// Backends from the environment with the machine's defaults; `IDEM_REQUIRE_BACKENDS=1`
+/// (CI) turns a missing backend into a failure instead of a loud skip.
+pub mod backends {
+    use super::BoxError;
+
+    pub fn redis_url() -> String {
+        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    }
+
+    pub fn postgres_url() -> String {
+        std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    }
+
+    /// Ok(true): reachable. Ok(false): skip (printed loudly). Err: required but missing.
+    pub fn available(name: &str, addr: &str) -> Result<bool, BoxError> {
+        let reachable = addr
+            .parse::<std::net::SocketAddr>()
+            .ok()
+            .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok());
+        if reachable {
+            return Ok(true);
+        }
+        if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
+            return Err(format!("backend {name} at {addr} is required (IDEM_REQUIRE_BACKENDS=1) but unreachable").into());
+        }
+        eprintln!("\n*** SKIPPED BACKEND {name}: nothing listens at {addr} ***\n");
+        Ok(false)
+    }
+}

