@@ -12,7 +12,7 @@ fn warn_on_err<T>(what: &str, r: Result<T, proxy_wasm::types::Status>) -> Option
     match r {
         Ok(v) => Some(v),
         Err(status) => {
-            log::warn!("agent_idempotency: host call {what} failed: {status:?}");
+            log::warn!("host call {what} failed: {status:?}");
             None
         }
     }

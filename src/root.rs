@@ -28,7 +28,7 @@ impl RootContext for Root {
         match policy::parse_plugin_config(&raw, &|name| std::env::var(name).ok()) {
             Ok(config) => {
                 log::info!(
-                    "agent_idempotency: configured (sidecar cluster {}, active key {})",
+                    "configured (sidecar cluster {}, active key {})",
                     config.sidecar_cluster,
                     config.keyring.active_kid()
                 );
@@ -37,7 +37,7 @@ impl RootContext for Root {
             }
             Err(e) => {
                 // Returning false makes Envoy refuse the configuration: better than running without idempotency.
-                log::error!("agent_idempotency: invalid plugin configuration: {e}");
+                log::error!("invalid plugin configuration: {e}");
                 false
             }
         }

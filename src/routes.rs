@@ -48,7 +48,7 @@ fn read_policy(defaults: &RouteDefaults) -> Lookup {
     match policy::parse_route_policy(&get, defaults) {
         Ok(p) => Ok(p.map(Rc::new)),
         Err(e) => {
-            log::error!("agent_idempotency: bad route annotation: {e}");
+            log::error!("bad route annotation: {e}");
             Err(e.to_string())
         }
     }

@@ -202,7 +202,7 @@ impl Stream {
         }
         let mut nonce = [0u8; 16];
         if let Err(e) = getrandom::fill(&mut nonce) {
-            log::error!("agent_idempotency: no randomness for a nonce ({e}); preview passes without a fingerprint");
+            log::error!("no randomness for a nonce ({e}); preview passes without a fingerprint");
             self.param_hash = None;
             return Action::Continue;
         }
@@ -332,11 +332,31 @@ impl Stream {
         self.reply(kind, ReplyContext { result, result_ref, ..Default::default() });
     }
 
+    /// The route's status tool and polling interval, for in_progress replies.
+    fn polling(&self) -> (Option<String>, u64) {
+        let policy = self.policy.as_ref();
+        let poll_with = policy.and_then(|p| p.status_tool.clone());
+        let poll_after_ms = policy.map(|p| p.poll_after_ms).unwrap_or(self.shared.config.defaults.poll_after_ms);
+        (poll_with, poll_after_ms)
+    }
+
     fn reply_in_progress(&mut self) {
-        let policy = self.policy.clone();
-        let poll_with = policy.as_ref().and_then(|p| p.status_tool.clone());
-        let poll_after_ms = policy.as_ref().map(|p| p.poll_after_ms).unwrap_or(self.shared.config.defaults.poll_after_ms);
+        let (poll_with, poll_after_ms) = self.polling();
         self.reply(ReplyKind::InProgress, ReplyContext { poll_with: poll_with.as_deref(), poll_after_ms, ..Default::default() });
+    }
+
+    /// The upstream gave no definite answer (crash, reset, timeout, 5xx): instead
+    /// of a raw error that invites a retry, the agent learns it may have run and
+    /// how to find out. The held headers are still ours to change.
+    fn rewrite_as_unknown(&self, buffered: usize) {
+        let (poll_with, poll_after_ms) = self.polling();
+        let ctx = ReplyContext { trace_id: &self.trace_id, poll_with: poll_with.as_deref(), poll_after_ms, ..Default::default() };
+        let out = reply::render(ReplyKind::OutcomeUnknown, self.shared.config.language, &ctx);
+        host::set_response_header(":status", &out.http_status.to_string());
+        for (name, value) in &out.headers {
+            host::set_response_header(name, value);
+        }
+        host::replace_response_body(buffered, &out.body);
     }
 
     fn confirm_response_headers(&mut self, end_of_stream: bool) -> Action {
@@ -351,7 +371,7 @@ impl Stream {
         host::set_response_header("idempotency-key", &nonce);
         host::set_response_header("idempotent-replayed", "false");
         if end_of_stream {
-            return self.record(Vec::new());
+            return self.record(Vec::new(), None);
         }
         host::remove_response_header("content-length");
         Action::Pause
@@ -363,18 +383,19 @@ impl Stream {
         }
         if size > self.shared.config.max_response_bytes {
             // Too large to keep for replay: record the status and headers only.
-            log::warn!("agent_idempotency: answer over max_response_bytes; recorded without its body (trace_id={})", self.trace_id);
-            return self.record(Vec::new());
+            log::warn!("answer over max_response_bytes; recorded without its body (trace_id={})", self.trace_id);
+            return self.record(Vec::new(), None);
         }
         if !end_of_stream {
             return Action::Pause;
         }
         let body = host::response_body(size);
-        self.record(body)
+        self.record(body, Some(size))
     }
 
     /// Record before reply: complete/release, and hold the answer until the sidecar acks.
-    fn record(&mut self, body: Vec<u8>) -> Action {
+    /// `buffered`: the size of the complete held body, when there is one to replace.
+    fn record(&mut self, body: Vec<u8>, buffered: Option<usize>) -> Action {
         let (Some(held), Some(owner), Some(claims)) = (self.held.as_ref(), self.owner.clone(), self.claims.as_ref()) else {
             return Action::Continue;
         };
@@ -398,6 +419,9 @@ impl Stream {
             Outcome::Unknown => {
                 // Executed or not, nobody can tell yet: the row stays IN_FLIGHT for the reconciler.
                 self.count(Counter::UnknownOutcome);
+                if let Some(size) = buffered {
+                    self.rewrite_as_unknown(size);
+                }
                 return Action::Continue;
             }
         };
@@ -419,7 +443,7 @@ impl Stream {
                 let c = if call == Call::Release { Counter::Released } else { Counter::Completed };
                 self.count(c);
                 if ack.outcome != idem_core::protocol::Ack::Ok {
-                    log::warn!("agent_idempotency: {call:?} answered {:?} (trace_id={})", ack.outcome, self.trace_id);
+                    log::warn!("{call:?} answered {:?} (trace_id={})", ack.outcome, self.trace_id);
                 }
             }
             // The agent still gets the upstream's answer; the row stays IN_FLIGHT for the reconciler.

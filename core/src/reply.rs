@@ -13,6 +13,10 @@ pub enum ReplyKind {
     AlreadyCompleted,
     AlreadyFailed,
     InProgress,
+    /// This very call got no definite answer from the upstream (timeout, crash,
+    /// reset, 5xx): it may have executed; the reconciler will find out.
+    /// Same status and next step as `InProgress`.
+    OutcomeUnknown,
     NeedsReview,
     /// Sidecar/store unavailable, or the upstream said 429/503 (released):
     /// 503 + Retry-After; the same call is safe to repeat.
@@ -40,10 +44,11 @@ pub enum ReplyKind {
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 16] = [
+    pub const ALL: [ReplyKind; 17] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
+        ReplyKind::OutcomeUnknown,
         ReplyKind::NeedsReview,
         ReplyKind::NotExecuted,
         ReplyKind::NotYetExecuted,
@@ -64,7 +69,7 @@ impl ReplyKind {
         match self {
             ReplyKind::AlreadyCompleted => "already_completed",
             ReplyKind::AlreadyFailed => "already_failed",
-            ReplyKind::InProgress => "in_progress",
+            ReplyKind::InProgress | ReplyKind::OutcomeUnknown => "in_progress",
             ReplyKind::NeedsReview => "needs_review",
             ReplyKind::NotExecuted | ReplyKind::NotYetExecuted => "not_executed",
             ReplyKind::StatusUnavailable => "status_unavailable",
@@ -131,7 +136,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
             }
             headers.push(("idempotent-replayed".to_string(), "true".to_string()));
         }
-        ReplyKind::InProgress => {
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
             body.insert("poll_with".into(), ctx.poll_with.map_or(Value::Null, Value::from));
             body.insert("poll_after_ms".into(), ctx.poll_after_ms.into());
         }
@@ -174,7 +179,7 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
     match kind {
         ReplyKind::AlreadyCompleted => original.unwrap_or(200),
         ReplyKind::AlreadyFailed => original.unwrap_or(409),
-        ReplyKind::InProgress | ReplyKind::NeedsReview => 202,
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
         ReplyKind::NotYetExecuted => 200,
         ReplyKind::ParamsChanged => 422,
@@ -193,7 +198,7 @@ fn retryable(kind: ReplyKind, ctx: &ReplyContext) -> bool {
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => true,
         // Without a status tool, polling *is* repeating the same call, which
         // is safe: it can only report, never execute twice.
-        ReplyKind::InProgress => ctx.poll_with.is_none(),
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => ctx.poll_with.is_none(),
         _ => false,
     }
 }
@@ -243,8 +248,12 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
             "Do not call this tool again with this fingerprint. Tell the user why it failed, using `result`. If the user still wants the operation, call the preview tool again to get a new fingerprint, then confirm with that new fingerprint.",
         ),
-        ReplyKind::InProgress => w(
-            "This operation is being processed by an earlier call; its outcome is not known yet.",
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => w(
+            if kind == ReplyKind::OutcomeUnknown {
+                "The service gave no definite answer to this call (it timed out, failed or dropped the connection), so the operation may or may not have been executed. The gateway is finding out; it will never execute it a second time."
+            } else {
+                "This operation is being processed by an earlier call; its outcome is not known yet."
+            },
             match ctx.poll_with {
                 Some(tool) => format!(
                     "Do not call this tool again. Wait {}, then call `{tool}` with the same fingerprint to learn the outcome, and report that outcome to the user.",
@@ -346,8 +355,12 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
             "不要再用这个指纹调用本工具。根据 result 把失败原因告诉用户。如果用户仍想完成这笔操作，先重新调用预览工具获取新的指纹，再用新指纹确认。",
         ),
-        ReplyKind::InProgress => w(
-            "该操作正在处理中，结果尚未确定。",
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => w(
+            if kind == ReplyKind::OutcomeUnknown {
+                "下游服务没有给出确定的答复（超时、出错或连接中断），这笔操作可能已经执行，也可能没有。网关正在核实，绝不会重复执行。"
+            } else {
+                "该操作正在处理中，结果尚未确定。"
+            },
             match ctx.poll_with {
                 Some(tool) => format!(
                     "不要重新调用本工具。等待 {} 后调用状态查询工具 {tool}（带上同一个指纹）确认结果，再把结果告诉用户。",
@@ -488,7 +501,7 @@ mod tests {
         match kind {
             ReplyKind::AlreadyCompleted => 201,
             ReplyKind::AlreadyFailed => 402,
-            ReplyKind::InProgress | ReplyKind::NeedsReview => 202,
+            ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
             ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
             ReplyKind::NotYetExecuted => 200,
             ReplyKind::ParamsChanged => 422,
@@ -549,6 +562,7 @@ mod tests {
             [
                 "already_completed",
                 "already_failed",
+                "in_progress",
                 "in_progress",
                 "needs_review",
                 "not_executed",
