@@ -1,1 +1,44 @@
-fn main() {}
+//! `idemd serve` — everything else is in the library, so tests and the bench
+//! drive exactly the code the binary runs.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use idemd::config::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            // Refuse a bad TTL combination before touching any store.
+            if let Err(broken) = args.ttl.validate() {
+                for rule in broken {
+                    eprintln!("idemd: refusing to start: {rule}");
+                }
+                return ExitCode::from(2);
+            }
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .init();
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("idemd: cannot start the runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match runtime.block_on(idemd::serve::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(failure) => {
+                    eprintln!("idemd: {failure}");
+                    ExitCode::from(failure.exit_code())
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The HTTP API the filter calls (JSON over HTTP/1.1, keep-alive).
+//!
+//! | route                        | answers                                                        |
+//! |------------------------------|----------------------------------------------------------------|
+//! | `POST /v1/acquire`           | 200 any state outcome; 503 `STORE_UNAVAILABLE`; 400 bad input   |
+//! | `POST /v1/complete`          | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
+//! | `POST /v1/release`           | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
+//! | `GET /v1/operations/{key}`   | 200 `OperationView`; 404 `{"error":"not_found"}`; 503; 400      |
+//! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down; each store's state       |
+//! | `GET /metrics`               | Prometheus (OpenMetrics text)                                   |
+//!
+//! Inputs are validated here, before any store sees them, so a malformed
+//! value is a 400 for the caller and never a database error that would be
+//! mistaken for an outage.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem_core::protocol::{Ack, AcquireOutcome, AcquireRequest, CompleteRequest, ReleaseRequest};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tracing::Instrument;
+
+use crate::store::Store;
+
+/// Replayed bodies travel base64 inside JSON; this bounds what one stored
+/// result may cost in Redis and SQL.
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// The longest lease a route may ask for (and what keeps `now + lease` in i64).
+pub const MAX_LEASE_MS: u64 = 30 * 24 * 3600 * 1000;
+
+pub fn router(store: Arc<Store>) -> Router {
+    Router::new()
+        .route("/v1/acquire", post(acquire))
+        .route("/v1/complete", post(complete))
+        .route("/v1/release", post(release))
+        .route("/v1/operations/{key}", get(operation))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(store)
+}
+
+async fn acquire(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: AcquireRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(why) => return bad_request(why),
+    };
+    if let Err(why) = check_acquire(&req) {
+        return bad_request(why);
+    }
+    let answer = store.acquire(&req).instrument(request_span("acquire", &headers)).await;
+    let status = match answer.outcome {
+        AcquireOutcome::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    };
+    (status, Json(answer)).into_response()
+}
+
+async fn complete(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: CompleteRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(why) => return bad_request(why),
+    };
+    if let Err(why) = check_key("key", &req.key).and_then(|()| check_key("owner", &req.owner)) {
+        return bad_request(why);
+    }
+    let answer = store.complete(&req).instrument(request_span("complete", &headers)).await;
+    (ack_status(answer.outcome), Json(answer)).into_response()
+}
+
+async fn release(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: ReleaseRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(why) => return bad_request(why),
+    };
+    if let Err(why) = check_key("key", &req.key).and_then(|()| check_key("owner", &req.owner)) {
+        return bad_request(why);
+    }
+    let answer = store.release(&req).instrument(request_span("release", &headers)).await;
+    (ack_status(answer.outcome), Json(answer)).into_response()
+}
+
+async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>) -> Response {
+    if let Err(why) = check_key("key", &key) {
+        return bad_request(why);
+    }
+    match store.operation(&key).await {
+        Ok(Some(view)) => (StatusCode::OK, Json(view)).into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, Json(json!({"error": "not_found"}))).into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"}))).into_response(),
+    }
+}
+
+async fn healthz(State(store): State<Arc<Store>>) -> Response {
+    let h = store.health().await;
+    // Redis down is degraded, not down: SQL alone keeps every answer exact.
+    let (status, word) = match (h.sql, h.redis) {
+        ("up", "down") => (StatusCode::OK, "degraded"),
+        ("up", _) => (StatusCode::OK, "ok"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "down"),
+    };
+    (status, Json(json!({"status": word, "redis": h.redis, "sql": h.sql}))).into_response()
+}
+
+async fn metrics(State(store): State<Arc<Store>>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], store.metrics().encode())
+        .into_response()
+}
+
+fn ack_status(a: Ack) -> StatusCode {
+    match a {
+        Ack::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Ack::Ok | Ack::NotOwner => StatusCode::OK,
+    }
+}
+
+/// Any body that is not the expected JSON is the caller's mistake: 400, with
+/// serde's words for what was wrong. (axum's `Json` would answer 415 or 422
+/// for some of these.)
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))
+}
+
+fn bad_request(detail: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({"error": "bad_request", "detail": detail}))).into_response()
+}
+
+/// The filter's trace id, so a PARAM_MISMATCH warning can be found next to
+/// the Envoy access log line.
+fn request_span(op: &'static str, headers: &HeaderMap) -> tracing::Span {
+    let trace_id =
+        headers.get("x-request-id").or_else(|| headers.get("traceparent")).and_then(|v| v.to_str().ok()).unwrap_or("-");
+    tracing::info_span!("request", op, trace_id)
+}
+
+/// Nonces and owner tokens: 128 bits as 32 lowercase hex chars.
+pub fn is_token(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+}
+
+fn check_key(name: &str, value: &str) -> Result<(), String> {
+    if is_token(value) {
+        Ok(())
+    } else {
+        Err(format!("{name} must be 32 lowercase hex characters"))
+    }
+}
+
+/// Hashes and scopes are stored in columns of bounded width and compared
+/// byte for byte: printable ASCII only, so no database collation or encoding
+/// can make two different values equal.
+fn check_field(name: &str, value: &str, max: usize, may_be_empty: bool) -> Result<(), String> {
+    if value.is_empty() && !may_be_empty {
+        return Err(format!("{name} must not be empty"));
+    }
+    if value.len() > max {
+        return Err(format!("{name} must be at most {max} characters"));
+    }
+    if !value.bytes().all(|c| c.is_ascii_graphic()) {
+        return Err(format!("{name} must be printable ASCII without spaces"));
+    }
+    Ok(())
+}
+
+fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
+    check_key("key", &req.key)?;
+    check_field("param_hash", &req.param_hash, 128, false)?;
+    check_field("subject_hash", &req.subject_hash, 128, false)?;
+    check_field("scope", &req.scope, 255, true)?;
+    if req.lease_ms > MAX_LEASE_MS {
+        return Err(format!("lease_ms must be at most {MAX_LEASE_MS}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_exactly_32_lowercase_hex() {
+        assert!(is_token("0123456789abcdef0123456789abcdef"));
+        assert!(!is_token("0123456789ABCDEF0123456789abcdef"));
+        assert!(!is_token("0123456789abcdef0123456789abcde"));
+        assert!(!is_token("0123456789abcdef0123456789abcdeg"));
+    }
+
+    #[test]
+    fn acquire_fields_are_bounded() {
+        let ok = AcquireRequest {
+            key: "0123456789abcdef0123456789abcdef".into(),
+            param_hash: "a".repeat(64),
+            subject_hash: "b".repeat(32),
+            scope: "payments.transfer".into(),
+            lease_ms: 1,
+        };
+        assert_eq!(check_acquire(&ok), Ok(()));
+        assert!(check_acquire(&AcquireRequest { param_hash: String::new(), ..ok.clone() }).is_err());
+        assert!(check_acquire(&AcquireRequest { scope: "a b".into(), ..ok.clone() }).is_err());
+        assert!(check_acquire(&AcquireRequest { scope: "é".into(), ..ok.clone() }).is_err());
+        assert!(check_acquire(&AcquireRequest { scope: "x".repeat(256), ..ok.clone() }).is_err());
+        assert!(check_acquire(&AcquireRequest { lease_ms: MAX_LEASE_MS + 1, ..ok }).is_err());
+    }
+}

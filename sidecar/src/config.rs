@@ -1,0 +1,230 @@
+//! Command line and environment: every option has an `IDEM_*` variable, so the
+//! same binary runs from a shell, a Makefile and a container spec.
+//!
+//! The TTL rules live here because a wrong TTL is not a runtime error but a
+//! silent hole in idempotency: a lease shorter than the slowest upstream lets a
+//! retry find the key gone and execute again, exactly when retries are densest.
+//! So a bad combination refuses to start.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "idemd", version, about = "Server-issued idempotency for AI-agent tool calls: the store sidecar")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API the Envoy filter calls.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address of the HTTP API.
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:9090")]
+    pub listen: SocketAddr,
+
+    #[command(flatten)]
+    pub stores: StoreArgs,
+
+    #[command(flatten)]
+    pub ttl: TtlArgs,
+}
+
+/// Where the state lives. Shared with any subcommand that touches the stores.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// Redis for the fast path; absent means SQL alone. With --redis-cluster,
+    /// a comma-separated list of node URLs.
+    #[arg(long, env = "IDEM_REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Treat --redis-url as Redis Cluster seed nodes.
+    #[arg(long, env = "IDEM_REDIS_CLUSTER")]
+    pub redis_cluster: bool,
+
+    /// Budget for one Redis call; past it the call is served by SQL alone.
+    #[arg(long, env = "IDEM_REDIS_TIMEOUT_MS", default_value_t = 200)]
+    pub redis_timeout_ms: u64,
+
+    /// While Redis is down, how often one request probes it again (the rest go
+    /// straight to SQL instead of each paying the timeout).
+    #[arg(long, env = "IDEM_REDIS_RETRY_MS", default_value_t = 500)]
+    pub redis_retry_ms: u64,
+
+    /// The SQL truth: postgres://, mysql:// (MySQL or MariaDB) or sqlite:.
+    #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://./data/idem.db?mode=rwc")]
+    pub database_url: String,
+
+    /// SQL pool size of this process (each replica has its own).
+    #[arg(long, env = "IDEM_SQL_MAX_CONNECTIONS", default_value_t = 16)]
+    pub sql_max_connections: u32,
+
+    /// Budget for one SQL call; past it the database counts as unavailable.
+    #[arg(long, env = "IDEM_SQL_TIMEOUT_MS", default_value_t = 2000)]
+    pub sql_timeout_ms: u64,
+}
+
+/// The IN_FLIGHT lease and the terminal retention, with the facts they must cover.
+#[derive(Debug, Clone, Args)]
+pub struct TtlArgs {
+    /// IN_FLIGHT lease: how long an executor owns an operation.
+    #[arg(long, env = "IDEM_LEASE_MS", default_value_t = 60_000)]
+    pub lease_ms: u64,
+
+    /// The slowest the upstream may take to answer a confirm.
+    #[arg(long, env = "IDEM_UPSTREAM_WORST_CASE_MS", default_value_t = 30_000)]
+    pub upstream_worst_case_ms: u64,
+
+    /// The gateway's own timeout on the confirm route.
+    #[arg(long, env = "IDEM_GATEWAY_TIMEOUT_MS", default_value_t = 15_000)]
+    pub gateway_timeout_ms: u64,
+
+    /// The sum of all retry back-offs the gateway may add.
+    #[arg(long, env = "IDEM_RETRY_BACKOFF_TOTAL_MS", default_value_t = 5_000)]
+    pub retry_backoff_total_ms: u64,
+
+    /// How long DONE/FAILED results stay replayable (default 7 days).
+    #[arg(long, env = "IDEM_TERMINAL_RETENTION_S", default_value_t = 7 * 24 * 3600)]
+    pub terminal_retention_s: u64,
+
+    /// The callers' longest retry window (default 1 day).
+    #[arg(long, env = "IDEM_RETRY_WINDOW_S", default_value_t = 24 * 3600)]
+    pub retry_window_s: u64,
+}
+
+impl TtlArgs {
+    /// Every broken rule, each saying which rule and by how much.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut broken = Vec::new();
+
+        let needed = self
+            .upstream_worst_case_ms
+            .saturating_add(self.gateway_timeout_ms)
+            .saturating_add(self.retry_backoff_total_ms);
+        if self.lease_ms <= needed {
+            broken.push(format!(
+                "IN_FLIGHT lease {} ms must exceed upstream worst case {} + gateway timeout {} + retry backoff {} = {} ms (short by {} ms)",
+                self.lease_ms,
+                self.upstream_worst_case_ms,
+                self.gateway_timeout_ms,
+                self.retry_backoff_total_ms,
+                needed,
+                needed - self.lease_ms + 1,
+            ));
+        }
+
+        if self.terminal_retention_s < self.retry_window_s {
+            broken.push(format!(
+                "terminal retention {} s must be at least the retry window {} s (short by {} s)",
+                self.terminal_retention_s,
+                self.retry_window_s,
+                self.retry_window_s - self.terminal_retention_s,
+            ));
+        }
+
+        // Redis takes the TTL in ms; keep the product representable.
+        if self.terminal_retention_s > u64::MAX / 1000 {
+            broken.push(format!("terminal retention {} s is too large", self.terminal_retention_s));
+        }
+
+        if broken.is_empty() {
+            Ok(())
+        } else {
+            Err(broken)
+        }
+    }
+
+    pub fn terminal_retention_ms(&self) -> u64 {
+        self.terminal_retention_s.saturating_mul(1000)
+    }
+}
+
+impl StoreArgs {
+    pub fn redis_timeout(&self) -> Duration {
+        Duration::from_millis(self.redis_timeout_ms)
+    }
+
+    pub fn redis_retry(&self) -> Duration {
+        Duration::from_millis(self.redis_retry_ms)
+    }
+
+    pub fn sql_timeout(&self) -> Duration {
+        Duration::from_millis(self.sql_timeout_ms)
+    }
+}
+
+/// A URL fit for logs: the password replaced, the rest kept.
+pub fn redact_url(url: &str) -> String {
+    url.split(',').map(redact_one).collect::<Vec<_>>().join(",")
+}
+
+fn redact_one(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return url.to_string() };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else { return url.to_string() };
+    let userinfo = &authority[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    let masked = if userinfo.contains(':') { format!("{user}:***") } else { "***".to_string() };
+    format!("{}{}{}", &url[..scheme_end + 3], masked, &rest[at..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ttl(lease_ms: u64, retention_s: u64, window_s: u64) -> TtlArgs {
+        TtlArgs {
+            lease_ms,
+            upstream_worst_case_ms: 30_000,
+            gateway_timeout_ms: 15_000,
+            retry_backoff_total_ms: 5_000,
+            terminal_retention_s: retention_s,
+            retry_window_s: window_s,
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(ttl(60_000, 7 * 86_400, 86_400).validate(), Ok(()));
+    }
+
+    #[test]
+    fn short_lease_says_which_rule_and_by_how_much() {
+        let err = ttl(20_000, 7 * 86_400, 86_400).validate().unwrap_err();
+        assert_eq!(
+            err,
+            vec!["IN_FLIGHT lease 20000 ms must exceed upstream worst case 30000 + gateway timeout 15000 + retry backoff 5000 = 50000 ms (short by 30001 ms)"]
+        );
+    }
+
+    #[test]
+    fn lease_equal_to_the_worst_case_is_one_ms_short() {
+        let err = ttl(50_000, 86_400, 86_400).validate().unwrap_err();
+        assert!(err[0].ends_with("(short by 1 ms)"), "{err:?}");
+        assert_eq!(ttl(50_001, 86_400, 86_400).validate(), Ok(()));
+    }
+
+    #[test]
+    fn short_retention_and_both_rules_reported_together() {
+        let err = ttl(1, 3_600, 86_400).validate().unwrap_err();
+        assert_eq!(err.len(), 2);
+        assert_eq!(err[1], "terminal retention 3600 s must be at least the retry window 86400 s (short by 82800 s)");
+    }
+
+    #[test]
+    fn passwords_never_reach_the_log() {
+        assert_eq!(redact_url("redis://:s3cret@10.0.0.1:6379/0"), "redis://:***@10.0.0.1:6379/0");
+        assert_eq!(redact_url("postgres://app:pw@db/idem"), "postgres://app:***@db/idem");
+        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact_url("redis://a:1@h1:1,redis://h2:2"), "redis://a:***@h1:1,redis://h2:2");
+    }
+}

@@ -1,0 +1,14 @@
+//! idemd: the idempotency sidecar of the agent-idempotency Envoy filter.
+//!
+//! The filter asks it three things per confirm: may I run this (acquire),
+//! here is how it ended (complete), it never reached the upstream (release).
+//! Redis answers fast (`store::redis`, the Lua scripts in `lua/`); the SQL
+//! table is the truth (`store::sql`); `store` is the state machine over both;
+//! `api` is the HTTP face; `config` the command line.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+pub mod api;
+pub mod config;
+pub mod metrics;
+pub mod serve;
+pub mod store;

@@ -1,0 +1,112 @@
+//! `idemd serve`: open both stores, then answer the filter until SIGTERM/SIGINT.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tracing::info;
+
+use crate::config::{redact_url, ServeArgs, StoreArgs, TtlArgs};
+use crate::metrics::Metrics;
+use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::sql::{SqlOptions, SqlStore};
+use crate::store::{Store, StoreSettings};
+
+/// Why idemd did not start or stopped. `Config` exits with 2 like a usage
+/// error: restarting will not help until someone changes the configuration.
+#[derive(Debug)]
+pub enum Failure {
+    Config(String),
+    Runtime(String),
+}
+
+impl Failure {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Config(_) => 2,
+            Self::Runtime(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Config(m) | Self::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Both stores, connected (SQL) and migrated; Redis connects on first use.
+pub async fn open_store(stores: &StoreArgs, ttl: &TtlArgs) -> Result<Store, Failure> {
+    if let Err(broken) = ttl.validate() {
+        return Err(Failure::Config(broken.join("\n")));
+    }
+    let sql_opts = SqlOptions { max_connections: stores.sql_max_connections, timeout: stores.sql_timeout() };
+    let sql = SqlStore::connect(&stores.database_url, &sql_opts).await.map_err(|e| match e {
+        crate::store::sql::SqlError::Config(m) => Failure::Config(m),
+        other => Failure::Runtime(format!("SQL store {}: {other}", redact_url(&stores.database_url))),
+    })?;
+    let redis = match &stores.redis_url {
+        None => None,
+        Some(url) => Some(
+            RedisStore::open(&RedisOptions {
+                url: url.clone(),
+                cluster: stores.redis_cluster,
+                timeout: stores.redis_timeout(),
+                retry: stores.redis_retry(),
+            })
+            .map_err(|e| Failure::Config(format!("--redis-url {}: {e}", redact_url(url))))?,
+        ),
+    };
+    let settings = StoreSettings {
+        lease_ms: ttl.lease_ms,
+        terminal_retention_ms: ttl.terminal_retention_ms(),
+        // A live acquirer inserts its row within one SQL call of taking the
+        // Redis gate; twice that, plus slack, is certainly stale.
+        stale_in_flight_ms: stores.sql_timeout_ms.saturating_mul(2).saturating_add(1_000),
+    };
+    Ok(Store::new(sql, redis, settings, Arc::new(Metrics::new())))
+}
+
+pub async fn run(args: ServeArgs) -> Result<(), Failure> {
+    let store = Arc::new(open_store(&args.stores, &args.ttl).await?);
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {}: {e}", args.listen)))?;
+    let addr = listener.local_addr().map_err(|e| Failure::Runtime(e.to_string()))?;
+    let redis = args.stores.redis_url.as_deref().map(redact_url).unwrap_or_else(|| "off".to_string());
+    println!("idemd listening on {addr} (redis: {redis}, sql: {})", store.sql().backend().name());
+    info!(%addr, lease_ms = args.ttl.lease_ms, retention_s = args.ttl.terminal_retention_s, "serving");
+
+    // Small JSON answers on keep-alive connections: without NODELAY, Nagle
+    // and delayed ACKs add tens of milliseconds per callout.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, crate::api::router(store))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| Failure::Runtime(format!("server: {e}")))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    info!("shutting down");
+}

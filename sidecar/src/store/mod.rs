@@ -1,0 +1,641 @@
+//! The four-state machine (DESIGN §4) over both stores.
+//!
+//! ```text
+//! (empty) ──acquire──▶ IN_FLIGHT(owner, lease) ──complete──▶ DONE | FAILED
+//!                          │ release (never reached the upstream) ──▶ (empty)
+//!                          └ lease over: stays IN_FLIGHT until the reconciler decides
+//! ```
+//!
+//! The rules that keep it at most once:
+//!
+//! - Only the SQL insert can make an ACQUIRED. Redis answers first and turns
+//!   away the duplicates cheaply, but when it says ACQUIRED the SQL insert
+//!   still has to win the primary key; if a row is there, Redis had lost
+//!   state and the row is the answer (and is copied back into Redis).
+//! - complete and release write SQL first (owner-checked), then Redis. A
+//!   stale executor's write matches no row and gets NOT_OWNER.
+//! - An IN_FLIGHT answer from Redis is checked against SQL, because Redis may
+//!   keep an IN_FLIGHT that SQL already moved on from (complete or release
+//!   happened while Redis was unreachable). Terminal answers from Redis are
+//!   trusted: they are only written after SQL has them.
+//! - Redis down or erroring: the same answers from SQL alone.
+//!   SQL down: nothing can be acquired (STORE_UNAVAILABLE: nothing ran, safe
+//!   to retry), but what Redis already knows (replays, IN_FLIGHT) still answers.
+
+pub mod redis;
+pub mod sql;
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use idem_core::protocol::{
+    Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState, OperationView,
+    ReleaseRequest, StoredResult, TerminalState,
+};
+use tracing::{debug, warn};
+
+use self::redis::{AcquireReply, Binding, RedisDown, RedisStore, WriteReply};
+use self::sql::{NewInFlight, Record, SqlError, SqlStore};
+use crate::metrics::Metrics;
+
+/// How long a restored IN_FLIGHT copy lives in Redis once its SQL lease has
+/// run out. Short: until the reconciler decides, SQL is asked again soon.
+const EXPIRED_LEASE_CACHE_MS: u64 = 1_000;
+
+/// A row that vanishes between the conflicting insert and the read (a release
+/// raced us) is retried this often before giving up with STORE_UNAVAILABLE.
+const MAX_ATTEMPTS: usize = 3;
+
+#[derive(Clone, Debug)]
+pub struct StoreSettings {
+    /// The configured IN_FLIGHT lease; an acquire may ask for longer, never shorter.
+    pub lease_ms: u64,
+    /// How long DONE/FAILED stay in Redis.
+    pub terminal_retention_ms: u64,
+    /// An IN_FLIGHT in Redis with no SQL row, older than this, was left behind
+    /// by a release that reached only SQL (a live acquirer inserts its row
+    /// within one SQL timeout of taking the Redis gate).
+    pub stale_in_flight_ms: u64,
+}
+
+/// SQL, the truth, could not answer.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    /// "up", "down" or "off" (no --redis-url).
+    pub redis: &'static str,
+    /// "up" or "down".
+    pub sql: &'static str,
+}
+
+pub struct Store {
+    sql: SqlStore,
+    redis: Option<RedisStore>,
+    settings: StoreSettings,
+    metrics: Arc<Metrics>,
+}
+
+/// How an attempt ended.
+enum Step {
+    Answer(AcquireResponse),
+    /// Redis held a stale IN_FLIGHT and it was dropped: ask again.
+    Again,
+}
+
+impl Store {
+    pub fn new(sql: SqlStore, redis: Option<RedisStore>, settings: StoreSettings, metrics: Arc<Metrics>) -> Self {
+        metrics.set_redis_up(redis.is_some());
+        metrics.set_sql_up(true);
+        Self { sql, redis, settings, metrics }
+    }
+
+    pub fn sql(&self) -> &SqlStore {
+        &self.sql
+    }
+
+    pub fn redis(&self) -> Option<&RedisStore> {
+        self.redis.as_ref()
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn settings(&self) -> &StoreSettings {
+        &self.settings
+    }
+
+    // ---- acquire -------------------------------------------------------
+
+    pub async fn acquire(&self, req: &AcquireRequest) -> AcquireResponse {
+        let lease_ms = req.lease_ms.max(self.settings.lease_ms);
+        let owner = new_owner();
+        let mut answer = None;
+        for _ in 0..MAX_ATTEMPTS {
+            match self.acquire_once(req, &owner, lease_ms).await {
+                Step::Answer(a) => {
+                    answer = Some(a);
+                    break;
+                }
+                Step::Again => continue,
+            }
+        }
+        let answer = answer.unwrap_or_else(|| {
+            warn!(key = %req.key, "acquire kept racing a release; answering STORE_UNAVAILABLE");
+            unavailable()
+        });
+        if answer.outcome == AcquireOutcome::ParamMismatch {
+            // A security event: someone reuses a nonce with other parameters,
+            // another subject or scope. Never log the hashes' inputs.
+            warn!(key = %req.key, scope = %req.scope, security_event = "param_mismatch", "nonce reused with a different binding");
+        }
+        self.metrics.acquire(acquire_name(answer.outcome));
+        answer
+    }
+
+    async fn acquire_once(&self, req: &AcquireRequest, owner: &str, lease_ms: u64) -> Step {
+        let binding = Binding { param_hash: &req.param_hash, subject_hash: &req.subject_hash, scope: &req.scope };
+        let reply = match &self.redis {
+            None => None,
+            Some(r) => {
+                let started = Instant::now();
+                let reply = r.acquire(&req.key, binding, owner, lease_ms).await;
+                self.redis_done("acquire", started, reply)
+            }
+        };
+        let Some(reply) = reply else {
+            return Step::Answer(self.sql_acquire(req, owner, lease_ms, false).await);
+        };
+        match reply {
+            AcquireReply::Acquired => Step::Answer(self.sql_acquire(req, owner, lease_ms, true).await),
+            AcquireReply::InFlight { owner: holder, age_ms } => self.confirm_in_flight(req, holder, age_ms).await,
+            AcquireReply::Done(json) => self.replay(req, owner, lease_ms, AcquireOutcome::Done, &json).await,
+            AcquireReply::Failed(json) => self.replay(req, owner, lease_ms, AcquireOutcome::Failed, &json).await,
+            AcquireReply::NeedsReview => {
+                Step::Answer(AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None })
+            }
+            AcquireReply::ParamMismatch => {
+                Step::Answer(AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None })
+            }
+        }
+    }
+
+    async fn replay(
+        &self,
+        req: &AcquireRequest,
+        owner: &str,
+        lease_ms: u64,
+        outcome: AcquireOutcome,
+        json: &str,
+    ) -> Step {
+        match serde_json::from_str::<StoredResult>(json) {
+            Ok(result) => Step::Answer(AcquireResponse { outcome, owner: None, result: Some(result) }),
+            Err(e) => {
+                // A cache entry this version cannot read: drop it and let SQL
+                // answer (and refill it).
+                warn!(key = %req.key, error = %e, "unreadable result in Redis; asking SQL");
+                self.evict(&req.key).await;
+                Step::Answer(self.sql_acquire(req, owner, lease_ms, false).await)
+            }
+        }
+    }
+
+    /// The SQL gate: insert the IN_FLIGHT row, or answer from the row that is
+    /// there. `gate_in_redis`: this attempt holds the Redis IN_FLIGHT, which
+    /// must not outlive a failure here, and which is replaced by the row when
+    /// the row wins.
+    async fn sql_acquire(
+        &self,
+        req: &AcquireRequest,
+        owner: &str,
+        lease_ms: u64,
+        gate_in_redis: bool,
+    ) -> AcquireResponse {
+        for _ in 0..MAX_ATTEMPTS {
+            let now = now_ms();
+            let row = NewInFlight {
+                key: &req.key,
+                param_hash: &req.param_hash,
+                subject_hash: &req.subject_hash,
+                scope: &req.scope,
+                owner,
+                lease_until_ms: now.saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX)),
+                now_ms: now,
+            };
+            let started = Instant::now();
+            let inserted = self.sql_done("insert", started, self.sql.insert_in_flight(&row).await);
+            match inserted {
+                Ok(true) => {
+                    return AcquireResponse {
+                        outcome: AcquireOutcome::Acquired,
+                        owner: Some(owner.to_string()),
+                        result: None,
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(key = %req.key, error = %e, "SQL insert failed: STORE_UNAVAILABLE");
+                    self.undo_acquire(&req.key, owner, gate_in_redis, matches!(e, SqlError::Timeout)).await;
+                    return unavailable();
+                }
+            }
+            let started = Instant::now();
+            match self.sql_done("get", started, self.sql.get(&req.key).await) {
+                Ok(Some(rec)) => {
+                    if gate_in_redis {
+                        debug!(key = %req.key, state = state_name(rec.state), "Redis had lost this key; restoring the row");
+                        self.restore(&rec).await;
+                    }
+                    return answer_from_row(&rec, req);
+                }
+                // Released between our insert and our read: try the insert again.
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!(key = %req.key, error = %e, "SQL read failed: STORE_UNAVAILABLE");
+                    self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
+                    return unavailable();
+                }
+            }
+        }
+        self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
+        unavailable()
+    }
+
+    /// The attempt answers STORE_UNAVAILABLE: leave nothing behind that would
+    /// make a retry wait for an operation that never ran.
+    async fn undo_acquire(&self, key: &str, owner: &str, gate_in_redis: bool, insert_may_have_committed: bool) {
+        if gate_in_redis {
+            if let Some(r) = &self.redis {
+                let started = Instant::now();
+                let released = r.release(key, owner).await;
+                self.redis_done("release", started, released);
+            }
+        }
+        if insert_may_have_committed {
+            // The owner token was never handed out, so deleting a row with it
+            // can only remove our own. Off the request path: SQL is struggling.
+            let key = key.to_string();
+            let owner = owner.to_string();
+            let sql = self.sql.clone();
+            tokio::spawn(async move {
+                if let Ok(true) = sql.release(&key, &owner).await {
+                    debug!(%key, "removed the row of a timed-out insert");
+                }
+            });
+        }
+    }
+
+    /// Redis says someone holds it. SQL has the last word on whether that is
+    /// still so.
+    async fn confirm_in_flight(&self, req: &AcquireRequest, holder: String, age_ms: i64) -> Step {
+        let in_flight =
+            |owner: String| AcquireResponse { outcome: AcquireOutcome::InFlight, owner: Some(owner), result: None };
+        let started = Instant::now();
+        match self.sql_done("get", started, self.sql.get(&req.key).await) {
+            Ok(Some(rec)) => {
+                if rec.state != OpState::InFlight || rec.owner.as_deref() != Some(holder.as_str()) {
+                    // SQL moved on while Redis could not be told.
+                    self.restore(&rec).await;
+                }
+                Step::Answer(answer_from_row(&rec, req))
+            }
+            Ok(None) if age_ms > i64::try_from(self.settings.stale_in_flight_ms).unwrap_or(i64::MAX) => {
+                // Released in SQL while Redis was unreachable. Drop the copy
+                // (only if it is still that holder's) and start over.
+                if let Some(r) = &self.redis {
+                    let started = Instant::now();
+                    let released = r.release(&req.key, &holder).await;
+                    if self.redis_done("release", started, released).is_some() {
+                        return Step::Again;
+                    }
+                }
+                Step::Answer(in_flight(holder))
+            }
+            // The holder took the Redis gate a moment ago and is inserting its row now.
+            Ok(None) => Step::Answer(in_flight(holder)),
+            // SQL down: IN_FLIGHT is still the safe answer (nothing may run).
+            Err(_) => Step::Answer(in_flight(holder)),
+        }
+    }
+
+    async fn restore(&self, rec: &Record) {
+        let Some(r) = &self.redis else { return };
+        let ttl_ms = match rec.state {
+            OpState::InFlight => {
+                let left = rec.lease_until_ms.unwrap_or(0).saturating_sub(now_ms());
+                u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
+            }
+            OpState::Done | OpState::Failed | OpState::NeedsReview => {
+                let age = u64::try_from(now_ms().saturating_sub(rec.updated_at_ms)).unwrap_or(0);
+                self.settings.terminal_retention_ms.saturating_sub(age).max(EXPIRED_LEASE_CACHE_MS)
+            }
+        };
+        let started = Instant::now();
+        let restored = r.restore(rec, ttl_ms).await;
+        self.redis_done("restore", started, restored);
+    }
+
+    async fn evict(&self, key: &str) {
+        if let Some(r) = &self.redis {
+            let started = Instant::now();
+            let evicted = r.evict(key).await;
+            self.redis_done("evict", started, evicted);
+        }
+    }
+
+    // ---- complete / release -------------------------------------------
+
+    pub async fn complete(&self, req: &CompleteRequest) -> AckResponse {
+        let outcome = self.complete_inner(req).await;
+        self.metrics.complete(ack_name(outcome));
+        AckResponse { outcome }
+    }
+
+    async fn complete_inner(&self, req: &CompleteRequest) -> Ack {
+        let result_json = match serde_json::to_string(&req.result) {
+            Ok(j) => j,
+            Err(e) => {
+                warn!(key = %req.key, error = %e, "result does not serialize");
+                return Ack::StoreUnavailable;
+            }
+        };
+        let state = terminal_name(req.state);
+        let started = Instant::now();
+        let updated = self.sql_done(
+            "complete",
+            started,
+            self.sql.complete(&req.key, &req.owner, req.state, &result_json, now_ms()).await,
+        );
+        match updated {
+            Ok(true) => {}
+            Ok(false) => {
+                // The filter may retry a complete whose answer it lost: the same
+                // owner with the same outcome is a success, not a conflict.
+                let started = Instant::now();
+                match self.sql_done("get", started, self.sql.get(&req.key).await) {
+                    Ok(Some(rec))
+                        if rec.owner.as_deref() == Some(req.owner.as_str())
+                            && rec.state == terminal_op_state(req.state)
+                            && rec.result.as_ref() == Some(&req.result) => {}
+                    Ok(_) => return Ack::NotOwner,
+                    Err(_) => return Ack::StoreUnavailable,
+                }
+            }
+            Err(e) => {
+                warn!(key = %req.key, error = %e, "SQL complete failed: STORE_UNAVAILABLE");
+                return Ack::StoreUnavailable;
+            }
+        }
+        if let Some(r) = &self.redis {
+            let started = Instant::now();
+            let reply =
+                r.complete(&req.key, &req.owner, state, &result_json, self.settings.terminal_retention_ms).await;
+            if let Some(WriteReply::NotOwner) = self.redis_done("complete", started, reply) {
+                // The cache holds some other attempt's view; SQL has the truth.
+                // Drop the copy so the next acquire refills it from the row.
+                debug!(key = %req.key, "Redis disagreed with SQL on complete; evicting");
+                self.evict(&req.key).await;
+            }
+        }
+        Ack::Ok
+    }
+
+    pub async fn release(&self, req: &ReleaseRequest) -> AckResponse {
+        let outcome = self.release_inner(req).await;
+        self.metrics.release(ack_name(outcome));
+        AckResponse { outcome }
+    }
+
+    async fn release_inner(&self, req: &ReleaseRequest) -> Ack {
+        let started = Instant::now();
+        match self.sql_done("release", started, self.sql.release(&req.key, &req.owner).await) {
+            Ok(true) => {}
+            Ok(false) => return Ack::NotOwner,
+            Err(e) => {
+                warn!(key = %req.key, error = %e, "SQL release failed: STORE_UNAVAILABLE");
+                return Ack::StoreUnavailable;
+            }
+        }
+        if let Some(r) = &self.redis {
+            let started = Instant::now();
+            let released = r.release(&req.key, &req.owner).await;
+            // NOT_OWNER here means the cache holds another attempt's gate or a
+            // stale copy; either resolves against SQL on the next acquire.
+            self.redis_done("release", started, released);
+        }
+        Ack::Ok
+    }
+
+    // ---- reads ---------------------------------------------------------
+
+    /// The operation as SQL (the truth) has it.
+    pub async fn operation(&self, key: &str) -> Result<Option<OperationView>, Unavailable> {
+        let started = Instant::now();
+        match self.sql_done("get", started, self.sql.get(key).await) {
+            Ok(rec) => Ok(rec.map(view)),
+            Err(e) => Err(Unavailable(e.to_string())),
+        }
+    }
+
+    /// Asks both stores now, whatever the last calls saw.
+    pub async fn health(&self) -> Health {
+        let redis = match &self.redis {
+            None => "off",
+            Some(r) => {
+                let started = Instant::now();
+                let pinged = r.ping().await;
+                match self.redis_done("ping", started, pinged) {
+                    Some(()) => "up",
+                    None => "down",
+                }
+            }
+        };
+        let started = Instant::now();
+        let sql = match self.sql_done("ping", started, self.sql.ping().await) {
+            Ok(()) => "up",
+            Err(_) => "down",
+        };
+        Health { redis, sql }
+    }
+
+    // ---- bookkeeping ---------------------------------------------------
+
+    /// Record a Redis call. `None`: no answer, serve this call from SQL.
+    fn redis_done<T>(&self, op: &'static str, started: Instant, r: Result<T, RedisDown>) -> Option<T> {
+        match r {
+            Ok(v) => {
+                self.metrics.observe("redis", op, started);
+                self.metrics.set_redis_up(true);
+                Some(v)
+            }
+            Err(RedisDown::Skipped) => {
+                self.metrics.redis_fallback();
+                None
+            }
+            Err(e) => {
+                // Failures are timed too: a timeout shows up as a spike at the budget.
+                self.metrics.observe("redis", op, started);
+                warn!(op, error = %e, "Redis unavailable; serving from SQL alone");
+                self.metrics.redis_fallback();
+                self.metrics.set_redis_up(false);
+                None
+            }
+        }
+    }
+
+    fn sql_done<T>(&self, op: &'static str, started: Instant, r: Result<T, SqlError>) -> Result<T, SqlError> {
+        self.metrics.observe("sql", op, started);
+        match &r {
+            Ok(_) => self.metrics.set_sql_up(true),
+            // A row this version cannot read is not an outage.
+            Err(SqlError::Corrupt(_)) => {}
+            Err(_) => self.metrics.set_sql_up(false),
+        }
+        r
+    }
+}
+
+fn unavailable() -> AcquireResponse {
+    AcquireResponse { outcome: AcquireOutcome::StoreUnavailable, owner: None, result: None }
+}
+
+/// The answer a row gives to an acquire that did not get it.
+fn answer_from_row(rec: &Record, req: &AcquireRequest) -> AcquireResponse {
+    if rec.param_hash != req.param_hash || rec.subject_hash != req.subject_hash || rec.scope != req.scope {
+        return AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None };
+    }
+    match rec.state {
+        OpState::InFlight => {
+            AcquireResponse { outcome: AcquireOutcome::InFlight, owner: rec.owner.clone(), result: None }
+        }
+        OpState::Done => AcquireResponse { outcome: AcquireOutcome::Done, owner: None, result: rec.result.clone() },
+        OpState::Failed => AcquireResponse { outcome: AcquireOutcome::Failed, owner: None, result: rec.result.clone() },
+        OpState::NeedsReview => AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None },
+    }
+}
+
+fn view(rec: Record) -> OperationView {
+    OperationView {
+        key: rec.key,
+        state: rec.state,
+        scope: rec.scope,
+        subject_hash: rec.subject_hash,
+        param_hash: rec.param_hash,
+        owner: rec.owner,
+        result: rec.result,
+        lease_until_ms: rec.lease_until_ms,
+        created_at_ms: rec.created_at_ms,
+        updated_at_ms: rec.updated_at_ms,
+    }
+}
+
+/// A fresh owner token: 128 random bits as 32 lowercase hex chars.
+pub fn new_owner() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // Without OS randomness an owner could be guessed or repeated; refusing
+        // every acquire is worse than this fallback, which is still unique
+        // per process and time.
+        let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        bytes = (t ^ (u128::from(std::process::id()) << 96)).to_le_bytes();
+    }
+    hex::encode(bytes)
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+pub fn state_name(s: OpState) -> &'static str {
+    match s {
+        OpState::InFlight => "IN_FLIGHT",
+        OpState::Done => "DONE",
+        OpState::Failed => "FAILED",
+        OpState::NeedsReview => "NEEDS_REVIEW",
+    }
+}
+
+pub fn parse_state(s: &str) -> Option<OpState> {
+    match s {
+        "IN_FLIGHT" => Some(OpState::InFlight),
+        "DONE" => Some(OpState::Done),
+        "FAILED" => Some(OpState::Failed),
+        "NEEDS_REVIEW" => Some(OpState::NeedsReview),
+        _ => None,
+    }
+}
+
+pub fn terminal_name(s: TerminalState) -> &'static str {
+    match s {
+        TerminalState::Done => "DONE",
+        TerminalState::Failed => "FAILED",
+    }
+}
+
+fn terminal_op_state(s: TerminalState) -> OpState {
+    match s {
+        TerminalState::Done => OpState::Done,
+        TerminalState::Failed => OpState::Failed,
+    }
+}
+
+pub fn acquire_name(o: AcquireOutcome) -> &'static str {
+    match o {
+        AcquireOutcome::Acquired => "ACQUIRED",
+        AcquireOutcome::InFlight => "IN_FLIGHT",
+        AcquireOutcome::Done => "DONE",
+        AcquireOutcome::Failed => "FAILED",
+        AcquireOutcome::NeedsReview => "NEEDS_REVIEW",
+        AcquireOutcome::ParamMismatch => "PARAM_MISMATCH",
+        AcquireOutcome::StoreUnavailable => "STORE_UNAVAILABLE",
+    }
+}
+
+pub fn ack_name(a: Ack) -> &'static str {
+    match a {
+        Ack::Ok => "OK",
+        Ack::NotOwner => "NOT_OWNER",
+        Ack::StoreUnavailable => "STORE_UNAVAILABLE",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_128_bit_lowercase_hex_and_differ() {
+        let a = new_owner();
+        let b = new_owner();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in [OpState::InFlight, OpState::Done, OpState::Failed, OpState::NeedsReview] {
+            assert_eq!(parse_state(state_name(s)), Some(s));
+        }
+        assert_eq!(parse_state("done"), None);
+    }
+
+    fn rec(state: OpState) -> Record {
+        Record {
+            key: "k".into(),
+            state,
+            param_hash: "p".into(),
+            subject_hash: "u".into(),
+            scope: "s".into(),
+            owner: Some("o".into()),
+            result: Some(StoredResult { status: 200, headers: vec![], body_b64: "e30".into() }),
+            lease_until_ms: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    fn req(p: &str, u: &str, s: &str) -> AcquireRequest {
+        AcquireRequest { key: "k".into(), param_hash: p.into(), subject_hash: u.into(), scope: s.into(), lease_ms: 0 }
+    }
+
+    #[test]
+    fn any_binding_difference_is_a_mismatch_before_any_result_is_shown() {
+        for r in [req("x", "u", "s"), req("p", "x", "s"), req("p", "u", "x")] {
+            let a = answer_from_row(&rec(OpState::Done), &r);
+            assert_eq!(a.outcome, AcquireOutcome::ParamMismatch);
+            assert!(a.result.is_none());
+        }
+    }
+
+    #[test]
+    fn rows_answer_per_state() {
+        let r = req("p", "u", "s");
+        assert_eq!(answer_from_row(&rec(OpState::InFlight), &r).owner.as_deref(), Some("o"));
+        assert_eq!(answer_from_row(&rec(OpState::Done), &r).result.map(|x| x.status), Some(200));
+        assert_eq!(answer_from_row(&rec(OpState::Failed), &r).outcome, AcquireOutcome::Failed);
+        assert_eq!(answer_from_row(&rec(OpState::NeedsReview), &r).outcome, AcquireOutcome::NeedsReview);
+    }
+}

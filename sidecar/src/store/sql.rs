@@ -1,0 +1,514 @@
+//! The SQL truth: table `idem_record`, one row per nonce, on Postgres,
+//! MySQL/MariaDB or SQLite.
+//!
+//! Each operation is written once. What differs between the dialects
+//! (placeholders, the conflict-ignoring insert, migration locks) is decided
+//! here when the store is opened, and the same statement text then runs on the
+//! backend's own pool. The concrete pools are used instead of `sqlx::Any`
+//! because Any cannot read Postgres `CHAR(n)`, and the typed drivers keep
+//! their prepared-statement caches.
+//!
+//! All queries are runtime queries with binds: no database at build time.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use idem_core::protocol::{OpState, StoredResult, TerminalState};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::Row;
+
+use super::{now_ms, parse_state, terminal_name};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+impl Backend {
+    pub fn from_url(url: &str) -> Option<Self> {
+        let scheme = url.split(':').next()?;
+        match scheme {
+            "postgres" | "postgresql" => Some(Self::Postgres),
+            "mysql" | "mariadb" => Some(Self::MySql),
+            "sqlite" => Some(Self::Sqlite),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::MySql => "mysql",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SqlOptions {
+    pub max_connections: u32,
+    /// Budget for one call, connection wait included.
+    pub timeout: Duration,
+}
+
+impl Default for SqlOptions {
+    fn default() -> Self {
+        Self { max_connections: 16, timeout: Duration::from_secs(2) }
+    }
+}
+
+#[derive(Debug)]
+pub enum SqlError {
+    /// The call did not finish within its budget. It may still have committed.
+    Timeout,
+    Db(sqlx::Error),
+    /// A row this version cannot read (unknown state, unparsable result).
+    Corrupt(String),
+    Config(String),
+}
+
+impl std::fmt::Display for SqlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Timeout => write!(f, "SQL call timed out"),
+            Self::Db(e) => write!(f, "SQL error: {e}"),
+            Self::Corrupt(what) => write!(f, "unreadable row: {what}"),
+            Self::Config(what) => write!(f, "{what}"),
+        }
+    }
+}
+
+impl std::error::Error for SqlError {}
+
+impl From<sqlx::Error> for SqlError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Db(e)
+    }
+}
+
+/// One row of `idem_record`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: String,
+    pub state: OpState,
+    pub param_hash: String,
+    pub subject_hash: String,
+    pub scope: String,
+    pub owner: Option<String>,
+    pub result: Option<StoredResult>,
+    pub lease_until_ms: Option<i64>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// The row written when an operation is acquired.
+#[derive(Clone, Copy, Debug)]
+pub struct NewInFlight<'a> {
+    pub key: &'a str,
+    pub param_hash: &'a str,
+    pub subject_hash: &'a str,
+    pub scope: &'a str,
+    pub owner: &'a str,
+    pub lease_until_ms: i64,
+    pub now_ms: i64,
+}
+
+#[derive(Clone)]
+enum Pool {
+    Pg(PgPool),
+    My(MySqlPool),
+    Lite(SqlitePool),
+}
+
+/// Run the same body on whichever concrete pool this store has: the body is
+/// compiled once per driver, with that driver's types.
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            Pool::Pg($p) => $body,
+            Pool::My($p) => $body,
+            Pool::Lite($p) => $body,
+        }
+    };
+}
+
+/// Statement texts, rendered for the dialect once at open.
+#[derive(Clone)]
+struct Queries {
+    insert: String,
+    select: String,
+    complete: String,
+    release: String,
+}
+
+const COLUMNS: &str =
+    "idem_key, state, param_hash, subject_hash, scope, owner, result, lease_until, created_at, updated_at";
+
+impl Queries {
+    fn new(backend: Backend) -> Self {
+        let insert_values =
+            "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at) \
+             VALUES (?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?)";
+        let insert = match backend {
+            // INSERT IGNORE also downgrades data errors to warnings; every value
+            // is validated before it gets here, so only the duplicate key is left.
+            Backend::MySql => format!("INSERT IGNORE INTO idem_record {insert_values}"),
+            Backend::Postgres | Backend::Sqlite => {
+                format!("INSERT INTO idem_record {insert_values} ON CONFLICT (idem_key) DO NOTHING")
+            }
+        };
+        Self {
+            insert: render(backend, &insert),
+            select: render(backend, &format!("SELECT {COLUMNS} FROM idem_record WHERE idem_key = ?k")),
+            complete: render(
+                backend,
+                "UPDATE idem_record SET state = ?, result = ?, lease_until = NULL, updated_at = ? \
+                 WHERE idem_key = ?k AND owner = ? AND state = 'IN_FLIGHT'",
+            ),
+            release: render(
+                backend,
+                "DELETE FROM idem_record WHERE idem_key = ?k AND owner = ? AND state = 'IN_FLIGHT'",
+            ),
+        }
+    }
+}
+
+/// Turn the portable template into the dialect's text: `?` is a parameter and
+/// `?k` the key parameter. Postgres numbers its parameters, and must compare
+/// the key as CHAR(32): against a TEXT parameter it casts the column instead
+/// and no longer uses the primary key index.
+fn render(backend: Backend, template: &str) -> String {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut n = 0;
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '?' {
+            out.push(c);
+            continue;
+        }
+        n += 1;
+        let is_key = chars.peek() == Some(&'k');
+        if is_key {
+            chars.next();
+        }
+        match (backend, is_key) {
+            (Backend::Postgres, true) => out.push_str(&format!("CAST(${n} AS CHAR(32))")),
+            (Backend::Postgres, false) => out.push_str(&format!("${n}")),
+            _ => out.push('?'),
+        }
+    }
+    out
+}
+
+struct Migration {
+    version: i64,
+    description: &'static str,
+    postgres: &'static str,
+    mysql: &'static str,
+    sqlite: &'static str,
+}
+
+/// Applied in order, each once, recorded in `idem_schema_migrations`. Not
+/// sqlx's `_sqlx_migrations`: idemd often shares a database with the
+/// operator's own application, whose migrator would reject versions it does
+/// not know.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "idem_record",
+    postgres: include_str!("../../migrations/postgres/0001_idem_record.sql"),
+    mysql: include_str!("../../migrations/mysql/0001_idem_record.sql"),
+    sqlite: include_str!("../../migrations/sqlite/0001_idem_record.sql"),
+}];
+
+const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
+     version BIGINT NOT NULL PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL)";
+
+/// Cheap to clone: the pool and the statement texts are shared.
+#[derive(Clone)]
+pub struct SqlStore {
+    pool: Pool,
+    backend: Backend,
+    q: std::sync::Arc<Queries>,
+    timeout: Duration,
+}
+
+impl SqlStore {
+    /// Open the pool and bring the schema up to date.
+    pub async fn connect(url: &str, opts: &SqlOptions) -> Result<Self, SqlError> {
+        let backend = Backend::from_url(url).ok_or_else(|| {
+            SqlError::Config(format!(
+                "unsupported database URL {:?}: expected postgres://, mysql:// or sqlite:",
+                crate::config::redact_url(url)
+            ))
+        })?;
+        let max = opts.max_connections.max(1);
+        let pool = match backend {
+            Backend::Postgres => {
+                Pool::Pg(PgPoolOptions::new().max_connections(max).acquire_timeout(opts.timeout).connect(url).await?)
+            }
+            Backend::MySql => {
+                Pool::My(MySqlPoolOptions::new().max_connections(max).acquire_timeout(opts.timeout).connect(url).await?)
+            }
+            Backend::Sqlite => {
+                let options = SqliteConnectOptions::from_str(url)?
+                    .create_if_missing(true)
+                    // WAL: readers never wait for the writer. busy_timeout: a
+                    // writer waits for the lock instead of failing with BUSY.
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .busy_timeout(Duration::from_secs(5));
+                let filename = options.get_filename();
+                let in_memory = filename.as_os_str().is_empty() || filename == Path::new(":memory:");
+                if !in_memory {
+                    if let Some(dir) = filename.parent().filter(|d| !d.as_os_str().is_empty()) {
+                        std::fs::create_dir_all(dir)
+                            .map_err(|e| SqlError::Config(format!("cannot create {}: {e}", dir.display())))?;
+                    }
+                }
+                // Every connection to `:memory:` is its own empty database.
+                let max = if in_memory { 1 } else { max };
+                Pool::Lite(
+                    SqlitePoolOptions::new()
+                        .max_connections(max)
+                        .acquire_timeout(opts.timeout)
+                        .idle_timeout(None)
+                        .max_lifetime(None)
+                        .connect_with(options)
+                        .await?,
+                )
+            }
+        };
+        let store = Self { pool, backend, q: std::sync::Arc::new(Queries::new(backend)), timeout: opts.timeout };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    async fn bounded<T>(&self, fut: impl std::future::Future<Output = Result<T, SqlError>>) -> Result<T, SqlError> {
+        tokio::time::timeout(self.timeout, fut).await.map_err(|_| SqlError::Timeout)?
+    }
+
+    /// Insert the IN_FLIGHT row. `false`: a row with this key already exists.
+    pub async fn insert_in_flight(&self, row: &NewInFlight<'_>) -> Result<bool, SqlError> {
+        let sql = self.q.insert.as_str();
+        self.bounded(async {
+            let done = on_pool!(&self.pool, p => sqlx::query(sql)
+                .bind(row.key)
+                .bind(row.param_hash)
+                .bind(row.subject_hash)
+                .bind(row.scope)
+                .bind(row.owner)
+                .bind(row.lease_until_ms)
+                .bind(row.now_ms)
+                .bind(row.now_ms)
+                .execute(p)
+                .await?
+                .rows_affected());
+            Ok(done == 1)
+        })
+        .await
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Option<Record>, SqlError> {
+        let sql = self.q.select.as_str();
+        self.bounded(async {
+            on_pool!(&self.pool, p => {
+                let Some(row) = sqlx::query(sql).bind(key).fetch_optional(p).await? else {
+                    return Ok(None);
+                };
+                let state: String = row.try_get("state")?;
+                let result: Option<String> = row.try_get("result")?;
+                Ok(Some(Record {
+                    key: row.try_get::<String, _>("idem_key")?.trim_end().to_string(),
+                    state: parse_state(&state)
+                        .ok_or_else(|| SqlError::Corrupt(format!("state {state:?} of {key}")))?,
+                    param_hash: row.try_get("param_hash")?,
+                    subject_hash: row.try_get("subject_hash")?,
+                    scope: row.try_get("scope")?,
+                    owner: row.try_get("owner")?,
+                    result: match result {
+                        None => None,
+                        Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
+                            SqlError::Corrupt(format!("result of {key}: {e}"))
+                        })?),
+                    },
+                    lease_until_ms: row.try_get("lease_until")?,
+                    created_at_ms: row.try_get("created_at")?,
+                    updated_at_ms: row.try_get("updated_at")?,
+                }))
+            })
+        })
+        .await
+    }
+
+    /// Owner-checked IN_FLIGHT → DONE/FAILED. `false`: not this owner's
+    /// IN_FLIGHT row (any more).
+    pub async fn complete(
+        &self,
+        key: &str,
+        owner: &str,
+        state: TerminalState,
+        result_json: &str,
+        now_ms: i64,
+    ) -> Result<bool, SqlError> {
+        let sql = self.q.complete.as_str();
+        self.bounded(async {
+            let n = on_pool!(&self.pool, p => sqlx::query(sql)
+                .bind(terminal_name(state))
+                .bind(result_json)
+                .bind(now_ms)
+                .bind(key)
+                .bind(owner)
+                .execute(p)
+                .await?
+                .rows_affected());
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    /// Owner-checked delete of an IN_FLIGHT row. `false`: nothing of this
+    /// owner's was in flight.
+    pub async fn release(&self, key: &str, owner: &str) -> Result<bool, SqlError> {
+        let sql = self.q.release.as_str();
+        self.bounded(async {
+            let n = on_pool!(&self.pool, p => sqlx::query(sql)
+                .bind(key)
+                .bind(owner)
+                .execute(p)
+                .await?
+                .rows_affected());
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    pub async fn ping(&self) -> Result<(), SqlError> {
+        self.bounded(async {
+            on_pool!(&self.pool, p => {
+                sqlx::query("SELECT 1").execute(p).await?;
+            });
+            Ok(())
+        })
+        .await
+    }
+
+    async fn migrate(&self) -> Result<(), SqlError> {
+        // Several replicas may start at once: the first migrates, the others
+        // wait on the lock and then find nothing left to do. SQLite is a
+        // single node's file and needs no lock.
+        let (lock, unlock) = match self.backend {
+            Backend::Postgres => {
+                (Some("SELECT pg_advisory_lock(7274302531)"), Some("SELECT pg_advisory_unlock(7274302531)"))
+            }
+            Backend::MySql => {
+                (Some("SELECT GET_LOCK('idemd_migrations', 60)"), Some("SELECT RELEASE_LOCK('idemd_migrations')"))
+            }
+            Backend::Sqlite => (None, None),
+        };
+        let record = render(
+            self.backend,
+            "INSERT INTO idem_schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
+        );
+        let started = Instant::now();
+        on_pool!(&self.pool, p => {
+            let mut conn = p.acquire().await?;
+            if let Some(lock) = lock {
+                sqlx::query(lock).execute(&mut *conn).await?;
+            }
+            let mut outcome: Result<usize, SqlError> = Ok(0);
+            if let Err(e) = sqlx::raw_sql(MIGRATIONS_TABLE).execute(&mut *conn).await {
+                outcome = Err(e.into());
+            }
+            let applied: Vec<i64> = if outcome.is_ok() {
+                match sqlx::query_scalar("SELECT version FROM idem_schema_migrations").fetch_all(&mut *conn).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        outcome = Err(e.into());
+                        Vec::new()
+                    }
+                }
+            } else {
+                Vec::new()
+            };
+            for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+                if outcome.is_err() {
+                    break;
+                }
+                let text = match self.backend {
+                    Backend::Postgres => m.postgres,
+                    Backend::MySql => m.mysql,
+                    Backend::Sqlite => m.sqlite,
+                };
+                let step = async {
+                    sqlx::raw_sql(text).execute(&mut *conn).await?;
+                    sqlx::query(&record)
+                        .bind(m.version)
+                        .bind(m.description)
+                        .bind(now_ms())
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok::<_, sqlx::Error>(())
+                };
+                match step.await {
+                    Ok(()) => {
+                        tracing::info!(version = m.version, description = m.description, "applied migration");
+                        outcome = outcome.map(|n| n + 1);
+                    }
+                    Err(e) => outcome = Err(e.into()),
+                }
+            }
+            if let Some(unlock) = unlock {
+                // Dropping the connection would release it too; say so explicitly.
+                let _ = sqlx::query(unlock).execute(&mut *conn).await;
+            }
+            let applied_now = outcome?;
+            tracing::debug!(applied_now, elapsed_ms = started.elapsed().as_millis() as u64, "schema up to date");
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_per_dialect() {
+        let t = "UPDATE t SET a = ? WHERE idem_key = ?k AND b = ?";
+        assert_eq!(render(Backend::MySql, t), "UPDATE t SET a = ? WHERE idem_key = ? AND b = ?");
+        assert_eq!(render(Backend::Sqlite, t), "UPDATE t SET a = ? WHERE idem_key = ? AND b = ?");
+        assert_eq!(
+            render(Backend::Postgres, t),
+            "UPDATE t SET a = $1 WHERE idem_key = CAST($2 AS CHAR(32)) AND b = $3"
+        );
+    }
+
+    #[test]
+    fn backend_from_url() {
+        assert_eq!(Backend::from_url("postgres://u@h/db"), Some(Backend::Postgres));
+        assert_eq!(Backend::from_url("postgresql://h/db"), Some(Backend::Postgres));
+        assert_eq!(Backend::from_url("mysql://root@h/db"), Some(Backend::MySql));
+        assert_eq!(Backend::from_url("sqlite://./data/idem.db?mode=rwc"), Some(Backend::Sqlite));
+        assert_eq!(Backend::from_url("sqlite::memory:"), Some(Backend::Sqlite));
+        assert_eq!(Backend::from_url("redis://h"), None);
+    }
+
+    #[test]
+    fn state_check_constraint_lists_every_state() {
+        for m in MIGRATIONS {
+            for text in [m.postgres, m.mysql, m.sqlite] {
+                for s in ["IN_FLIGHT", "DONE", "FAILED", "NEEDS_REVIEW"] {
+                    assert!(text.contains(&format!("'{s}'")), "{s} missing");
+                }
+            }
+        }
+    }
+}

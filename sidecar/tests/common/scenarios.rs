@@ -1,0 +1,396 @@
+//! The state-machine suite. Each function is one scenario; `tests/store_suite.rs`
+//! runs every one of them unchanged on every backend combination.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use idem_core::protocol::{
+    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, OpState, ReleaseRequest, StoredResult, TerminalState,
+};
+use idemd::store::{now_ms, Store, StoreSettings};
+
+use super::{acq, new_key, rich_result, settings, simple_result, Fixture};
+
+async fn acquired(store: &Store, key: &str) -> String {
+    let a = store.acquire(&acq(key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Acquired, "{a:?}");
+    a.owner.expect("owner on ACQUIRED")
+}
+
+async fn complete(store: &Store, key: &str, owner: &str, state: TerminalState, result: &StoredResult) -> Ack {
+    store
+        .complete(&CompleteRequest { key: key.into(), owner: owner.into(), state, result: result.clone() })
+        .await
+        .outcome
+}
+
+async fn release(store: &Store, key: &str, owner: &str) -> Ack {
+    store.release(&ReleaseRequest { key: key.into(), owner: owner.into() }).await.outcome
+}
+
+/// 200 concurrent acquires of one key, spread over four replicas with their
+/// own pools and Redis connections: exactly one ACQUIRED, exactly one row,
+/// everyone else told IN_FLIGHT with the winner's owner.
+pub async fn concurrent_acquires_yield_exactly_one_owner(fx: &Fixture) {
+    let mut replicas = Vec::new();
+    for _ in 0..4 {
+        replicas.push(fx.store().await);
+    }
+    let key = new_key();
+    let start = Arc::new(tokio::sync::Barrier::new(200));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let store = replicas[i % replicas.len()].clone();
+        let key = key.clone();
+        let start = start.clone();
+        tasks.spawn(async move {
+            start.wait().await;
+            store.acquire(&acq(&key)).await
+        });
+    }
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    let mut winner = None;
+    let mut holders = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        let a = r.expect("task");
+        *counts.entry(idemd::store::acquire_name(a.outcome)).or_default() += 1;
+        match a.outcome {
+            AcquireOutcome::Acquired => winner = a.owner,
+            AcquireOutcome::InFlight => holders.push(a.owner),
+            _ => {}
+        }
+    }
+    assert_eq!(counts.get("ACQUIRED"), Some(&1), "{} {counts:?}", fx.label());
+    assert_eq!(counts.get("IN_FLIGHT"), Some(&199), "{} {counts:?}", fx.label());
+    assert!(holders.iter().all(|h| h == &winner), "every IN_FLIGHT names the one owner");
+    assert_eq!(fx.count_rows(&key).await, 1);
+    let row = replicas[0].operation(&key).await.expect("sql").expect("row");
+    assert_eq!(row.owner, winner);
+    assert_eq!(row.state, OpState::InFlight);
+}
+
+/// complete, then acquire again (on this and another replica): the stored
+/// result comes back byte for byte.
+pub async fn complete_then_acquire_replays_byte_for_byte(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    let owner = acquired(&store, &key).await;
+    let (result, body) = rich_result(201);
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &result).await, Ack::Ok);
+
+    let other = fx.store().await;
+    for s in [&store, &other, &store] {
+        let a = s.acquire(&acq(&key)).await;
+        assert_eq!(a.outcome, AcquireOutcome::Done);
+        assert_eq!(a.owner, None);
+        let replay = a.result.expect("result");
+        assert_eq!(replay, result);
+        let bytes = base64::engine::general_purpose::STANDARD.decode(&replay.body_b64).expect("base64");
+        assert_eq!(bytes, body, "body byte for byte");
+    }
+    let view = store.operation(&key).await.expect("sql").expect("row");
+    assert_eq!(view.result, Some(result));
+}
+
+pub async fn failed_result_replays_too(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    let owner = acquired(&store, &key).await;
+    let (result, _) = rich_result(422);
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Failed, &result).await, Ack::Ok);
+    let a = store.acquire(&acq(&key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Failed);
+    assert_eq!(a.result, Some(result));
+}
+
+/// The Redis lease runs out while the row is IN_FLIGHT: a retry is told
+/// IN_FLIGHT (never ACQUIRED) until the reconciler decides. The original
+/// owner can still complete: it really did execute.
+pub async fn expired_lease_never_reacquires(fx: &Fixture) {
+    let store = fx.store_with(StoreSettings { lease_ms: 300, ..settings() }).await;
+    let key = new_key();
+    let owner = acquired(&store, &key).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Some(r) = &fx.redis {
+        assert!(r.hgetall(&key).await.is_empty(), "the Redis lease has expired");
+    }
+    for _ in 0..3 {
+        let a = store.acquire(&acq(&key)).await;
+        assert_eq!(a.outcome, AcquireOutcome::InFlight, "{a:?}");
+        assert_eq!(a.owner.as_deref(), Some(owner.as_str()));
+    }
+    let row = store.operation(&key).await.expect("sql").expect("row");
+    assert_eq!(row.state, OpState::InFlight);
+    assert_eq!(row.owner.as_deref(), Some(owner.as_str()));
+    assert!(row.lease_until_ms.expect("lease") < now_ms());
+    assert_eq!(fx.count_rows(&key).await, 1);
+
+    let result = simple_result("late but real");
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &result).await, Ack::Ok);
+    assert_eq!(store.acquire(&acq(&key)).await.result, Some(result));
+}
+
+/// A stale executor (its operation was released and acquired anew) completes
+/// late: NOT_OWNER, and the newer result stays.
+pub async fn late_complete_from_old_owner_is_not_owner(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    let old = acquired(&store, &key).await;
+    assert_eq!(release(&store, &key, &old).await, Ack::Ok);
+    let new = acquired(&store, &key).await;
+    assert_ne!(old, new);
+
+    let stale = simple_result("stale");
+    let fresh = simple_result("fresh");
+    assert_eq!(complete(&store, &key, &old, TerminalState::Done, &stale).await, Ack::NotOwner);
+    assert_eq!(complete(&store, &key, &new, TerminalState::Done, &fresh).await, Ack::Ok);
+    assert_eq!(complete(&store, &key, &old, TerminalState::Done, &stale).await, Ack::NotOwner);
+    assert_eq!(complete(&store, &key, &old, TerminalState::Failed, &stale).await, Ack::NotOwner);
+    let forged = new_key();
+    assert_eq!(complete(&store, &key, &forged, TerminalState::Done, &stale).await, Ack::NotOwner);
+
+    let a = store.acquire(&acq(&key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Done);
+    assert_eq!(a.result, Some(fresh.clone()));
+    let view = store.operation(&key).await.expect("sql").expect("row");
+    assert_eq!(view.result, Some(fresh));
+    assert_eq!(view.owner.as_deref(), Some(new.as_str()));
+}
+
+/// The nonce is bound to its parameters, subject and scope: anything else is
+/// PARAM_MISMATCH, in every state, and never reveals the result.
+pub async fn different_binding_is_param_mismatch(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    let owner = acquired(&store, &key).await;
+    let tampered = [
+        AcquireRequest { param_hash: "0".repeat(64), ..acq(&key) },
+        AcquireRequest { subject_hash: "1".repeat(32), ..acq(&key) },
+        AcquireRequest { scope: "payments.refund".into(), ..acq(&key) },
+    ];
+    for t in &tampered {
+        let a = store.acquire(t).await;
+        assert_eq!(a.outcome, AcquireOutcome::ParamMismatch, "while IN_FLIGHT: {t:?}");
+        assert_eq!(a.owner, None, "the owner token is not revealed");
+    }
+    let result = simple_result("secret");
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &result).await, Ack::Ok);
+    for t in &tampered {
+        let a = store.acquire(t).await;
+        assert_eq!(a.outcome, AcquireOutcome::ParamMismatch, "when DONE: {t:?}");
+        assert_eq!(a.result, None, "the result is not revealed");
+    }
+    // Also when the answer has to come from SQL (Redis lost the key).
+    if let Some(r) = &fx.redis {
+        r.del(&key).await;
+    }
+    let a = store.acquire(&tampered[0]).await;
+    assert_eq!(a.outcome, AcquireOutcome::ParamMismatch, "from SQL");
+    assert_eq!(a.result, None);
+    // And the row is untouched.
+    assert_eq!(store.acquire(&acq(&key)).await.result, Some(result));
+    let view = store.operation(&key).await.expect("sql").expect("row");
+    assert_eq!(view.param_hash, super::PARAM);
+}
+
+/// release: the request never reached the upstream. The row goes, the nonce
+/// may be acquired again. Only the owner of an IN_FLIGHT may release.
+pub async fn release_lets_the_nonce_be_acquired_again(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    let a = acquired(&store, &key).await;
+    assert_eq!(release(&store, &key, &new_key()).await, Ack::NotOwner);
+    assert_eq!(fx.count_rows(&key).await, 1);
+    assert_eq!(release(&store, &key, &a).await, Ack::Ok);
+    assert_eq!(fx.count_rows(&key).await, 0);
+    assert!(store.operation(&key).await.expect("sql").is_none());
+    if let Some(r) = &fx.redis {
+        assert!(r.hgetall(&key).await.is_empty(), "released in Redis too");
+    }
+    assert_eq!(release(&store, &key, &a).await, Ack::NotOwner, "twice");
+
+    let b = acquired(&store, &key).await;
+    assert_ne!(a, b);
+    let result = simple_result("second try");
+    assert_eq!(complete(&store, &key, &b, TerminalState::Done, &result).await, Ack::Ok);
+    assert_eq!(release(&store, &key, &b).await, Ack::NotOwner, "a terminal state is never released");
+    assert_eq!(store.acquire(&acq(&key)).await.result, Some(result));
+}
+
+/// The filter may retry a complete whose answer it lost.
+pub async fn repeated_complete_is_idempotent(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    let owner = acquired(&store, &key).await;
+    let r1 = simple_result("one");
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &r1).await, Ack::Ok);
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &r1).await, Ack::Ok, "same again");
+    assert_eq!(
+        complete(&store, &key, &owner, TerminalState::Done, &simple_result("two")).await,
+        Ack::NotOwner,
+        "a different result never overwrites"
+    );
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Failed, &r1).await, Ack::NotOwner);
+    assert_eq!(store.acquire(&acq(&key)).await.result, Some(r1));
+}
+
+/// A route may lengthen the lease, never shorten it below the configured one.
+pub async fn requested_lease_is_never_shorter_than_configured(fx: &Fixture) {
+    let store = fx.store().await;
+    let configured = settings().lease_ms as i64;
+
+    let key = new_key();
+    let before = now_ms();
+    let a = store.acquire(&AcquireRequest { lease_ms: 1, ..acq(&key) }).await;
+    assert_eq!(a.outcome, AcquireOutcome::Acquired);
+    let view = store.operation(&key).await.expect("sql").expect("row");
+    assert!(view.lease_until_ms.expect("lease") >= before + configured);
+    if let Some(r) = &fx.redis {
+        assert!(r.pttl(&key).await > configured - 10_000, "Redis TTL follows the lease");
+    }
+
+    let key = new_key();
+    let before = now_ms();
+    store.acquire(&AcquireRequest { lease_ms: 10 * configured as u64, ..acq(&key) }).await;
+    let view = store.operation(&key).await.expect("sql").expect("row");
+    assert!(view.lease_until_ms.expect("lease") >= before + 10 * configured);
+    if let Some(r) = &fx.redis {
+        assert!(r.pttl(&key).await > 9 * configured);
+    }
+}
+
+/// Redis forgets a key (eviction, failover): the row answers and Redis holds
+/// the key again afterwards.
+pub async fn lost_cache_entry_is_refilled_from_the_row(fx: &Fixture) {
+    let store = fx.store().await;
+    let done_key = new_key();
+    let owner = acquired(&store, &done_key).await;
+    let (result, _) = rich_result(200);
+    assert_eq!(complete(&store, &done_key, &owner, TerminalState::Done, &result).await, Ack::Ok);
+    let busy_key = new_key();
+    let busy_owner = acquired(&store, &busy_key).await;
+
+    if let Some(r) = &fx.redis {
+        r.del(&done_key).await;
+        r.del(&busy_key).await;
+    }
+    let a = store.acquire(&acq(&done_key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Done);
+    assert_eq!(a.result, Some(result.clone()));
+    let b = store.acquire(&acq(&busy_key)).await;
+    assert_eq!(b.outcome, AcquireOutcome::InFlight);
+    assert_eq!(b.owner.as_deref(), Some(busy_owner.as_str()));
+
+    if let Some(r) = &fx.redis {
+        let h = r.hgetall(&done_key).await;
+        assert_eq!(h.get("state").map(String::as_str), Some("DONE"));
+        let cached: StoredResult = serde_json::from_str(&h["result"]).expect("cached result");
+        assert_eq!(cached, result);
+        assert!(r.pttl(&done_key).await > 0, "restored with a TTL");
+        let h = r.hgetall(&busy_key).await;
+        assert_eq!(h.get("state").map(String::as_str), Some("IN_FLIGHT"));
+        assert_eq!(h.get("owner"), Some(&busy_owner));
+    }
+    assert_eq!(fx.count_rows(&done_key).await, 1);
+    assert_eq!(fx.count_rows(&busy_key).await, 1);
+}
+
+/// NEEDS_REVIEW (set by the reconciler in SQL) is answered as such, even
+/// while Redis still says IN_FLIGHT; the old owner can no longer complete.
+pub async fn needs_review_is_answered_not_reacquired(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    let owner = acquired(&store, &key).await;
+    fx.set_state(&key, "NEEDS_REVIEW").await;
+    for _ in 0..2 {
+        let a = store.acquire(&acq(&key)).await;
+        assert_eq!(a.outcome, AcquireOutcome::NeedsReview, "{a:?}");
+        assert_eq!(a.result, None);
+    }
+    if let Some(r) = &fx.redis {
+        let h = r.hgetall(&key).await;
+        assert_eq!(h.get("state").map(String::as_str), Some("NEEDS_REVIEW"), "Redis caught up");
+    }
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &simple_result("x")).await, Ack::NotOwner);
+    assert_eq!(release(&store, &key, &owner).await, Ack::NotOwner);
+}
+
+/// GET /v1/operations/{key} reads SQL: what it shows at each step.
+pub async fn operation_view_follows_the_row(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    assert!(store.operation(&key).await.expect("sql").is_none());
+    let t0 = now_ms();
+    let owner = acquired(&store, &key).await;
+    let v = store.operation(&key).await.expect("sql").expect("row");
+    assert_eq!(v.key, key);
+    assert_eq!(v.state, OpState::InFlight);
+    assert_eq!(v.owner.as_deref(), Some(owner.as_str()));
+    assert_eq!((v.scope.as_str(), v.subject_hash.as_str()), (super::SCOPE, super::SUBJECT));
+    assert!(v.created_at_ms >= t0 - 5 && v.created_at_ms == v.updated_at_ms);
+    assert!(v.lease_until_ms.is_some());
+    assert!(v.result.is_none());
+
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let r = simple_result("view");
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &r).await, Ack::Ok);
+    let w = store.operation(&key).await.expect("sql").expect("row");
+    assert_eq!(w.state, OpState::Done);
+    assert_eq!(w.result, Some(r));
+    assert_eq!(w.lease_until_ms, None);
+    assert_eq!(w.created_at_ms, v.created_at_ms);
+    assert!(w.updated_at_ms > w.created_at_ms);
+}
+
+/// A complete served by a replica without Redis (or while Redis was down)
+/// left Redis saying IN_FLIGHT: the next acquire checks SQL and replays.
+pub async fn complete_that_missed_redis_is_still_seen(fx: &Fixture) {
+    let fast = fx.store().await;
+    let blind = fx.store_sql_only().await;
+    let key = new_key();
+    let owner = acquired(&fast, &key).await;
+    let r = simple_result("done while Redis was away");
+    assert_eq!(complete(&blind, &key, &owner, TerminalState::Done, &r).await, Ack::Ok);
+    let a = fast.acquire(&acq(&key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Done, "{a:?}");
+    assert_eq!(a.result, Some(r));
+    if let Some(redis) = &fx.redis {
+        assert_eq!(redis.hgetall(&key).await.get("state").map(String::as_str), Some("DONE"));
+    }
+}
+
+/// A release served without Redis left a stale IN_FLIGHT in Redis: once it is
+/// older than any live acquirer could be, it is dropped and the nonce is free.
+pub async fn release_that_missed_redis_frees_the_nonce(fx: &Fixture) {
+    let fast = fx.store_with(StoreSettings { stale_in_flight_ms: 200, ..settings() }).await;
+    let blind = fx.store_sql_only().await;
+    let key = new_key();
+    let owner = acquired(&fast, &key).await;
+    assert_eq!(release(&blind, &key, &owner).await, Ack::Ok);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let a = fast.acquire(&acq(&key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Acquired, "{a:?}");
+    assert_ne!(a.owner.as_deref(), Some(owner.as_str()));
+    assert_eq!(fx.count_rows(&key).await, 1);
+}
+
+/// Every scenario, in order, for fixtures that are expensive to build (a
+/// Redis Cluster).
+pub async fn all(fx: &Fixture) {
+    concurrent_acquires_yield_exactly_one_owner(fx).await;
+    complete_then_acquire_replays_byte_for_byte(fx).await;
+    failed_result_replays_too(fx).await;
+    expired_lease_never_reacquires(fx).await;
+    late_complete_from_old_owner_is_not_owner(fx).await;
+    different_binding_is_param_mismatch(fx).await;
+    release_lets_the_nonce_be_acquired_again(fx).await;
+    repeated_complete_is_idempotent(fx).await;
+    requested_lease_is_never_shorter_than_configured(fx).await;
+    lost_cache_entry_is_refilled_from_the_row(fx).await;
+    needs_review_is_answered_not_reacquired(fx).await;
+    operation_view_follows_the_row(fx).await;
+    complete_that_missed_redis_is_still_seen(fx).await;
+    release_that_missed_redis_frees_the_nonce(fx).await;
+}

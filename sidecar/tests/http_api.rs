@@ -1,0 +1,284 @@
+//! The HTTP API over a real listener: status codes, JSON shapes, keep-alive
+//! clients, /healthz and /metrics. SQLite behind the shared Redis (or SQL
+//! alone if Redis is missing and not required); Postgres through a cuttable
+//! proxy for the 503s.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{acq, new_key, rich_result, Backend, CutProxy, Fixture};
+use idem_core::protocol::{Ack, AckResponse, AcquireOutcome, AcquireResponse, OpState, OperationView};
+use idemd::store::Store;
+use serde_json::{json, Value};
+
+struct Server {
+    base: String,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(store: Arc<Store>) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr: SocketAddr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, idemd::api::router(store)).await;
+    });
+    Server { base: format!("http://{addr}"), _task: task }
+}
+
+async fn fixture() -> Option<Fixture> {
+    let redis = common::shared_redis().await;
+    Fixture::with_redis(Backend::Sqlite, redis).await
+}
+
+async fn post(client: &reqwest::Client, url: String, body: Value) -> (u16, Value) {
+    let r = client.post(url).json(&body).send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acquire_complete_release_and_operations_over_http() {
+    let Some(fx) = fixture().await else { return };
+    let srv = serve(fx.store().await).await;
+    let c = reqwest::Client::new();
+    let key = new_key();
+    let req = serde_json::to_value(acq(&key)).expect("json");
+
+    let (status, body) = post(&c, format!("{}/v1/acquire", srv.base), req.clone()).await;
+    assert_eq!(status, 200);
+    let first: AcquireResponse = serde_json::from_value(body).expect("AcquireResponse");
+    assert_eq!(first.outcome, AcquireOutcome::Acquired);
+    let owner = first.owner.expect("owner");
+
+    let (status, body) = post(&c, format!("{}/v1/acquire", srv.base), req.clone()).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"outcome": "IN_FLIGHT", "owner": owner}));
+
+    let r = c.get(format!("{}/v1/operations/{key}", srv.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 200);
+    let view: OperationView = r.json().await.expect("view");
+    assert_eq!(view.state, OpState::InFlight);
+
+    let (result, _) = rich_result(201);
+    let done = json!({"key": key, "owner": owner, "state": "DONE", "result": result});
+    let (status, body) = post(&c, format!("{}/v1/complete", srv.base), done.clone()).await;
+    assert_eq!((status, body), (200, json!({"outcome": "OK"})));
+    let stale = json!({"key": key, "owner": new_key(), "state": "DONE", "result": result});
+    let (status, body) = post(&c, format!("{}/v1/complete", srv.base), stale).await;
+    assert_eq!((status, body), (200, json!({"outcome": "NOT_OWNER"})));
+
+    let (status, body) = post(&c, format!("{}/v1/acquire", srv.base), req).await;
+    assert_eq!(status, 200);
+    let replay: AcquireResponse = serde_json::from_value(body).expect("replay");
+    assert_eq!(replay.outcome, AcquireOutcome::Done);
+    assert_eq!(replay.result, Some(result.clone()), "byte for byte over HTTP");
+
+    let tampered = json!({"key": key, "param_hash": "0".repeat(64), "subject_hash": common::SUBJECT,
+                          "scope": common::SCOPE, "lease_ms": 0});
+    let (status, body) = post(&c, format!("{}/v1/acquire", srv.base), tampered).await;
+    assert_eq!((status, body), (200, json!({"outcome": "PARAM_MISMATCH"})));
+
+    let r = c.get(format!("{}/v1/operations/{key}", srv.base)).send().await.expect("get");
+    let view: OperationView = r.json().await.expect("view");
+    assert_eq!((view.state, view.result), (OpState::Done, Some(result)));
+
+    // release: only for an IN_FLIGHT of one's own.
+    let k2 = new_key();
+    let (_, body) = post(&c, format!("{}/v1/acquire", srv.base), serde_json::to_value(acq(&k2)).expect("json")).await;
+    let o2 = body["owner"].as_str().expect("owner").to_string();
+    let (status, body) = post(&c, format!("{}/v1/release", srv.base), json!({"key": k2, "owner": new_key()})).await;
+    assert_eq!((status, body), (200, json!({"outcome": "NOT_OWNER"})));
+    let (status, body) = post(&c, format!("{}/v1/release", srv.base), json!({"key": k2, "owner": o2})).await;
+    let ack: AckResponse = serde_json::from_value(body).expect("ack");
+    assert_eq!((status, ack.outcome), (200, Ack::Ok));
+    let r = c.get(format!("{}/v1/operations/{k2}", srv.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json"), json!({"error": "not_found"}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_is_400() {
+    let Some(fx) = fixture().await else { return };
+    let srv = serve(fx.store().await).await;
+    let c = reqwest::Client::new();
+    let key = new_key();
+    let cases: Vec<(&str, String)> = vec![
+        ("/v1/acquire", "{not json".into()),
+        ("/v1/acquire", "".into()),
+        ("/v1/acquire", json!({"key": key}).to_string()),
+        (
+            "/v1/acquire",
+            json!({"key": key.to_uppercase(), "param_hash": "p", "subject_hash": "u", "scope": "s", "lease_ms": 1})
+                .to_string(),
+        ),
+        (
+            "/v1/acquire",
+            json!({"key": "abc", "param_hash": "p", "subject_hash": "u", "scope": "s", "lease_ms": 1}).to_string(),
+        ),
+        (
+            "/v1/acquire",
+            json!({"key": key, "param_hash": "", "subject_hash": "u", "scope": "s", "lease_ms": 1}).to_string(),
+        ),
+        (
+            "/v1/acquire",
+            json!({"key": key, "param_hash": "p", "subject_hash": "u", "scope": "s", "lease_ms": -1}).to_string(),
+        ),
+        (
+            "/v1/acquire",
+            json!({"key": key, "param_hash": "p", "subject_hash": "u", "scope": "s", "lease_ms": "1"}).to_string(),
+        ),
+        ("/v1/complete", json!({"key": key, "owner": "x", "state": "DONE", "result": {"status": 200}}).to_string()),
+        (
+            "/v1/complete",
+            json!({"key": key, "owner": new_key(), "state": "MAYBE", "result": {"status": 200}}).to_string(),
+        ),
+        ("/v1/complete", json!({"key": key, "owner": new_key(), "state": "DONE"}).to_string()),
+        ("/v1/release", json!({"key": key}).to_string()),
+        ("/v1/release", json!({"key": key, "owner": "../../etc"}).to_string()),
+    ];
+    for (path, body) in cases {
+        let r = c
+            .post(format!("{}{path}", srv.base))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 400, "{path} {body}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"], "bad_request", "{v}");
+        assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()));
+    }
+    // No content-type at all is still read as JSON (not 415).
+    let r = c
+        .post(format!("{}/v1/acquire", srv.base))
+        .body(serde_json::to_string(&acq(&key)).expect("json"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 200);
+    let r = c.get(format!("{}/v1/operations/NOT-A-KEY", srv.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 400);
+    // Nothing bad was recorded.
+    assert_eq!(fx.count_rows(&key).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn healthz_and_metrics() {
+    let Some(fx) = fixture().await else { return };
+    let with_redis = fx.redis.is_some();
+    let srv = serve(fx.store().await).await;
+    let c = reqwest::Client::new();
+
+    let r = c.get(format!("{}/healthz", srv.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 200);
+    let h: Value = r.json().await.expect("json");
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["sql"], "up");
+    assert_eq!(h["redis"], if with_redis { "up" } else { "off" });
+
+    let key = new_key();
+    c.post(format!("{}/v1/acquire", srv.base)).json(&acq(&key)).send().await.expect("send");
+    c.post(format!("{}/v1/acquire", srv.base)).json(&acq(&key)).send().await.expect("send");
+
+    let r = c.get(format!("{}/metrics", srv.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 200);
+    let ct = r.headers()["content-type"].to_str().expect("ct").to_string();
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    let text = r.text().await.expect("text");
+    for needle in [
+        "idem_acquire_total{outcome=\"ACQUIRED\"} 1",
+        "idem_acquire_total{outcome=\"IN_FLIGHT\"} 1",
+        "# TYPE idem_store_latency_seconds histogram",
+        "idem_store_latency_seconds_count{store=\"sql\",op=\"insert\"}",
+        "# TYPE idem_redis_fallback counter",
+        "idem_sql_up 1",
+        "# EOF",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    assert!(text.contains(if with_redis { "idem_redis_up 1" } else { "idem_redis_up 0" }));
+}
+
+/// 200 concurrent acquires of one key, each on its own HTTP connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_acquires_over_many_connections() {
+    let Some(fx) = fixture().await else { return };
+    let srv = serve(fx.store().await).await;
+    let key = new_key();
+    let start = Arc::new(tokio::sync::Barrier::new(200));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let url = format!("{}/v1/acquire", srv.base);
+        let (key, start) = (key.clone(), start.clone());
+        tasks.spawn(async move {
+            // A client per task: no connection is shared.
+            let c = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+            start.wait().await;
+            let r = c.post(url).json(&acq(&key)).send().await.expect("send");
+            assert_eq!(r.status().as_u16(), 200);
+            r.json::<AcquireResponse>().await.expect("json")
+        });
+    }
+    let (mut acquired, mut in_flight) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        match r.expect("task").outcome {
+            AcquireOutcome::Acquired => acquired += 1,
+            AcquireOutcome::InFlight => in_flight += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((acquired, in_flight), (1, 199));
+    assert_eq!(fx.count_rows(&key).await, 1);
+}
+
+/// SQL unreachable: acquire/complete/release answer 503 STORE_UNAVAILABLE,
+/// operations 503, healthz 503 "down".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn store_unavailable_is_503() {
+    if Fixture::with_redis(Backend::Postgres, None).await.is_none() {
+        return;
+    }
+    let url = common::postgres_test_url();
+    let (real, _) = common::reroute(&url, 5432, 0);
+    let proxy = CutProxy::start(real).await;
+    let (_, proxied) = common::reroute(&url, 5432, proxy.port);
+    let Some(fx) = Fixture::with_redis(Backend::Postgres, None).await else { return };
+    let fx = fx.with_sql_url(proxied);
+    let srv = serve(fx.store().await).await;
+    let c = reqwest::Client::new();
+    let key = new_key();
+    let (_, body) = post(&c, format!("{}/v1/acquire", srv.base), serde_json::to_value(acq(&key)).expect("json")).await;
+    let owner = body["owner"].as_str().expect("owner").to_string();
+
+    proxy.cut();
+
+    let (status, body) =
+        post(&c, format!("{}/v1/acquire", srv.base), serde_json::to_value(acq(&new_key())).expect("json")).await;
+    assert_eq!((status, body), (503, json!({"outcome": "STORE_UNAVAILABLE"})));
+    let (result, _) = rich_result(200);
+    let done = json!({"key": key, "owner": owner, "state": "DONE", "result": result});
+    let (status, body) = post(&c, format!("{}/v1/complete", srv.base), done.clone()).await;
+    assert_eq!((status, body), (503, json!({"outcome": "STORE_UNAVAILABLE"})));
+    let (status, body) = post(&c, format!("{}/v1/release", srv.base), json!({"key": key, "owner": owner})).await;
+    assert_eq!((status, body), (503, json!({"outcome": "STORE_UNAVAILABLE"})));
+    let r = c.get(format!("{}/v1/operations/{key}", srv.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 503);
+    let r = c.get(format!("{}/healthz", srv.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.json::<Value>().await.expect("json")["status"], "down");
+
+    proxy.restore();
+    let ok = common::eventually(Duration::from_secs(10), || {
+        let (c, url, done) = (c.clone(), format!("{}/v1/complete", srv.base), done.clone());
+        async move {
+            let r = c.post(url).json(&done).send().await.expect("send");
+            r.status().as_u16() == 200
+        }
+    })
+    .await;
+    assert!(ok, "complete works again once SQL is back");
+}
