@@ -125,18 +125,12 @@ pub struct DemoOpts {
     pub faults: bool,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SidecarOpts {
     pub redis_url: Option<String>,
     /// None: a fresh SQLite file in the stack's temp dir.
     pub database_url: Option<String>,
     pub extra_args: Vec<String>,
-}
-
-impl Default for SidecarOpts {
-    fn default() -> Self {
-        SidecarOpts { redis_url: None, database_url: None, extra_args: Vec::new() }
-    }
 }
 
 #[derive(Debug, Clone)]
