@@ -25,8 +25,11 @@ cat <<'WALK'
                             Envoy's filter -> idemd 127.0.0.1:9090 (SQLite in ./data)
 
   1. Preview a transfer; the gateway adds a signed fingerprint to the answer:
-       FP=$(curl -s localhost:10000/v1/transfers/preview -H 'x-agent-subject: alice' \
-            -d '{"amount":"100.00","currency":"EUR","payee_id":"p-1","memo":"rent"}' | jq -r .fingerprint)
+       curl -si localhost:10000/v1/transfers/preview -H 'x-agent-subject: alice' \
+            -d '{"amount":"100.00","currency":"EUR","payee_id":"p-1","memo":"rent"}'
+     and keep the fingerprint (also in the Agent-Fingerprint header) for the next steps:
+       FP=$(curl -s -D - -o /dev/null localhost:10000/v1/transfers/preview -H 'x-agent-subject: alice' \
+            -d '{"amount":"100.00","currency":"EUR","payee_id":"p-1","memo":"rent"}' | sed -n 's/^agent-fingerprint: //Ip' | tr -d '\r')
 
   2. Confirm it (the memo may drift; amount, currency and payee may not):
        curl -si localhost:10000/v1/transfers -H 'x-agent-subject: alice' -H "agent-fingerprint: $FP" \
@@ -40,7 +43,7 @@ cat <<'WALK'
 
   5. Try a changed amount (422 params_changed) or another subject (403 forbidden).
      How many times did the transfer really run?   curl -s localhost:8080/v1/executions
-     Filter stats:                                  curl -s localhost:9901/stats | grep idem
+     Filter stats:                                  curl -s localhost:9901/stats | grep wasmcustom.idem
 
   Ctrl-C stops everything.
 WALK
