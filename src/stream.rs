@@ -302,7 +302,7 @@ impl Stream {
                 self.count(Counter::Replayed);
                 let kind =
                     if answer.outcome == AcquireOutcome::Done { ReplyKind::AlreadyCompleted } else { ReplyKind::AlreadyFailed };
-                self.replay(kind, answer.result.as_ref());
+                self.replay(kind, answer.result.as_ref(), false);
             }
             AcquireOutcome::InFlight => {
                 self.count(Counter::InProgress);
@@ -324,12 +324,12 @@ impl Stream {
         }
     }
 
-    fn replay(&mut self, kind: ReplyKind, result: Option<&StoredResult>) {
+    fn replay(&mut self, kind: ReplyKind, result: Option<&StoredResult>, status_query: bool) {
         let result_ref = match (result, self.policy.as_ref().and_then(|p| p.result_ref.clone())) {
             (Some(r), Some(pointer)) => stored_body(r).and_then(|b| reply::result_ref(&b, &pointer)),
             _ => None,
         };
-        self.reply(kind, ReplyContext { result, result_ref, ..Default::default() });
+        self.reply(kind, ReplyContext { result, result_ref, status_query, ..Default::default() });
     }
 
     /// The route's status tool and polling interval, for in_progress replies.
@@ -492,8 +492,8 @@ impl Stream {
                 }
             }
             (Some(200), Some(view)) => match view.state {
-                OpState::Done => self.replay(ReplyKind::AlreadyCompleted, view.result.as_ref()),
-                OpState::Failed => self.replay(ReplyKind::AlreadyFailed, view.result.as_ref()),
+                OpState::Done => self.replay(ReplyKind::AlreadyCompleted, view.result.as_ref(), true),
+                OpState::Failed => self.replay(ReplyKind::AlreadyFailed, view.result.as_ref(), true),
                 OpState::InFlight => self.reply_in_progress(),
                 OpState::NeedsReview => {
                     self.reply_simple(ReplyKind::NeedsReview);

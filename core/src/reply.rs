@@ -99,6 +99,10 @@ pub struct ReplyContext<'a> {
     /// Unix seconds, for the status route's "not yet executed".
     pub fingerprint_expires_at: Option<u64>,
     pub detail: Option<&'a str>,
+    /// The reply answers a status query, not a repeated confirm: the wording
+    /// reports the outcome instead of calling the call a duplicate, and the
+    /// query itself succeeded (HTTP 200; `original_status` keeps the upstream's).
+    pub status_query: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,6 +181,7 @@ pub fn result_ref(body: &[u8], pointer: &str) -> Option<String> {
 fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
     let original = ctx.result.map(|r| r.status).filter(|s| (200..=599).contains(s));
     match kind {
+        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed if ctx.status_query => 200,
         ReplyKind::AlreadyCompleted => original.unwrap_or(200),
         ReplyKind::AlreadyFailed => original.unwrap_or(409),
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
@@ -234,6 +239,20 @@ fn w(meaning: impl Into<String>, instruction: impl Into<String>) -> Wording {
 fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
     let wait = |ms: u64| wait_en(ms);
     match kind {
+        ReplyKind::AlreadyCompleted if ctx.status_query => w(
+            "This operation was executed successfully.",
+            match &ctx.result_ref {
+                Some(r) => format!("Do not confirm it again. Report the outcome in `result` to the user; its reference is {r}."),
+                None => "Do not confirm it again. Report the outcome in `result` to the user.".to_string(),
+            },
+        ),
+        ReplyKind::AlreadyFailed if ctx.status_query => w(
+            format!(
+                "This operation failed definitively (original HTTP status {}); nothing was executed.",
+                ctx.result.map_or(0, |r| r.status)
+            ),
+            "Do not confirm it again with this fingerprint. Tell the user why it failed, using `result`. If the user still wants the operation, call the preview tool again to get a new fingerprint.",
+        ),
         ReplyKind::AlreadyCompleted => w(
             "This operation was already executed successfully by an earlier call. This call is a duplicate and did not execute it again.",
             match &ctx.result_ref {
@@ -341,6 +360,17 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
 fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
     let wait = |ms: u64| wait_zh(ms);
     match kind {
+        ReplyKind::AlreadyCompleted if ctx.status_query => w(
+            "该操作已经成功执行。",
+            match &ctx.result_ref {
+                Some(r) => format!("不要再次确认。直接向用户播报 result 中的结果，业务单号为 {r}。"),
+                None => "不要再次确认。直接向用户播报 result 中的结果。".to_string(),
+            },
+        ),
+        ReplyKind::AlreadyFailed if ctx.status_query => w(
+            format!("该操作已经明确失败（原始 HTTP 状态码 {}），没有执行任何操作。", ctx.result.map_or(0, |r| r.status)),
+            "不要再用这个指纹确认。根据 result 把失败原因告诉用户。如果用户仍想完成这笔操作，先重新调用预览工具获取新的指纹。",
+        ),
         ReplyKind::AlreadyCompleted => w(
             "该操作在此前的调用中已经成功执行，本次为重复调用，没有再次执行。",
             match &ctx.result_ref {
@@ -529,6 +559,7 @@ mod tests {
                     result_ref: Some("T-1".into()),
                     fingerprint_expires_at: Some(1_753_500_000),
                     detail: Some("/amount"),
+                    status_query: false,
                 };
                 let reply = render(kind, lang, &ctx);
                 let body = json(&reply)?;
@@ -749,5 +780,21 @@ mod tests {
         assert_eq!(iso_utc(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(iso_utc(1_753_500_000), "2025-07-26T03:20:00Z");
         assert_eq!(iso_utc(4_102_444_799), "2099-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn a_status_query_reports_the_outcome_instead_of_a_duplicate() -> Result<(), serde_json::Error> {
+        let result = stored(201, br#"{"transfer_id":"t_1"}"#);
+        for lang in [Language::En, Language::Zh] {
+            let ctx = ReplyContext { result: Some(&result), status_query: true, ..Default::default() };
+            let reply = render(ReplyKind::AlreadyCompleted, lang, &ctx);
+            assert_eq!(reply.http_status, 200, "the query itself succeeded");
+            let body = json(&reply)?;
+            assert_eq!(body["status"], "already_completed");
+            assert_eq!(body["original_status"], 201);
+            let meaning = body["meaning"].as_str().unwrap_or_default();
+            assert!(!meaning.contains("duplicate") && !meaning.contains("重复"), "{meaning}");
+        }
+        Ok(())
     }
 }

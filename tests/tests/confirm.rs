@@ -185,6 +185,8 @@ async fn a_slow_confirm_is_in_progress_for_retries_and_status() -> TestResult {
     assert_eq!(first.status().as_u16(), 201);
     let s = stack.get("/v1/transfers/status", SUBJECT, &[("agent-fingerprint", &fp)]).await?;
     s.assert_prompt("already_completed");
+    assert_eq!(s.status, 200, "the status query itself succeeded");
+    assert_eq!(s.json["original_status"], 201);
     assert!(s.json["result"]["transfer_id"].is_string());
     assert_eq!(counts(&stack).await?, (1, 1));
     Ok(())
