@@ -269,14 +269,21 @@ impl Stream {
             lease_ms: policy.lease_ms,
         };
         self.claims = Some(claims);
-        match sidecar::post(&self.shared.config, "/v1/acquire", &req) {
+        let token = sidecar::post(&self.shared.config, "/v1/acquire", &req);
+        self.await_call(token, Call::Acquire, ReplyKind::NotExecuted)
+    }
+
+    /// Hold the request until a dispatched callout answers; if it could not
+    /// even be dispatched, answer the agent with `on_failure` now.
+    fn await_call(&mut self, token: Option<u32>, call: Call, on_failure: ReplyKind) -> Action {
+        match token {
             Some(token) => {
-                self.pending = Some((token, Call::Acquire));
+                self.pending = Some((token, call));
                 Action::Pause
             }
             None => {
                 self.count(Counter::SidecarErrors);
-                self.reply_simple(ReplyKind::NotExecuted)
+                self.reply_simple(on_failure)
             }
         }
     }
@@ -466,16 +473,8 @@ impl Stream {
         self.count(Counter::StatusLookups);
         let path = format!("/v1/operations/{}", claims.nonce);
         self.claims = Some(claims);
-        match sidecar::get(&self.shared.config, &path) {
-            Some(token) => {
-                self.pending = Some((token, Call::Lookup));
-                Action::Pause
-            }
-            None => {
-                self.count(Counter::SidecarErrors);
-                self.reply_simple(ReplyKind::StatusUnavailable)
-            }
-        }
+        let token = sidecar::get(&self.shared.config, &path);
+        self.await_call(token, Call::Lookup, ReplyKind::StatusUnavailable)
     }
 
     fn on_looked_up(&mut self, num_headers: usize, body_size: usize) {
