@@ -11,7 +11,9 @@ stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/de
 trap stop INT TERM EXIT
 
 target/debug/demo --listen 127.0.0.1:8080 --db sqlite://./data/demo.db & pids+=($!)
-target/debug/idemd serve --listen 127.0.0.1:9090 & pids+=($!)
+# The reconciler asks the demo's status-by-key endpoint about operations whose executor went silent.
+target/debug/idemd serve --listen 127.0.0.1:9090 \
+  --status-endpoint 'payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}' & pids+=($!)
 .venv/bin/envoy -c envoy/envoy.yaml --disable-hot-restart --log-level warn --component-log-level wasm:info & pids+=($!)
 
 for url in http://127.0.0.1:8080/healthz http://127.0.0.1:9090/healthz http://127.0.0.1:9901/ready; do

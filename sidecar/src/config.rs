@@ -11,6 +11,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod ops;
+pub mod reconcile;
+
+pub use self::ops::OpsArgs;
+pub use self::reconcile::ReconcileArgs;
+
 #[derive(Debug, Parser)]
 #[command(name = "idemd", version, about = "Server-issued idempotency for AI-agent tool calls: the store sidecar")]
 pub struct Cli {
@@ -20,8 +26,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the HTTP API the Envoy filter calls.
+    /// Serve the HTTP API the Envoy filter calls, and reconcile and reap in
+    /// the background.
     Serve(ServeArgs),
+    /// Operator tools on the same database: list, show, resolve.
+    Ops(OpsArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -35,9 +44,29 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub ttl: TtlArgs,
+
+    #[command(flatten)]
+    pub reconcile: ReconcileArgs,
 }
 
-/// Where the state lives. Shared with any subcommand that touches the stores.
+impl ServeArgs {
+    /// Every broken rule of the TTLs and the background settings together, so
+    /// one failed start names them all.
+    pub fn validate(&self) -> Result<reconcile::StatusEndpoints, Vec<String>> {
+        let ttl = self.ttl.validate();
+        let reconcile = self.reconcile.validate(&self.ttl);
+        match (ttl, reconcile) {
+            (Ok(()), Ok(endpoints)) => Ok(endpoints),
+            (ttl, reconcile) => {
+                let mut broken = ttl.err().unwrap_or_default();
+                broken.extend(reconcile.err().unwrap_or_default());
+                Err(broken)
+            }
+        }
+    }
+}
+
+/// Where the state lives.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// Redis for the fast path; absent means SQL alone. With --redis-cluster,

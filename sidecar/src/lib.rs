@@ -4,11 +4,16 @@
 //! here is how it ended (complete), it never reached the upstream (release).
 //! Redis answers fast (`store::redis`, the Lua scripts in `lua/`); the SQL
 //! table is the truth (`store::sql`); `store` is the state machine over both;
-//! `api` is the HTTP face; `config` the command line.
+//! `api` is the HTTP face; `config` the command line. In the background,
+//! `reconcile` decides operations whose executor went silent and `reaper`
+//! deletes terminal rows past the retention; `ops` is the operator's CLI.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;
 pub mod config;
 pub mod metrics;
+pub mod ops;
+pub mod reaper;
+pub mod reconcile;
 pub mod serve;
 pub mod store;

@@ -1,5 +1,5 @@
-//! `idemd serve` — everything else is in the library, so tests and the bench
-//! drive exactly the code the binary runs.
+//! `idemd serve` and `idemd ops` — everything else is in the library, so
+//! tests and the bench drive exactly the code the binary runs.
 
 use std::process::ExitCode;
 
@@ -9,9 +9,10 @@ use idemd::config::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Ops(args) => idemd::ops::main(args),
         Command::Serve(args) => {
-            // Refuse a bad TTL combination before touching any store.
-            if let Err(broken) = args.ttl.validate() {
+            // Refuse a bad TTL or background setting before touching any store.
+            if let Err(broken) = args.validate() {
                 for rule in broken {
                     eprintln!("idemd: refusing to start: {rule}");
                 }

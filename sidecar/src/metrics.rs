@@ -3,6 +3,8 @@
 //! Every outcome is counted, not only errors: a rising IN_FLIGHT or
 //! PARAM_MISMATCH share is what an operator alerts on, and the fallback
 //! counter plus the two `_up` gauges say which store is carrying the load.
+//! `idem_needs_review` is the backlog a person has to work through: alert
+//! when it is not zero.
 
 use std::time::Instant;
 
@@ -16,6 +18,11 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -41,6 +48,9 @@ pub struct Metrics {
     redis_fallback: Counter,
     redis_up: Gauge,
     sql_up: Gauge,
+    reconcile: Family<DecisionLabels, Counter>,
+    needs_review: Gauge,
+    reaped: Counter,
 }
 
 impl Default for Metrics {
@@ -59,6 +69,9 @@ impl Metrics {
         let redis_fallback = Counter::default();
         let redis_up = Gauge::default();
         let sql_up = Gauge::default();
+        let reconcile = Family::<DecisionLabels, Counter>::default();
+        let needs_review = Gauge::default();
+        let reaped = Counter::default();
 
         // Counters get their `_total` suffix from the OpenMetrics encoder.
         registry.register("idem_acquire", "Acquire answers by outcome", acquire.clone());
@@ -80,8 +93,31 @@ impl Metrics {
             redis_up.clone(),
         );
         registry.register("idem_sql_up", "1 while the SQL truth answers", sql_up.clone());
+        registry.register(
+            "idem_reconcile",
+            "Reconciler decisions on expired IN_FLIGHT rows (done, failed, released, needs_review, retry, skipped_grace)",
+            reconcile.clone(),
+        );
+        registry.register(
+            "idem_needs_review",
+            "Operations waiting for a person (NEEDS_REVIEW rows), as of the last reconciler pass",
+            needs_review.clone(),
+        );
+        registry.register("idem_reaped", "Terminal rows deleted after the retention", reaped.clone());
 
-        Self { registry, acquire, complete, release, latency, redis_fallback, redis_up, sql_up }
+        Self {
+            registry,
+            acquire,
+            complete,
+            release,
+            latency,
+            redis_fallback,
+            redis_up,
+            sql_up,
+            reconcile,
+            needs_review,
+            reaped,
+        }
     }
 
     pub fn acquire(&self, outcome: &'static str) {
@@ -110,6 +146,18 @@ impl Metrics {
 
     pub fn set_sql_up(&self, up: bool) {
         self.sql_up.set(i64::from(up));
+    }
+
+    pub fn reconciled(&self, decision: &'static str) {
+        self.reconcile.get_or_create(&DecisionLabels { decision }).inc();
+    }
+
+    pub fn set_needs_review(&self, backlog: i64) {
+        self.needs_review.set(backlog);
+    }
+
+    pub fn reaped(&self, rows: u64) {
+        self.reaped.inc_by(rows);
     }
 
     /// The OpenMetrics text exposition.

@@ -1,12 +1,17 @@
-//! `idemd serve`: open both stores, then answer the filter until SIGTERM/SIGINT.
+//! `idemd serve`: open both stores, start the reconciler and the reaper, then
+//! answer the filter until SIGTERM/SIGINT.
 
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::config::{redact_url, ServeArgs, StoreArgs, TtlArgs};
+use crate::config::{redact_url, ReconcileArgs, ServeArgs, StoreArgs, TtlArgs};
 use crate::metrics::Metrics;
+use crate::reaper::Reaper;
+use crate::reconcile::decide::Rules;
+use crate::reconcile::lookup::StatusClient;
+use crate::reconcile::{ReconcileSettings, Reconciler};
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::sql::{SqlOptions, SqlStore};
 use crate::store::{Store, StoreSettings};
@@ -69,7 +74,13 @@ pub async fn open_store(stores: &StoreArgs, ttl: &TtlArgs) -> Result<Store, Fail
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
+    let endpoints = args.validate().map_err(|broken| Failure::Config(broken.join("\n")))?;
     let store = Arc::new(open_store(&args.stores, &args.ttl).await?);
+    if args.reconcile.no_reconcile {
+        info!("--no-reconcile: serving the API only (no reconciler, no reaper)");
+    } else {
+        start_background(&store, &args.stores, &args.ttl, &args.reconcile, endpoints)?;
+    }
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -87,6 +98,38 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Failure::Runtime(format!("server: {e}")))
+}
+
+/// The reconciler and the reaper, as tasks of this runtime: they stop with it.
+fn start_background(
+    store: &Arc<Store>,
+    stores: &StoreArgs,
+    ttl: &TtlArgs,
+    args: &ReconcileArgs,
+    endpoints: crate::config::reconcile::StatusEndpoints,
+) -> Result<(), Failure> {
+    let scopes: Vec<String> = endpoints.keys().cloned().collect();
+    let status = StatusClient::new(endpoints, args.status_timeout()).map_err(Failure::Runtime)?;
+    let settings = ReconcileSettings {
+        rules: Rules { grace_ms: args.reconcile_grace_ms, retry_budget: args.reconcile_retry_budget },
+        batch: args.reconcile_batch,
+        // One lookup plus the claim before it and the decision after it.
+        claim_ms: args.status_timeout_ms.saturating_add(stores.sql_timeout_ms.saturating_mul(2)).saturating_add(1_000),
+        instance: args.instance(),
+    };
+    info!(
+        instance = %settings.instance,
+        interval_ms = args.reconcile_interval_ms,
+        grace_ms = args.reconcile_grace_ms,
+        retry_budget = args.reconcile_retry_budget,
+        ?scopes,
+        "reconciler started"
+    );
+    let reconciler = Arc::new(Reconciler::new(Arc::clone(store), status, settings));
+    tokio::spawn(reconciler.run(args.interval()));
+    let reaper = Reaper::new(Arc::clone(store), ttl.terminal_retention_ms(), args.reaper_batch);
+    tokio::spawn(reaper.run(args.reaper_interval()));
+    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -101,3 +101,152 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn bad_reconciler_settings_refuse_to_start_naming_each_rule() {
+    let out = idemd()
+        .args(["serve", "--reconcile-interval-ms", "0", "--reaper-batch", "0"])
+        .args(["--status-endpoint", "payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key"])
+        .args(["--terminal-retention-s", "86400", "--reconcile-grace-ms", "86400001"])
+        .env("IDEM_STATUS_ENDPOINTS", "ignored=http://h/{key}")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for rule in [
+        "--reconcile-interval-ms must be greater than 0",
+        "--reaper-batch must be greater than 0",
+        "the URL must contain {key}",
+        "reconcile grace 86400001 ms must not exceed the terminal retention 86400 s",
+    ] {
+        assert!(err.contains(&format!("idemd: refusing to start: {rule}")) || err.contains(rule), "{rule}: {err}");
+    }
+    assert!(!err.contains("ignored"), "flags win over the environment: {err}");
+}
+
+#[test]
+fn status_endpoints_from_the_environment_are_checked_too() {
+    let out =
+        idemd().arg("serve").env("IDEM_STATUS_ENDPOINTS", "a=http://h/{key},b=https://h/{key}").output().expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--status-endpoint \"b=https://h/{key}\": https is not supported"), "{err}");
+    assert!(!err.contains("\"a="), "{err}");
+}
+
+mod ops_cli {
+    use super::idemd;
+    use idem_core::protocol::{AcquireOutcome, AcquireRequest};
+    use std::process::Output;
+
+    fn ops(db: &str, args: &[&str]) -> Output {
+        idemd().args(["ops", "--database-url", db]).args(args).env("USER", "bob").output().expect("run")
+    }
+
+    fn text(o: &Output) -> String {
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    }
+
+    /// An operation that needs review, in a fresh SQLite file.
+    fn needs_review(dir: &std::path::Path) -> (String, String) {
+        let db = format!("sqlite://{}/idem.db?mode=rwc", dir.display());
+        let key = idemd::store::new_owner();
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(async {
+            let opts = idemd::store::sql::SqlOptions::default();
+            let sql = idemd::store::sql::SqlStore::connect(&db, &opts).await.expect("sqlite");
+            let settings =
+                idemd::store::StoreSettings { lease_ms: 1, terminal_retention_ms: 60_000, stale_in_flight_ms: 1_000 };
+            let store = idemd::store::Store::new(sql, None, settings, Default::default());
+            let req = AcquireRequest {
+                key: key.clone(),
+                param_hash: "p".into(),
+                subject_hash: "u".into(),
+                scope: "payments.manual".into(),
+                lease_ms: 0,
+            };
+            assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
+            let rec = store.sql().get(&key).await.expect("get").expect("row");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            let token = idemd::store::new_owner();
+            let now = idemd::store::now_ms();
+            assert!(store.sql().claim(&rec, &token, now + 1_000, now).await.expect("claim"));
+            let audit = idemd::store::audit::Audit {
+                actor: "reconciler:test",
+                action: "reconcile_needs_review",
+                why: "no endpoint",
+            };
+            assert!(store.sql().mark_needs_review(&rec, &token, now, &audit).await.expect("review"));
+        });
+        (db, key)
+    }
+
+    #[test]
+    fn list_show_resolve_and_their_exit_codes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (db, key) = needs_review(dir.path());
+
+        let o = ops(&db, &["list", "--state", "needs_review"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let t = text(&o);
+        assert!(t.starts_with("KEY "), "{t}");
+        assert!(t.contains(&key) && t.contains("NEEDS_REVIEW") && t.contains("(1 row)"), "{t}");
+        let o = ops(&db, &["list", "--state", "done"]);
+        assert!(text(&o).contains("(0 rows)"));
+
+        let o = ops(&db, &["resolve", &key, "--release"]);
+        assert_eq!(o.status.code(), Some(2), "--why is required: {}", text(&o));
+        assert!(text(&o).contains("--why"));
+        let o = ops(&db, &["resolve", &key, "--done", "--why", "x"]);
+        assert_eq!(o.status.code(), Some(2), "--done needs --result-file: {}", text(&o));
+        let o = ops(&db, &["resolve", &key, "--done", "--release", "--why", "x"]);
+        assert_eq!(o.status.code(), Some(2), "one decision at a time: {}", text(&o));
+        let o = ops(&db, &["show", "NOT-A-KEY"]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let o = ops(&db, &["show", &idemd::store::new_owner()]);
+        assert_eq!(o.status.code(), Some(3), "unknown key: {}", text(&o));
+
+        let body = dir.path().join("result.json");
+        std::fs::write(&body, "not json").expect("write");
+        let body_arg = body.display().to_string();
+        let o = ops(&db, &["resolve", &key, "--done", "--result-file", &body_arg, "--why", "ledger"]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("is not JSON"));
+
+        std::fs::write(&body, r#"{"transfer_id":"t_7"}"#).expect("write");
+        let o = ops(
+            &db,
+            &[
+                "resolve",
+                &key,
+                "--done",
+                "--result-file",
+                &body_arg,
+                "--status",
+                "201",
+                "--why",
+                "found t_7 in the ledger",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(text(&o).contains(&format!("{key}: NEEDS_REVIEW -> DONE")), "{}", text(&o));
+
+        let o = ops(&db, &["resolve", &key, "--release", "--why", "again"]);
+        assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+        assert!(text(&o).contains("is DONE"));
+
+        let o = ops(&db, &["show", &key]);
+        assert_eq!(o.status.code(), Some(0));
+        let t = text(&o);
+        assert!(t.contains("state        DONE"), "{t}");
+        assert!(t.contains("HTTP 201 (application/json)") && t.contains(r#"{"transfer_id":"t_7"}"#), "{t}");
+        let lines: Vec<&str> = t.lines().skip_while(|l| *l != "history").skip(1).collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        assert!(
+            lines[0].contains("filter") && lines[0].contains("acquire") && lines[0].contains("(none) -> IN_FLIGHT")
+        );
+        assert!(lines[1].contains("reconciler:test") && lines[1].contains("IN_FLIGHT -> NEEDS_REVIEW"));
+        assert!(lines[2].contains("operator:bob") && lines[2].contains("resolve_done"));
+        assert!(lines[2].contains("NEEDS_REVIEW -> DONE") && lines[2].ends_with("found t_7 in the ledger"));
+    }
+}

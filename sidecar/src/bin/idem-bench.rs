@@ -318,7 +318,9 @@ async fn http_case(name: &str, args: &Args, store: Arc<Store>, keys: Arc<Keys>) 
 async fn cleanup(url: &str, prefix: &str) {
     sqlx::any::install_default_drivers();
     if let Ok(pool) = sqlx::any::AnyPoolOptions::new().max_connections(1).connect(url).await {
-        let _ = sqlx::query(&format!("DELETE FROM idem_record WHERE idem_key LIKE '{prefix}%'")).execute(&pool).await;
+        for table in ["idem_record", "idem_audit"] {
+            let _ = sqlx::query(&format!("DELETE FROM {table} WHERE idem_key LIKE '{prefix}%'")).execute(&pool).await;
+        }
         pool.close().await;
     }
 }

@@ -3,7 +3,10 @@
 //! ```text
 //! (empty) ──acquire──▶ IN_FLIGHT(owner, lease) ──complete──▶ DONE | FAILED
 //!                          │ release (never reached the upstream) ──▶ (empty)
-//!                          └ lease over: stays IN_FLIGHT until the reconciler decides
+//!                          └ lease over: stays IN_FLIGHT until the reconciler
+//!                            (`crate::reconcile`) decides DONE | FAILED | (empty)
+//!                            | NEEDS_REVIEW, and a person resolves NEEDS_REVIEW
+//!                            (`crate::ops`)
 //! ```
 //!
 //! The rules that keep it at most once:
@@ -16,13 +19,20 @@
 //!   stale executor's write matches no row and gets NOT_OWNER.
 //! - An IN_FLIGHT answer from Redis is checked against SQL, because Redis may
 //!   keep an IN_FLIGHT that SQL already moved on from (complete or release
-//!   happened while Redis was unreachable). Terminal answers from Redis are
-//!   trusted: they are only written after SQL has them.
+//!   happened while Redis was unreachable). So is NEEDS_REVIEW: an operator
+//!   resolves it in SQL, possibly without reaching Redis. Terminal answers
+//!   from Redis are trusted: they are only written after SQL has them.
+//! - Every state change is written with its audit line in the same commit
+//!   (`audit`).
 //! - Redis down or erroring: the same answers from SQL alone.
 //!   SQL down: nothing can be acquired (STORE_UNAVAILABLE: nothing ran, safe
 //!   to retry), but what Redis already knows (replays, IN_FLIGHT) still answers.
 
+pub mod audit;
+mod claims;
 pub mod redis;
+mod retention;
+pub mod review;
 pub mod sql;
 
 use std::sync::Arc;
@@ -34,6 +44,7 @@ use idem_core::protocol::{
 };
 use tracing::{debug, warn};
 
+use self::audit::Audit;
 use self::redis::{AcquireReply, Binding, RedisDown, RedisStore, WriteReply};
 use self::sql::{NewInFlight, Record, SqlError, SqlStore};
 use crate::metrics::Metrics;
@@ -45,6 +56,9 @@ const EXPIRED_LEASE_CACHE_MS: u64 = 1_000;
 /// A row that vanishes between the conflicting insert and the read (a release
 /// raced us) is retried this often before giving up with STORE_UNAVAILABLE.
 const MAX_ATTEMPTS: usize = 3;
+
+/// The filter's calls carry no reason; the audit line says what the call means.
+const FILTER: &str = "filter";
 
 #[derive(Clone, Debug)]
 pub struct StoreSettings {
@@ -153,9 +167,7 @@ impl Store {
             AcquireReply::InFlight { owner: holder, age_ms } => self.confirm_in_flight(req, holder, age_ms).await,
             AcquireReply::Done(json) => self.replay(req, owner, lease_ms, AcquireOutcome::Done, &json).await,
             AcquireReply::Failed(json) => self.replay(req, owner, lease_ms, AcquireOutcome::Failed, &json).await,
-            AcquireReply::NeedsReview => {
-                Step::Answer(AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None })
-            }
+            AcquireReply::NeedsReview => self.confirm_needs_review(req).await,
             AcquireReply::ParamMismatch => {
                 Step::Answer(AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None })
             }
@@ -205,7 +217,8 @@ impl Store {
                 now_ms: now,
             };
             let started = Instant::now();
-            let inserted = self.sql_done("insert", started, self.sql.insert_in_flight(&row).await);
+            let audit = Audit { actor: FILTER, action: "acquire", why: "confirm acquired: forwarding to the upstream" };
+            let inserted = self.sql_done("insert", started, self.sql.insert_in_flight(&row, &audit).await);
             match inserted {
                 Ok(true) => {
                     return AcquireResponse {
@@ -260,7 +273,12 @@ impl Store {
             let owner = owner.to_string();
             let sql = self.sql.clone();
             tokio::spawn(async move {
-                if let Ok(true) = sql.release(&key, &owner).await {
+                let audit = Audit {
+                    actor: "idemd",
+                    action: "release",
+                    why: "the acquire's insert timed out and the caller was told nothing ran",
+                };
+                if let Ok(true) = sql.release(&key, &owner, &audit).await {
                     debug!(%key, "removed the row of a timed-out insert");
                 }
             });
@@ -297,6 +315,42 @@ impl Store {
             Ok(None) => Step::Answer(in_flight(holder)),
             // SQL down: IN_FLIGHT is still the safe answer (nothing may run).
             Err(_) => Step::Answer(in_flight(holder)),
+        }
+    }
+
+    /// Redis says a person has to decide. SQL has the last word: an operator
+    /// may have resolved it there without reaching Redis.
+    async fn confirm_needs_review(&self, req: &AcquireRequest) -> Step {
+        let started = Instant::now();
+        match self.sql_done("get", started, self.sql.get(&req.key).await) {
+            Ok(Some(rec)) => {
+                if rec.state != OpState::NeedsReview {
+                    // restore never moves the cache backwards, so drop the copy first.
+                    self.evict(&req.key).await;
+                    self.restore(&rec).await;
+                }
+                Step::Answer(answer_from_row(&rec, req))
+            }
+            // Released by an operator: the nonce is free again.
+            Ok(None) => {
+                self.evict(&req.key).await;
+                Step::Again
+            }
+            // SQL down: the cached NEEDS_REVIEW is still the safe answer (nothing may run).
+            Err(_) => Step::Answer(AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None }),
+        }
+    }
+
+    /// Bring the cache in line with a row SQL just changed: `Some` is the row
+    /// as it is now, `None` means it is gone. Best effort: a cache that missed
+    /// this is corrected by the next acquire, which checks SQL.
+    pub async fn refresh_cache(&self, key: &str, now: Option<&Record>) {
+        match now {
+            Some(rec) => {
+                self.evict(key).await;
+                self.restore(rec).await;
+            }
+            None => self.evict(key).await,
         }
     }
 
@@ -342,11 +396,13 @@ impl Store {
             }
         };
         let state = terminal_name(req.state);
+        let why = format!("upstream answered {}", req.result.status);
+        let audit = Audit { actor: FILTER, action: "complete", why: &why };
         let started = Instant::now();
         let updated = self.sql_done(
             "complete",
             started,
-            self.sql.complete(&req.key, &req.owner, req.state, &result_json, now_ms()).await,
+            self.sql.complete(&req.key, &req.owner, req.state, &result_json, now_ms(), &audit).await,
         );
         match updated {
             Ok(true) => {}
@@ -390,7 +446,8 @@ impl Store {
 
     async fn release_inner(&self, req: &ReleaseRequest) -> Ack {
         let started = Instant::now();
-        match self.sql_done("release", started, self.sql.release(&req.key, &req.owner).await) {
+        let audit = Audit { actor: FILTER, action: "release", why: "the request never reached the upstream" };
+        match self.sql_done("release", started, self.sql.release(&req.key, &req.owner, &audit).await) {
             Ok(true) => {}
             Ok(false) => return Ack::NotOwner,
             Err(e) => {
@@ -614,6 +671,7 @@ mod tests {
             lease_until_ms: None,
             created_at_ms: 0,
             updated_at_ms: 0,
+            reconcile_attempts: 0,
         }
     }
 

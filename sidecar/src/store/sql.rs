@@ -20,7 +20,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
 
-use super::{now_ms, parse_state, terminal_name};
+use super::audit::Audit;
+use super::{now_ms, terminal_name};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -104,6 +105,17 @@ pub struct Record {
     pub lease_until_ms: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Failed status lookups so far (the reconciler's retry budget).
+    pub reconcile_attempts: i64,
+}
+
+/// The audit line a state change carries.
+pub(super) struct Change<'a, 'b> {
+    pub key: &'a str,
+    pub from: Option<&'a str>,
+    pub to: Option<&'a str>,
+    pub at_ms: i64,
+    pub audit: &'a Audit<'b>,
 }
 
 /// The row written when an operation is acquired.
@@ -119,7 +131,7 @@ pub struct NewInFlight<'a> {
 }
 
 #[derive(Clone)]
-enum Pool {
+pub(super) enum Pool {
     Pg(PgPool),
     My(MySqlPool),
     Lite(SqlitePool),
@@ -130,24 +142,87 @@ enum Pool {
 macro_rules! on_pool {
     ($pool:expr, $p:ident => $body:expr) => {
         match $pool {
-            Pool::Pg($p) => $body,
-            Pool::My($p) => $body,
-            Pool::Lite($p) => $body,
+            $crate::store::sql::Pool::Pg($p) => $body,
+            $crate::store::sql::Pool::My($p) => $body,
+            $crate::store::sql::Pool::Lite($p) => $body,
         }
     };
 }
+pub(super) use on_pool;
 
-/// Statement texts, rendered for the dialect once at open.
+/// One bind value. Statements outside the hot path are assembled from these,
+/// so one function can run them on all three drivers.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Bind<'a> {
+    Text(&'a str),
+    OptText(Option<&'a str>),
+    Int(i64),
+    OptInt(Option<i64>),
+}
+
+/// Bind every value of a `&[Bind]` to a query, inside one `on_pool!` arm.
+macro_rules! bind_all {
+    ($query:expr, $binds:expr) => {{
+        let mut q = $query;
+        for b in $binds.iter() {
+            q = match *b {
+                $crate::store::sql::Bind::Text(v) => q.bind(v),
+                $crate::store::sql::Bind::OptText(v) => q.bind(v),
+                $crate::store::sql::Bind::Int(v) => q.bind(v),
+                $crate::store::sql::Bind::OptInt(v) => q.bind(v),
+            };
+        }
+        q
+    }};
+}
+
+/// Decode one `idem_record` row selected with [`COLUMNS`], inside one `on_pool!` arm.
+macro_rules! read_record {
+    ($row:expr) => {{
+        let row = $row;
+        let key: String = row.try_get::<String, _>("idem_key")?.trim_end().to_string();
+        let state: String = row.try_get("state")?;
+        let result: Option<String> = row.try_get("result")?;
+        let attempts: i32 = row.try_get("reconcile_attempts")?;
+        Ok::<_, $crate::store::sql::SqlError>($crate::store::sql::Record {
+            state: $crate::store::parse_state(&state)
+                .ok_or_else(|| $crate::store::sql::SqlError::Corrupt(format!("state {state:?} of {key}")))?,
+            param_hash: row.try_get("param_hash")?,
+            subject_hash: row.try_get("subject_hash")?,
+            scope: row.try_get("scope")?,
+            owner: row.try_get("owner")?,
+            result: match result {
+                None => None,
+                Some(text) => Some(
+                    serde_json::from_str(&text)
+                        .map_err(|e| $crate::store::sql::SqlError::Corrupt(format!("result of {key}: {e}")))?,
+                ),
+            },
+            lease_until_ms: row.try_get("lease_until")?,
+            created_at_ms: row.try_get("created_at")?,
+            updated_at_ms: row.try_get("updated_at")?,
+            reconcile_attempts: i64::from(attempts),
+            key,
+        })
+    }};
+}
+
+/// Statement texts, rendered for the dialect once at open. The three writes
+/// of the filter's path carry their audit line: on Postgres as one statement
+/// (a data-modifying CTE), elsewhere as the second statement of a transaction.
 #[derive(Clone)]
 struct Queries {
     insert: String,
     select: String,
     complete: String,
     release: String,
+    audit: String,
 }
 
-const COLUMNS: &str =
-    "idem_key, state, param_hash, subject_hash, scope, owner, result, lease_until, created_at, updated_at";
+pub(super) const COLUMNS: &str = "idem_key, state, param_hash, subject_hash, scope, owner, result, lease_until, \
+     created_at, updated_at, reconcile_attempts";
+
+const AUDIT_COLUMNS: &str = "idem_key, at_ms, actor, action, from_state, to_state, why";
 
 impl Queries {
     fn new(backend: Backend) -> Self {
@@ -163,18 +238,35 @@ impl Queries {
             }
         };
         Self {
-            insert: render(backend, &insert),
+            insert: audited(backend, &insert),
             select: render(backend, &format!("SELECT {COLUMNS} FROM idem_record WHERE idem_key = ?k")),
-            complete: render(
+            complete: audited(
                 backend,
                 "UPDATE idem_record SET state = ?, result = ?, lease_until = NULL, updated_at = ? \
                  WHERE idem_key = ?k AND owner = ? AND state = 'IN_FLIGHT'",
             ),
-            release: render(
+            release: audited(
                 backend,
                 "DELETE FROM idem_record WHERE idem_key = ?k AND owner = ? AND state = 'IN_FLIGHT'",
             ),
+            audit: render(backend, &format!("INSERT INTO idem_audit ({AUDIT_COLUMNS}) VALUES (?k, ?, ?, ?, ?, ?, ?)")),
         }
+    }
+}
+
+/// The text that changes one `idem_record` row and, when a row changed,
+/// appends its audit line (see [`SqlStore::change`]). `template` touches at
+/// most one row (it selects by primary key).
+pub(super) fn audited(backend: Backend, template: &str) -> String {
+    match backend {
+        Backend::Postgres => render(
+            backend,
+            &format!(
+                "WITH changed AS ({template} RETURNING idem_key) \
+                 INSERT INTO idem_audit ({AUDIT_COLUMNS}) SELECT idem_key, ?, ?, ?, ?, ?, ? FROM changed"
+            ),
+        ),
+        Backend::MySql | Backend::Sqlite => render(backend, template),
     }
 }
 
@@ -182,7 +274,7 @@ impl Queries {
 /// `?k` the key parameter. Postgres numbers its parameters, and must compare
 /// the key as CHAR(32): against a TEXT parameter it casts the column instead
 /// and no longer uses the primary key index.
-fn render(backend: Backend, template: &str) -> String {
+pub(super) fn render(backend: Backend, template: &str) -> String {
     let mut out = String::with_capacity(template.len() + 32);
     let mut n = 0;
     let mut chars = template.chars().peekable();
@@ -217,13 +309,22 @@ struct Migration {
 /// sqlx's `_sqlx_migrations`: idemd often shares a database with the
 /// operator's own application, whose migrator would reject versions it does
 /// not know.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "idem_record",
-    postgres: include_str!("../../migrations/postgres/0001_idem_record.sql"),
-    mysql: include_str!("../../migrations/mysql/0001_idem_record.sql"),
-    sqlite: include_str!("../../migrations/sqlite/0001_idem_record.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "idem_record",
+        postgres: include_str!("../../migrations/postgres/0001_idem_record.sql"),
+        mysql: include_str!("../../migrations/mysql/0001_idem_record.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0001_idem_record.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "reconcile_attempts, idem_audit",
+        postgres: include_str!("../../migrations/postgres/0002_reconcile_audit.sql"),
+        mysql: include_str!("../../migrations/mysql/0002_reconcile_audit.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0002_reconcile_audit.sql"),
+    },
+];
 
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
      version BIGINT NOT NULL PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL)";
@@ -231,7 +332,7 @@ const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migration
 /// Cheap to clone: the pool and the statement texts are shared.
 #[derive(Clone)]
 pub struct SqlStore {
-    pool: Pool,
+    pub(super) pool: Pool,
     backend: Backend,
     q: std::sync::Arc<Queries>,
     timeout: Duration,
@@ -291,58 +392,37 @@ impl SqlStore {
         self.backend
     }
 
-    async fn bounded<T>(&self, fut: impl std::future::Future<Output = Result<T, SqlError>>) -> Result<T, SqlError> {
+    pub(super) async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, SqlError>>,
+    ) -> Result<T, SqlError> {
         tokio::time::timeout(self.timeout, fut).await.map_err(|_| SqlError::Timeout)?
     }
 
     /// Insert the IN_FLIGHT row. `false`: a row with this key already exists.
-    pub async fn insert_in_flight(&self, row: &NewInFlight<'_>) -> Result<bool, SqlError> {
-        let sql = self.q.insert.as_str();
-        self.bounded(async {
-            let done = on_pool!(&self.pool, p => sqlx::query(sql)
-                .bind(row.key)
-                .bind(row.param_hash)
-                .bind(row.subject_hash)
-                .bind(row.scope)
-                .bind(row.owner)
-                .bind(row.lease_until_ms)
-                .bind(row.now_ms)
-                .bind(row.now_ms)
-                .execute(p)
-                .await?
-                .rows_affected());
-            Ok(done == 1)
-        })
-        .await
+    pub async fn insert_in_flight(&self, row: &NewInFlight<'_>, audit: &Audit<'_>) -> Result<bool, SqlError> {
+        let binds = [
+            Bind::Text(row.key),
+            Bind::Text(row.param_hash),
+            Bind::Text(row.subject_hash),
+            Bind::Text(row.scope),
+            Bind::Text(row.owner),
+            Bind::Int(row.lease_until_ms),
+            Bind::Int(row.now_ms),
+            Bind::Int(row.now_ms),
+        ];
+        let change = Change { key: row.key, from: None, to: Some("IN_FLIGHT"), at_ms: row.now_ms, audit };
+        self.change(&self.q.insert, &binds, &change).await
     }
 
     pub async fn get(&self, key: &str) -> Result<Option<Record>, SqlError> {
         let sql = self.q.select.as_str();
         self.bounded(async {
             on_pool!(&self.pool, p => {
-                let Some(row) = sqlx::query(sql).bind(key).fetch_optional(p).await? else {
-                    return Ok(None);
-                };
-                let state: String = row.try_get("state")?;
-                let result: Option<String> = row.try_get("result")?;
-                Ok(Some(Record {
-                    key: row.try_get::<String, _>("idem_key")?.trim_end().to_string(),
-                    state: parse_state(&state)
-                        .ok_or_else(|| SqlError::Corrupt(format!("state {state:?} of {key}")))?,
-                    param_hash: row.try_get("param_hash")?,
-                    subject_hash: row.try_get("subject_hash")?,
-                    scope: row.try_get("scope")?,
-                    owner: row.try_get("owner")?,
-                    result: match result {
-                        None => None,
-                        Some(text) => Some(serde_json::from_str(&text).map_err(|e| {
-                            SqlError::Corrupt(format!("result of {key}: {e}"))
-                        })?),
-                    },
-                    lease_until_ms: row.try_get("lease_until")?,
-                    created_at_ms: row.try_get("created_at")?,
-                    updated_at_ms: row.try_get("updated_at")?,
-                }))
+                match sqlx::query(sql).bind(key).fetch_optional(p).await? {
+                    None => Ok(None),
+                    Some(row) => Ok(Some(read_record!(row)?)),
+                }
             })
         })
         .await
@@ -357,35 +437,82 @@ impl SqlStore {
         state: TerminalState,
         result_json: &str,
         now_ms: i64,
+        audit: &Audit<'_>,
     ) -> Result<bool, SqlError> {
-        let sql = self.q.complete.as_str();
-        self.bounded(async {
-            let n = on_pool!(&self.pool, p => sqlx::query(sql)
-                .bind(terminal_name(state))
-                .bind(result_json)
-                .bind(now_ms)
-                .bind(key)
-                .bind(owner)
-                .execute(p)
-                .await?
-                .rows_affected());
-            Ok(n == 1)
-        })
-        .await
+        let to = terminal_name(state);
+        let binds = [Bind::Text(to), Bind::Text(result_json), Bind::Int(now_ms), Bind::Text(key), Bind::Text(owner)];
+        let change = Change { key, from: Some("IN_FLIGHT"), to: Some(to), at_ms: now_ms, audit };
+        self.change(&self.q.complete, &binds, &change).await
     }
 
     /// Owner-checked delete of an IN_FLIGHT row. `false`: nothing of this
     /// owner's was in flight.
-    pub async fn release(&self, key: &str, owner: &str) -> Result<bool, SqlError> {
-        let sql = self.q.release.as_str();
+    pub async fn release(&self, key: &str, owner: &str, audit: &Audit<'_>) -> Result<bool, SqlError> {
+        let binds = [Bind::Text(key), Bind::Text(owner)];
+        let change = Change { key, from: Some("IN_FLIGHT"), to: None, at_ms: now_ms(), audit };
+        self.change(&self.q.release, &binds, &change).await
+    }
+
+    /// Run `text` (from [`audited`]) and, when it changed the row, append the
+    /// audit line in the same commit: a state change is never on record
+    /// without who made it, nor the other way round. One commit, not two,
+    /// because a confirm's fresh path pays for every commit.
+    pub(super) async fn change(&self, text: &str, binds: &[Bind<'_>], c: &Change<'_, '_>) -> Result<bool, SqlError> {
+        let trail = [
+            Bind::Int(c.at_ms),
+            Bind::Text(c.audit.actor),
+            Bind::Text(c.audit.action),
+            Bind::OptText(c.from),
+            Bind::OptText(c.to),
+            Bind::Text(c.audit.why),
+        ];
+        let audit_sql = self.q.audit.as_str();
         self.bounded(async {
-            let n = on_pool!(&self.pool, p => sqlx::query(sql)
-                .bind(key)
-                .bind(owner)
-                .execute(p)
-                .await?
-                .rows_affected());
-            Ok(n == 1)
+            on_pool!(&self.pool, p => {
+                if self.backend == Backend::Postgres {
+                    let all: Vec<Bind<'_>> = binds.iter().chain(trail.iter()).copied().collect();
+                    let n = bind_all!(sqlx::query(text), all).execute(p).await?.rows_affected();
+                    return Ok(n == 1);
+                }
+                let mut tx = p.begin().await?;
+                let n = bind_all!(sqlx::query(text), binds).execute(&mut *tx).await?.rows_affected();
+                if n == 1 {
+                    bind_all!(sqlx::query(audit_sql).bind(c.key), trail).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(n == 1)
+            })
+        })
+        .await
+    }
+
+    /// One statement on the pool; how many rows it touched.
+    pub(super) async fn execute(&self, text: &str, binds: &[Bind<'_>]) -> Result<u64, SqlError> {
+        self.bounded(async {
+            on_pool!(&self.pool, p => Ok(bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected()))
+        })
+        .await
+    }
+
+    /// Rows of `idem_record` selected with [`COLUMNS`].
+    pub(super) async fn records(&self, text: &str, binds: &[Bind<'_>]) -> Result<Vec<Record>, SqlError> {
+        self.bounded(async {
+            on_pool!(&self.pool, p => {
+                let rows = bind_all!(sqlx::query(text), binds).fetch_all(p).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    out.push(read_record!(row)?);
+                }
+                Ok(out)
+            })
+        })
+        .await
+    }
+
+    /// A single integer (a COUNT).
+    pub(super) async fn scalar(&self, text: &str, binds: &[Bind<'_>]) -> Result<i64, SqlError> {
+        self.bounded(async {
+            on_pool!(&self.pool, p => Ok(bind_all!(sqlx::query_scalar::<_, i64>(text), binds).fetch_one(p).await?))
         })
         .await
     }
@@ -504,7 +631,7 @@ mod tests {
     #[test]
     fn state_check_constraint_lists_every_state() {
         for m in MIGRATIONS {
-            for text in [m.postgres, m.mysql, m.sqlite] {
+            for text in [m.postgres, m.mysql, m.sqlite].into_iter().filter(|t| t.contains("CHECK")) {
                 for s in ["IN_FLIGHT", "DONE", "FAILED", "NEEDS_REVIEW"] {
                     assert!(text.contains(&format!("'{s}'")), "{s} missing");
                 }

@@ -153,6 +153,62 @@ pub struct Fixture {
     pub sql_url: String,
     pub redis: Option<RedisTarget>,
     _tmp: Option<tempfile::TempDir>,
+    _own: Option<OwnDatabase>,
+}
+
+/// A database of one test's own on the shared server, dropped with it. The
+/// reconciler and the reaper work on whole tables: tests of them must not
+/// see (or decide) the rows of the tests running next to them.
+pub struct OwnDatabase {
+    url: String,
+    backend: Backend,
+}
+
+impl OwnDatabase {
+    async fn create(backend: Backend, server_url: &str) -> Result<Self, String> {
+        use sqlx::migrate::MigrateDatabase;
+        let name = format!("idem_t_{}", &new_key()[..12]);
+        let url = with_database(server_url, &name);
+        let created = match backend {
+            Backend::Postgres => sqlx::Postgres::create_database(&url).await,
+            Backend::MariaDb => sqlx::MySql::create_database(&url).await,
+            Backend::Sqlite => return Err("SQLite tests use a temp file".into()),
+        };
+        created.map_err(|e| e.to_string())?;
+        Ok(Self { url, backend })
+    }
+}
+
+impl Drop for OwnDatabase {
+    fn drop(&mut self) {
+        let (url, backend) = (self.url.clone(), self.backend);
+        // Drop runs outside any runtime the test may still be inside of.
+        let _ = std::thread::spawn(move || {
+            use sqlx::migrate::MigrateDatabase;
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            rt.block_on(async {
+                let _ = match backend {
+                    Backend::Postgres => sqlx::Postgres::force_drop_database(&url).await,
+                    Backend::MariaDb => sqlx::MySql::drop_database(&url).await,
+                    Backend::Sqlite => Ok(()),
+                };
+            });
+        })
+        .join();
+    }
+}
+
+/// `scheme://auth@host:port/db?params` with `db` replaced by `name`.
+pub fn with_database(url: &str, name: &str) -> String {
+    let start = url.find("://").map(|i| i + 3).unwrap_or(0);
+    let (base, query) = match url.find('?') {
+        Some(q) => (&url[..q], &url[q..]),
+        None => (url, ""),
+    };
+    match base[start..].find('/') {
+        Some(slash) => format!("{}/{name}{query}", &base[..start + slash]),
+        None => format!("{base}/{name}{query}"),
+    }
 }
 
 impl Fixture {
@@ -173,13 +229,34 @@ impl Fixture {
         };
         // Connecting also migrates: the first test to get here creates the table.
         match tokio::time::timeout(Duration::from_secs(10), SqlStore::connect(&sql_url, &sql_opts())).await {
-            Ok(Ok(_)) => Some(Self { sql, sql_url, redis, _tmp: tmp }),
+            Ok(Ok(_)) => Some(Self { sql, sql_url, redis, _tmp: tmp, _own: None }),
             Ok(Err(e)) => {
                 skip(&format!("{} ({})", sql.name(), idemd::config::redact_url(&sql_url)), e);
                 None
             }
             Err(_) => {
                 skip(sql.name(), "connect timed out");
+                None
+            }
+        }
+    }
+
+    /// Like `new`, on a database of this test's own (SQLite: a temp file anyway).
+    pub async fn isolated(sql: Backend, with_redis: bool) -> Option<Self> {
+        let mut fx = Self::new(sql, with_redis).await?;
+        if sql == Backend::Sqlite {
+            return Some(fx);
+        }
+        match OwnDatabase::create(sql, &fx.sql_url).await {
+            Ok(own) => {
+                fx.sql_url = own.url.clone();
+                fx._own = Some(own);
+                // Connecting migrates the new database.
+                SqlStore::connect(&fx.sql_url, &sql_opts()).await.expect("migrate own database");
+                Some(fx)
+            }
+            Err(e) => {
+                skip(&format!("{} (own database)", sql.name()), e);
                 None
             }
         }
@@ -232,6 +309,14 @@ impl Fixture {
             .fetch_one(&pool)
             .await
             .expect("count");
+        pool.close().await;
+        n
+    }
+
+    /// Run one statement as given (test-only SQL with validated values inlined).
+    pub async fn exec(&self, sql: &str) -> u64 {
+        let pool = self.raw().await;
+        let n = sqlx::query(sql).execute(&pool).await.expect(sql).rows_affected();
         pool.close().await;
         n
     }

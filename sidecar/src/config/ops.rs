@@ -1,0 +1,126 @@
+//! `idemd ops …`: the operator's command line. It talks to the same database
+//! as the sidecars (and, when given, the same Redis, to refresh the cached
+//! copy right away).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+use idem_core::protocol::OpState;
+
+#[derive(Debug, Clone, Args)]
+pub struct OpsArgs {
+    /// The SQL truth the sidecars use: postgres://, mysql:// or sqlite:.
+    #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://./data/idem.db", global = true)]
+    pub database_url: String,
+
+    /// The sidecars' Redis: after a resolve its cached copy is dropped, so the
+    /// next confirm sees the decision at once (it would anyway, a little
+    /// slower, by checking SQL).
+    #[arg(long, env = "IDEM_REDIS_URL", global = true)]
+    pub redis_url: Option<String>,
+
+    /// Treat --redis-url as Redis Cluster seed nodes.
+    #[arg(long, env = "IDEM_REDIS_CLUSTER", global = true)]
+    pub redis_cluster: bool,
+
+    /// Budget for one SQL call.
+    #[arg(long, env = "IDEM_SQL_TIMEOUT_MS", default_value_t = 5_000, global = true)]
+    pub sql_timeout_ms: u64,
+
+    /// Who you are, for the audit trail (`operator:<actor>`); default $USER.
+    #[arg(long, env = "IDEM_ACTOR", global = true)]
+    pub actor: Option<String>,
+
+    #[command(subcommand)]
+    pub command: OpsCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum OpsCommand {
+    /// Operations in one state, least recently changed first.
+    List {
+        #[arg(long, value_enum)]
+        state: StateArg,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One operation: its row and its whole audit history.
+    Show {
+        /// The nonce (32 lowercase hex characters; the downstream's Idempotency-Key).
+        key: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decide an IN_FLIGHT or NEEDS_REVIEW operation by hand.
+    Resolve(ResolveArgs),
+}
+
+/// Spelled as in the table, in lower case: in_flight, needs_review, done, failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum StateArg {
+    #[value(alias = "IN_FLIGHT")]
+    InFlight,
+    #[value(alias = "NEEDS_REVIEW")]
+    NeedsReview,
+    #[value(alias = "DONE")]
+    Done,
+    #[value(alias = "FAILED")]
+    Failed,
+}
+
+impl StateArg {
+    pub fn op_state(self) -> OpState {
+        match self {
+            Self::InFlight => OpState::InFlight,
+            Self::NeedsReview => OpState::NeedsReview,
+            Self::Done => OpState::Done,
+            Self::Failed => OpState::Failed,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(group = clap::ArgGroup::new("decision").required(true).multiple(false).args(["done", "failed", "release"]))]
+pub struct ResolveArgs {
+    /// The nonce (32 lowercase hex characters).
+    pub key: String,
+
+    /// It executed: replay --result-file (JSON) as its result.
+    #[arg(long, requires = "result_file")]
+    pub done: bool,
+
+    /// It definitely failed: replay `{"error":"resolved_failed","reason":…}`.
+    #[arg(long, requires = "reason")]
+    pub failed: bool,
+
+    /// It provably never executed: forget it; a confirm with the same
+    /// (unexpired) fingerprint may run it, under the same Idempotency-Key.
+    #[arg(long)]
+    pub release: bool,
+
+    /// With --done: the upstream's answer body (JSON), e.g. from its
+    /// status-by-key endpoint.
+    #[arg(long, value_name = "FILE")]
+    pub result_file: Option<PathBuf>,
+
+    /// With --failed: the reason the agent will be told.
+    #[arg(long)]
+    pub reason: Option<String>,
+
+    /// The HTTP status replayed (default 200 with --done, 422 with --failed).
+    #[arg(long)]
+    pub status: Option<u16>,
+
+    /// Why you decided this (required; goes to the audit trail).
+    #[arg(long)]
+    pub why: String,
+
+    /// Also resolve an IN_FLIGHT operation whose lease has not run out (its
+    /// executor may still be running it).
+    #[arg(long)]
+    pub force: bool,
+}

@@ -1,0 +1,278 @@
+//! Settings of the background work in `idemd serve`: the reconciler (expired
+//! IN_FLIGHT rows) and the reaper (terminal rows past the retention).
+//!
+//! Checked at start next to the TTL rules, for the same reason: a grace
+//! longer than the retention, or a status endpoint that can never answer, is
+//! not a runtime error but a silent gap in "did it happen?".
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::TtlArgs;
+
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// The upstream's status-by-key endpoint for one scope, as SCOPE=URL;
+    /// `{key}` in the URL is replaced by the operation's nonce (also sent as
+    /// `Idempotency-Key`). Repeatable; in the environment, comma-separated.
+    /// A scope without one goes to NEEDS_REVIEW when its lease runs out.
+    #[arg(long = "status-endpoint", env = "IDEM_STATUS_ENDPOINTS", value_delimiter = ',', value_name = "SCOPE=URL")]
+    pub status_endpoints: Vec<String>,
+
+    /// Budget for one status lookup (connect, answer and body).
+    #[arg(long, env = "IDEM_STATUS_TIMEOUT_MS", default_value_t = 5_000)]
+    pub status_timeout_ms: u64,
+
+    /// How often the reconciler looks for expired IN_FLIGHT rows.
+    #[arg(long, env = "IDEM_RECONCILE_INTERVAL_MS", default_value_t = 5_000)]
+    pub reconcile_interval_ms: u64,
+
+    /// A 404 from the status endpoint proves "never executed" only once the
+    /// lease ended at least this long ago: it covers a request still sitting
+    /// in the upstream's queue.
+    #[arg(long, env = "IDEM_RECONCILE_GRACE_MS", default_value_t = 30_000)]
+    pub reconcile_grace_ms: u64,
+
+    /// Failed lookups (errors, timeouts, unexpected answers) of one row
+    /// before it goes to NEEDS_REVIEW.
+    #[arg(long, env = "IDEM_RECONCILE_RETRY_BUDGET", default_value_t = 5)]
+    pub reconcile_retry_budget: u32,
+
+    /// Rows one reconciler pass looks at.
+    #[arg(long, env = "IDEM_RECONCILE_BATCH", default_value_t = 100)]
+    pub reconcile_batch: u32,
+
+    /// How often the reaper deletes terminal rows past the retention.
+    #[arg(long, env = "IDEM_REAPER_INTERVAL_S", default_value_t = 300)]
+    pub reaper_interval_s: u64,
+
+    /// Rows per reaper DELETE.
+    #[arg(long, env = "IDEM_REAPER_BATCH", default_value_t = 1_000)]
+    pub reaper_batch: u32,
+
+    /// Serve the API only: no reconciler, no reaper (other replicas run them).
+    #[arg(long, env = "IDEM_NO_RECONCILE")]
+    pub no_reconcile: bool,
+
+    /// Names this process in the audit trail (`reconciler:<id>`); default
+    /// `<hostname>/<pid>`.
+    #[arg(long, env = "IDEM_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+}
+
+/// Scope → URL template (with `{key}`), validated.
+pub type StatusEndpoints = BTreeMap<String, String>;
+
+pub const KEY_PLACEHOLDER: &str = "{key}";
+
+impl ReconcileArgs {
+    /// Every broken rule, each naming the setting; the endpoints when none is.
+    pub fn validate(&self, ttl: &TtlArgs) -> Result<StatusEndpoints, Vec<String>> {
+        let mut broken = Vec::new();
+        let mut endpoints = StatusEndpoints::new();
+        for spec in &self.status_endpoints {
+            match parse_endpoint(spec) {
+                Ok((scope, url)) => {
+                    if endpoints.insert(scope.clone(), url).is_some() {
+                        broken.push(format!("--status-endpoint: scope {scope:?} is configured twice"));
+                    }
+                }
+                Err(why) => broken.push(format!("--status-endpoint {spec:?}: {why}")),
+            }
+        }
+        for (name, value) in [
+            ("--status-timeout-ms", self.status_timeout_ms),
+            ("--reconcile-interval-ms", self.reconcile_interval_ms),
+            ("--reconcile-retry-budget", u64::from(self.reconcile_retry_budget)),
+            ("--reconcile-batch", u64::from(self.reconcile_batch)),
+            ("--reaper-interval-s", self.reaper_interval_s),
+            ("--reaper-batch", u64::from(self.reaper_batch)),
+        ] {
+            if value == 0 {
+                broken.push(format!("{name} must be greater than 0"));
+            }
+        }
+        if self.reconcile_grace_ms > ttl.terminal_retention_ms() {
+            broken.push(format!(
+                "reconcile grace {} ms must not exceed the terminal retention {} s: a row would be reaped before a 404 could release it",
+                self.reconcile_grace_ms, ttl.terminal_retention_s
+            ));
+        }
+        // Keep every `now + x` in i64 milliseconds.
+        for (name, value) in [
+            ("--status-timeout-ms", self.status_timeout_ms),
+            ("--reconcile-interval-ms", self.reconcile_interval_ms),
+            ("--reconcile-grace-ms", self.reconcile_grace_ms),
+            ("--reaper-interval-s", self.reaper_interval_s.saturating_mul(1000)),
+        ] {
+            if value > MAX_MS {
+                broken.push(format!("{name} is too large (at most {MAX_MS} ms)"));
+            }
+        }
+        if let Some(id) = &self.instance_id {
+            if id.is_empty() || id.len() > 64 || !id.bytes().all(|c| c.is_ascii_graphic()) {
+                broken.push("--instance-id must be 1 to 64 printable ASCII characters without spaces".to_string());
+            }
+        }
+        if broken.is_empty() {
+            Ok(endpoints)
+        } else {
+            Err(broken)
+        }
+    }
+
+    pub fn status_timeout(&self) -> Duration {
+        Duration::from_millis(self.status_timeout_ms)
+    }
+
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.reconcile_interval_ms)
+    }
+
+    pub fn reaper_interval(&self) -> Duration {
+        Duration::from_secs(self.reaper_interval_s)
+    }
+
+    /// This process's name in the audit trail.
+    pub fn instance(&self) -> String {
+        match &self.instance_id {
+            Some(id) => id.clone(),
+            None => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .or_else(|| std::env::var("HOSTNAME").ok())
+                    .map(|h| h.trim().to_string())
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| "idemd".to_string());
+                format!("{host}/{}", std::process::id())
+            }
+        }
+    }
+}
+
+/// 30 days: no interval, grace or timeout needs more.
+const MAX_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// `SCOPE=URL`, with the URL checked the way the reconciler will use it.
+fn parse_endpoint(spec: &str) -> Result<(String, String), String> {
+    let (scope, url) = spec.split_once('=').ok_or("expected SCOPE=URL")?;
+    let (scope, url) = (scope.trim(), url.trim());
+    if scope.is_empty() || scope.len() > 255 || !scope.bytes().all(|c| c.is_ascii_graphic()) {
+        return Err("the scope must be 1 to 255 printable ASCII characters without spaces".into());
+    }
+    if url.starts_with("https://") {
+        // No TLS stack is built in: the sidecar talks to in-cluster endpoints,
+        // and TLS to the upstream is the mesh's or the local Envoy's job.
+        return Err("https is not supported: point it at a plain-http listener (a local Envoy or mesh sidecar that originates TLS)".into());
+    }
+    if !url.starts_with("http://") {
+        return Err("the URL must start with http://".into());
+    }
+    if !url.contains(KEY_PLACEHOLDER) {
+        return Err(format!("the URL must contain {KEY_PLACEHOLDER}, where the operation's nonce goes"));
+    }
+    let sample = url.replace(KEY_PLACEHOLDER, "0123456789abcdef0123456789abcdef");
+    match reqwest::Url::parse(&sample) {
+        Ok(u) if u.host_str().is_some_and(|h| !h.is_empty()) => Ok((scope.to_string(), url.to_string())),
+        Ok(_) => Err("the URL has no host".into()),
+        Err(e) => Err(format!("not a valid URL: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> ReconcileArgs {
+        ReconcileArgs {
+            status_endpoints: vec!["payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}".into()],
+            status_timeout_ms: 5_000,
+            reconcile_interval_ms: 5_000,
+            reconcile_grace_ms: 30_000,
+            reconcile_retry_budget: 5,
+            reconcile_batch: 100,
+            reaper_interval_s: 300,
+            reaper_batch: 1_000,
+            no_reconcile: false,
+            instance_id: None,
+        }
+    }
+
+    fn ttl() -> TtlArgs {
+        TtlArgs {
+            lease_ms: 60_000,
+            upstream_worst_case_ms: 30_000,
+            gateway_timeout_ms: 15_000,
+            retry_backoff_total_ms: 5_000,
+            terminal_retention_s: 7 * 86_400,
+            retry_window_s: 86_400,
+        }
+    }
+
+    #[test]
+    fn defaults_with_one_endpoint_are_valid() {
+        let endpoints = args().validate(&ttl()).unwrap();
+        assert_eq!(endpoints["payments.transfer"], "http://127.0.0.1:8080/v1/transfers/by-key/{key}");
+    }
+
+    #[test]
+    fn endpoint_rules_name_the_endpoint() {
+        for (spec, says) in [
+            ("payments.transfer", "expected SCOPE=URL"),
+            ("=http://h/{key}", "the scope must be"),
+            ("a b=http://h/{key}", "the scope must be"),
+            ("s=ftp://h/{key}", "must start with http://"),
+            ("s=https://h/{key}", "https is not supported"),
+            ("s=http://h/by-key", "must contain {key}"),
+            ("s=http://:80/{key}", "not a valid URL"),
+        ] {
+            let a = ReconcileArgs { status_endpoints: vec![spec.into()], ..args() };
+            let err = a.validate(&ttl()).unwrap_err();
+            assert_eq!(err.len(), 1, "{spec}: {err:?}");
+            assert!(err[0].starts_with(&format!("--status-endpoint {spec:?}")), "{err:?}");
+            assert!(err[0].contains(says), "{spec}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn a_scope_twice_is_refused() {
+        let a =
+            ReconcileArgs { status_endpoints: vec!["s=http://a/{key}".into(), "s=http://b/{key}".into()], ..args() };
+        assert_eq!(a.validate(&ttl()).unwrap_err(), vec!["--status-endpoint: scope \"s\" is configured twice"]);
+    }
+
+    #[test]
+    fn zeros_are_refused_each_by_name() {
+        let a = ReconcileArgs {
+            status_timeout_ms: 0,
+            reconcile_interval_ms: 0,
+            reconcile_retry_budget: 0,
+            reconcile_batch: 0,
+            reaper_interval_s: 0,
+            reaper_batch: 0,
+            ..args()
+        };
+        let err = a.validate(&ttl()).unwrap_err();
+        assert_eq!(err.len(), 6, "{err:?}");
+        assert!(err.iter().any(|e| e == "--reconcile-interval-ms must be greater than 0"));
+        assert!(err.iter().any(|e| e == "--reaper-batch must be greater than 0"));
+    }
+
+    #[test]
+    fn grace_longer_than_the_retention_is_refused() {
+        let a = ReconcileArgs { reconcile_grace_ms: 7 * 86_400 * 1000 + 1, ..args() };
+        let err = a.validate(&ttl()).unwrap_err();
+        assert!(err[0].starts_with("reconcile grace 604800001 ms must not exceed the terminal retention 604800 s"));
+        let a = ReconcileArgs { reconcile_grace_ms: 7 * 86_400 * 1000, ..args() };
+        assert!(a.validate(&ttl()).is_ok());
+    }
+
+    #[test]
+    fn instance_ids_are_printable() {
+        assert!(ReconcileArgs { instance_id: Some("pod-7".into()), ..args() }.validate(&ttl()).is_ok());
+        assert!(ReconcileArgs { instance_id: Some("a b".into()), ..args() }.validate(&ttl()).is_err());
+        assert!(args().instance().ends_with(&format!("/{}", std::process::id())));
+    }
+}

@@ -1,0 +1,302 @@
+//! `idemd ops`: what a person needs when "did it happen?" has no automatic
+//! answer — list operations by state, show one with its whole history, and
+//! resolve an IN_FLIGHT or NEEDS_REVIEW one by hand, with a reason that goes
+//! into the audit trail next to the filter's and the reconciler's lines.
+//!
+//! Exit codes: 0 done; 1 the database (or a file) could not be reached;
+//! 2 bad usage; 3 refused (no such operation, wrong state, changed meanwhile,
+//! lease still held).
+
+mod print;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use idem_core::protocol::{encode_body, OpState, StoredResult, TerminalState};
+
+use crate::api::is_token;
+use crate::config::ops::{OpsCommand, ResolveArgs};
+use crate::config::{redact_url, OpsArgs};
+use crate::store::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
+use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::review::Resolution;
+use crate::store::sql::{SqlOptions, SqlStore};
+use crate::store::{now_ms, state_name};
+
+#[derive(Debug)]
+pub enum OpsError {
+    Unreachable(String),
+    Usage(String),
+    Refused(String),
+}
+
+impl OpsError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Unreachable(_) => 1,
+            Self::Usage(_) => 2,
+            Self::Refused(_) => 3,
+        }
+    }
+}
+
+impl std::fmt::Display for OpsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(m) | Self::Usage(m) | Self::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
+pub fn main(args: OpsArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idemd ops: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idemd ops: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Everything but the printing, so tests can call it: the text for stdout.
+pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
+    // Check what can be checked before touching the database.
+    let actor = operator(&args)?;
+    if let OpsCommand::Show { key, .. } = &args.command {
+        check_key(key)?;
+    }
+    let resolution = match &args.command {
+        OpsCommand::Resolve(r) => Some(Planned::from_args(r)?),
+        _ => None,
+    };
+    let sql = connect(&args).await?;
+    match args.command {
+        OpsCommand::List { state, limit, json } => {
+            let rows = sql.list_in_state(state.op_state(), limit).await.map_err(unreachable)?;
+            if json {
+                let list: Vec<_> = rows.iter().map(print::record_json).collect();
+                Ok(format!("{}\n", serde_json::Value::Array(list)))
+            } else {
+                Ok(print::table(&rows))
+            }
+        }
+        OpsCommand::Show { key, json } => {
+            let rec = sql.get(&key).await.map_err(unreachable)?;
+            let history = sql.history(&key).await.map_err(unreachable)?;
+            if rec.is_none() && history.is_empty() {
+                return Err(OpsError::Refused(format!("no operation {key}: never acquired, or reaped")));
+            }
+            if json {
+                let v = serde_json::json!({"operation": rec.as_ref().map(print::record_json), "history": history});
+                Ok(format!("{v}\n"))
+            } else {
+                Ok(print::show(&key, rec.as_ref(), &history))
+            }
+        }
+        OpsCommand::Resolve(r) => {
+            let Some(planned) = resolution else { return Err(OpsError::Usage("nothing to resolve".into())) };
+            resolve(&args.redis_url, args.redis_cluster, &sql, &r, &planned, &actor).await
+        }
+    }
+}
+
+/// A resolve, checked and with its result built, before the database is asked.
+struct Planned {
+    /// `None`: release.
+    terminal: Option<(TerminalState, String)>,
+    action: &'static str,
+    why: String,
+}
+
+impl Planned {
+    fn from_args(r: &ResolveArgs) -> Result<Self, OpsError> {
+        check_key(&r.key)?;
+        let why = r.why.trim();
+        if why.is_empty() {
+            return Err(OpsError::Usage("--why must say why (it goes into the audit trail)".into()));
+        }
+        if why.len() > MAX_WHY {
+            return Err(OpsError::Usage(format!("--why is longer than {MAX_WHY} bytes")));
+        }
+        let json = "application/json".to_string();
+        let (terminal, action) = if r.done {
+            let status = r.status.unwrap_or(200);
+            if !(200..=299).contains(&status) {
+                return Err(OpsError::Usage(format!("--done needs a 2xx --status, not {status}")));
+            }
+            let path = r.result_file.as_ref().ok_or_else(|| OpsError::Usage("--done needs --result-file".into()))?;
+            let body = std::fs::read(path)
+                .map_err(|e| OpsError::Unreachable(format!("cannot read {}: {e}", path.display())))?;
+            if let Err(e) = serde_json::from_slice::<serde_json::Value>(&body) {
+                return Err(OpsError::Usage(format!(
+                    "{} is not JSON ({e}): it is replayed to the agent as JSON",
+                    path.display()
+                )));
+            }
+            if body.len() > crate::api::MAX_BODY_BYTES {
+                return Err(OpsError::Usage(format!(
+                    "{} is larger than {} bytes",
+                    path.display(),
+                    crate::api::MAX_BODY_BYTES
+                )));
+            }
+            let result =
+                StoredResult { status, headers: vec![("content-type".into(), json)], body_b64: encode_body(&body) };
+            (Some((TerminalState::Done, result)), "resolve_done")
+        } else if r.failed {
+            let status = r.status.unwrap_or(422);
+            if !(400..=599).contains(&status) {
+                return Err(OpsError::Usage(format!("--failed needs a 4xx or 5xx --status, not {status}")));
+            }
+            let reason = r.reason.as_deref().map(str::trim).unwrap_or("");
+            if reason.is_empty() {
+                return Err(OpsError::Usage("--failed needs a --reason for the agent".into()));
+            }
+            let body = serde_json::json!({"error": "resolved_failed", "reason": reason}).to_string();
+            let result = StoredResult {
+                status,
+                headers: vec![("content-type".into(), json)],
+                body_b64: encode_body(body.as_bytes()),
+            };
+            (Some((TerminalState::Failed, result)), "resolve_failed")
+        } else {
+            if r.status.is_some() {
+                return Err(OpsError::Usage("--release replays nothing: --status does not apply".into()));
+            }
+            (None, "resolve_release")
+        };
+        let terminal = match terminal {
+            None => None,
+            Some((state, result)) => {
+                let text = serde_json::to_string(&result).map_err(|e| OpsError::Usage(e.to_string()))?;
+                Some((state, text))
+            }
+        };
+        Ok(Self { terminal, action, why: why.to_string() })
+    }
+}
+
+async fn resolve(
+    redis_url: &Option<String>,
+    redis_cluster: bool,
+    sql: &SqlStore,
+    r: &ResolveArgs,
+    planned: &Planned,
+    actor: &str,
+) -> Result<String, OpsError> {
+    let rec = sql
+        .get(&r.key)
+        .await
+        .map_err(unreachable)?
+        .ok_or_else(|| OpsError::Refused(format!("no operation {}: never acquired, released, or reaped", r.key)))?;
+    match rec.state {
+        OpState::NeedsReview => {}
+        OpState::InFlight => {
+            let lease = rec.lease_until_ms.unwrap_or(0);
+            if lease > now_ms() && !r.force {
+                return Err(OpsError::Refused(format!(
+                    "{} is IN_FLIGHT with its lease held until {}: its executor may still be running it. \
+                     Wait for the lease to end (the reconciler then decides), or pass --force",
+                    r.key,
+                    print::utc(lease)
+                )));
+            }
+        }
+        other => {
+            return Err(OpsError::Refused(format!(
+                "{} is {}: only IN_FLIGHT or NEEDS_REVIEW operations can be resolved",
+                r.key,
+                state_name(other)
+            )));
+        }
+    }
+    let resolution = match &planned.terminal {
+        Some((state, result_json)) => Resolution::Terminal { state: *state, result_json },
+        None => Resolution::Release,
+    };
+    let audit = Audit { actor, action: planned.action, why: &planned.why };
+    if !sql.resolve(&rec, resolution, &audit).await.map_err(unreachable)? {
+        let now = sql.get(&r.key).await.map_err(unreachable)?;
+        let now = now.map(|n| state_name(n.state)).unwrap_or("gone");
+        return Err(OpsError::Refused(format!(
+            "{} changed while you decided (now {now}); run `idemd ops show {}` and decide again",
+            r.key, r.key
+        )));
+    }
+    let to = match &planned.terminal {
+        Some((TerminalState::Done, _)) => "DONE",
+        Some((TerminalState::Failed, _)) => "FAILED",
+        None => "released (no row: a confirm may run it again)",
+    };
+    let mut text = format!("{}: {} -> {to}\n", r.key, state_name(rec.state));
+    if let Some(url) = redis_url {
+        text.push_str(&evict(url, redis_cluster, &r.key).await);
+    }
+    Ok(text)
+}
+
+/// Drop the cached copy so the next confirm reads the decision from SQL.
+/// Not being able to is not a failure: the sidecars check SQL anyway.
+async fn evict(url: &str, cluster: bool, key: &str) -> String {
+    let opts = RedisOptions {
+        url: url.to_string(),
+        cluster,
+        timeout: Duration::from_secs(2),
+        retry: Duration::from_millis(500),
+    };
+    let outcome = match RedisStore::open(&opts) {
+        Ok(r) => r.evict(key).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match outcome {
+        Ok(()) => "redis: cached copy dropped\n".to_string(),
+        Err(e) => format!(
+            "redis {}: could not drop the cached copy ({e}); the sidecars still see the decision, by checking SQL\n",
+            redact_url(url)
+        ),
+    }
+}
+
+async fn connect(args: &OpsArgs) -> Result<SqlStore, OpsError> {
+    let opts = SqlOptions { max_connections: 2, timeout: Duration::from_millis(args.sql_timeout_ms.max(1)) };
+    SqlStore::connect(&args.database_url, &opts)
+        .await
+        .map_err(|e| OpsError::Unreachable(format!("database {}: {e}", redact_url(&args.database_url))))
+}
+
+/// `operator:<--actor, or $USER>` for the audit trail.
+fn operator(args: &OpsArgs) -> Result<String, OpsError> {
+    let name = args
+        .actor
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "unknown".to_string());
+    if name.chars().any(char::is_control) {
+        return Err(OpsError::Usage("--actor must be printable".into()));
+    }
+    Ok(clip(&format!("operator:{name}"), MAX_ACTOR).to_string())
+}
+
+fn check_key(key: &str) -> Result<(), OpsError> {
+    if is_token(key) {
+        Ok(())
+    } else {
+        Err(OpsError::Usage(format!("{key:?} is not a key: expected 32 lowercase hex characters (the nonce)")))
+    }
+}
+
+fn unreachable(e: crate::store::sql::SqlError) -> OpsError {
+    OpsError::Unreachable(e.to_string())
+}

@@ -1,0 +1,134 @@
+//! How `idemd ops` shows rows and audit lines: aligned text for people,
+//! `--json` for scripts.
+
+use idem_core::protocol::decode_body;
+use serde_json::{json, Value};
+
+use crate::store::audit::AuditLine;
+use crate::store::sql::Record;
+use crate::store::state_name;
+
+/// Unix milliseconds as ISO 8601 UTC, e.g. `2026-05-01T12:00:00.250Z`.
+pub fn utc(ms: i64) -> String {
+    let (secs, milli) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{milli:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn opt_utc(ms: Option<i64>) -> String {
+    ms.map(utc).unwrap_or_else(|| "-".to_string())
+}
+
+/// The stored body as text, when it is UTF-8.
+fn body_text(rec: &Record) -> Option<String> {
+    let r = rec.result.as_ref()?;
+    String::from_utf8(decode_body(&r.body_b64)?).ok()
+}
+
+pub fn table(rows: &[Record]) -> String {
+    let mut out = format!(
+        "{:<32}  {:<12}  {:<24}  {:<24}  {:<24}  {:>8}  {}\n",
+        "KEY", "STATE", "SCOPE", "UPDATED (UTC)", "LEASE UNTIL (UTC)", "ATTEMPTS", "OWNER"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<32}  {:<12}  {:<24}  {:<24}  {:<24}  {:>8}  {}\n",
+            r.key,
+            state_name(r.state),
+            r.scope,
+            utc(r.updated_at_ms),
+            opt_utc(r.lease_until_ms),
+            r.reconcile_attempts,
+            r.owner.as_deref().unwrap_or("-"),
+        ));
+    }
+    out.push_str(&format!("({} row{})\n", rows.len(), if rows.len() == 1 { "" } else { "s" }));
+    out
+}
+
+pub fn record_json(r: &Record) -> Value {
+    json!({
+        "key": r.key,
+        "state": state_name(r.state),
+        "scope": r.scope,
+        "param_hash": r.param_hash,
+        "subject_hash": r.subject_hash,
+        "owner": r.owner,
+        "lease_until_ms": r.lease_until_ms,
+        "created_at_ms": r.created_at_ms,
+        "updated_at_ms": r.updated_at_ms,
+        "reconcile_attempts": r.reconcile_attempts,
+        "result": r.result,
+        "result_body": body_text(r),
+    })
+}
+
+pub fn show(key: &str, rec: Option<&Record>, history: &[AuditLine]) -> String {
+    let mut out = String::new();
+    match rec {
+        None => out.push_str(&format!("{key}: no row (never acquired, released, or reaped)\n")),
+        Some(r) => {
+            let field = |out: &mut String, name: &str, value: &str| out.push_str(&format!("{name:<13}{value}\n"));
+            field(&mut out, "key", &r.key);
+            field(&mut out, "state", state_name(r.state));
+            field(&mut out, "scope", &r.scope);
+            field(&mut out, "owner", r.owner.as_deref().unwrap_or("-"));
+            field(&mut out, "lease until", &opt_utc(r.lease_until_ms));
+            field(&mut out, "created", &utc(r.created_at_ms));
+            field(&mut out, "updated", &utc(r.updated_at_ms));
+            field(&mut out, "attempts", &r.reconcile_attempts.to_string());
+            field(&mut out, "param_hash", &r.param_hash);
+            field(&mut out, "subject_hash", &r.subject_hash);
+            if let Some(res) = &r.result {
+                let ct = res.headers.iter().find(|(k, _)| k == "content-type").map(|(_, v)| v.as_str()).unwrap_or("-");
+                field(&mut out, "result", &format!("HTTP {} ({ct})", res.status));
+                field(&mut out, "result body", &body_text(r).unwrap_or_else(|| "(binary)".to_string()));
+            }
+        }
+    }
+    out.push_str("\nhistory\n");
+    if history.is_empty() {
+        out.push_str("  (no audit lines)\n");
+    }
+    for h in history {
+        out.push_str(&format!(
+            "  {}  {:<36}  {:<24}  {:>12} -> {:<12}  {}\n",
+            utc(h.at_ms),
+            h.actor,
+            h.action,
+            h.from_state.as_deref().unwrap_or("(none)"),
+            h.to_state.as_deref().unwrap_or("(none)"),
+            h.why
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(utc(1_767_225_599_999), "2025-12-31T23:59:59.999Z");
+        assert_eq!(utc(-1), "1969-12-31T23:59:59.999Z");
+    }
+}

@@ -1,0 +1,87 @@
+//! Asking an upstream's status-by-key endpoint about one nonce.
+//!
+//! `GET <url with {key} replaced>` with `Idempotency-Key: <key>`: 200 and the
+//! upstream's record, or 404. Everything else is "no evidence" and costs one
+//! attempt of the retry budget.
+
+use std::time::Duration;
+
+use super::decide::Lookup;
+use crate::config::reconcile::{StatusEndpoints, KEY_PLACEHOLDER};
+
+/// The largest record accepted: the same bound as a stored result.
+const MAX_RECORD_BYTES: usize = crate::api::MAX_BODY_BYTES;
+
+pub struct StatusClient {
+    http: reqwest::Client,
+    endpoints: StatusEndpoints,
+    timeout: Duration,
+}
+
+impl StatusClient {
+    pub fn new(endpoints: StatusEndpoints, timeout: Duration) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeout)
+            // The answer is evidence about one key, never a link to follow.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("status client: {e}"))?;
+        Ok(Self { http, endpoints, timeout })
+    }
+
+    /// The URL template for a scope, if one is configured.
+    pub fn endpoint(&self, scope: &str) -> Option<&str> {
+        self.endpoints.get(scope).map(String::as_str)
+    }
+
+    pub async fn lookup(&self, template: &str, key: &str) -> Lookup {
+        let url = template.replace(KEY_PLACEHOLDER, key);
+        match tokio::time::timeout(self.timeout, self.fetch(&url, key)).await {
+            Ok(l) => l,
+            Err(_) => Lookup::Failed(format!("no answer within {} ms", self.timeout.as_millis())),
+        }
+    }
+
+    async fn fetch(&self, url: &str, key: &str) -> Lookup {
+        let mut resp = match self.http.get(url).header("idempotency-key", key).send().await {
+            Ok(r) => r,
+            Err(e) => return Lookup::Failed(format!("request failed: {}", without_url(&e))),
+        };
+        let status = resp.status().as_u16();
+        match status {
+            200 => {}
+            404 => return Lookup::NotFound,
+            other => return Lookup::Failed(format!("answered {other}")),
+        }
+        let content_type =
+            resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > MAX_RECORD_BYTES {
+                        return Lookup::Failed(format!("record larger than {MAX_RECORD_BYTES} bytes"));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => return Lookup::Found { content_type, body },
+                Err(e) => return Lookup::Failed(format!("reading the answer failed: {}", without_url(&e))),
+            }
+        }
+    }
+}
+
+/// reqwest puts the URL into its messages; the audit trail needs the cause.
+fn without_url(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    if let Some(url) = e.url() {
+        text = text.replace(&format!(" ({url})"), "").replace(url.as_str(), "<endpoint>");
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

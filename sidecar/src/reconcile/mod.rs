@@ -1,0 +1,263 @@
+//! The reconciler: "did it happen?" gets an answer for every operation whose
+//! executor went silent (crash, kill -9, a timeout that left the outcome
+//! unknown).
+//!
+//! Each pass takes a batch of IN_FLIGHT rows whose lease has run out, claims
+//! each one (a compare-and-set, so several replicas never decide the same
+//! row), asks the scope's status-by-key endpoint, and writes the decision
+//! (`decide`) owner-checked, with its audit line, then brings Redis in line.
+//! A claim is a short lease of its own, so a reconciler that dies mid-row
+//! only delays that row.
+
+pub mod decide;
+pub mod lookup;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::protocol::{OpState, TerminalState};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use self::decide::{decide, Decision, Rules};
+use self::lookup::StatusClient;
+use crate::store::audit::{clip, Audit, MAX_WHY};
+use crate::store::sql::{Record, SqlError};
+use crate::store::{new_owner, now_ms, Store};
+
+/// Rows looked up at the same time within one pass.
+const CONCURRENCY: usize = 8;
+
+#[derive(Clone, Debug)]
+pub struct ReconcileSettings {
+    pub rules: Rules,
+    /// Rows per pass.
+    pub batch: u32,
+    /// How long one claim holds a row: a lookup plus the SQL around it.
+    pub claim_ms: u64,
+    /// This process in the audit trail: `reconciler:<instance>`.
+    pub instance: String,
+}
+
+/// What one pass did, by decision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub done: usize,
+    pub failed: usize,
+    pub released: usize,
+    pub needs_review: usize,
+    pub retry: usize,
+    pub skipped_grace: usize,
+    /// Rows another reconciler (or a late complete) took first.
+    pub taken_elsewhere: usize,
+    /// Rows whose claim or decision hit a SQL error (tried again next pass).
+    pub errors: usize,
+}
+
+impl PassReport {
+    pub fn seen(&self) -> usize {
+        self.done
+            + self.failed
+            + self.released
+            + self.needs_review
+            + self.retry
+            + self.skipped_grace
+            + self.taken_elsewhere
+            + self.errors
+    }
+
+    /// Rows that left IN_FLIGHT in this pass.
+    pub fn decided(&self) -> usize {
+        self.done + self.failed + self.released + self.needs_review
+    }
+
+    fn count(&mut self, outcome: RowOutcome) {
+        match outcome {
+            RowOutcome::Decided(Decision::Done(_)) => self.done += 1,
+            RowOutcome::Decided(Decision::Failed(_)) => self.failed += 1,
+            RowOutcome::Decided(Decision::Release) => self.released += 1,
+            RowOutcome::Decided(Decision::NeedsReview) => self.needs_review += 1,
+            RowOutcome::Decided(Decision::Retry) => self.retry += 1,
+            RowOutcome::Decided(Decision::SkipGrace) => self.skipped_grace += 1,
+            RowOutcome::TakenElsewhere => self.taken_elsewhere += 1,
+            RowOutcome::Error => self.errors += 1,
+        }
+    }
+}
+
+enum RowOutcome {
+    Decided(Decision),
+    TakenElsewhere,
+    Error,
+}
+
+pub struct Reconciler {
+    store: Arc<Store>,
+    status: StatusClient,
+    settings: ReconcileSettings,
+    actor: String,
+}
+
+impl Reconciler {
+    pub fn new(store: Arc<Store>, status: StatusClient, settings: ReconcileSettings) -> Self {
+        let actor = format!("reconciler:{}", settings.instance);
+        Self { store, status, settings, actor }
+    }
+
+    /// Reconcile every `interval` (with jitter, so replicas started together
+    /// do not all wake at once) until the task is dropped.
+    pub async fn run(self: Arc<Self>, interval: Duration) {
+        tokio::time::sleep(jitter(interval, 0.0, 1.0)).await;
+        loop {
+            match self.pass().await {
+                Ok(report) => {
+                    if report.seen() > 0 {
+                        info!(?report, "reconciler pass");
+                    }
+                    // A full batch that decided rows may mean a backlog: go on at once.
+                    if report.decided() >= self.settings.batch as usize {
+                        continue;
+                    }
+                }
+                Err(e) => warn!(error = %e, "reconciler pass failed; trying again next interval"),
+            }
+            tokio::time::sleep(jitter(interval, 0.9, 1.1)).await;
+        }
+    }
+
+    /// One pass over a batch of expired IN_FLIGHT rows, then the backlog gauge.
+    pub async fn pass(self: &Arc<Self>) -> Result<PassReport, SqlError> {
+        let stale = self.store.sql().stale_in_flight(now_ms(), self.settings.batch).await?;
+        let mut report = PassReport::default();
+        let mut rows = stale.into_iter();
+        let mut running = JoinSet::new();
+        loop {
+            while running.len() < CONCURRENCY {
+                let Some(rec) = rows.next() else { break };
+                let me = Arc::clone(self);
+                running.spawn(async move { me.settle(rec).await });
+            }
+            match running.join_next().await {
+                Some(Ok(outcome)) => report.count(outcome),
+                Some(Err(e)) => {
+                    warn!(error = %e, "reconciler task failed");
+                    report.errors += 1;
+                }
+                None => break,
+            }
+        }
+        match self.store.sql().count_in_state("NEEDS_REVIEW").await {
+            Ok(n) => self.store.metrics().set_needs_review(n),
+            Err(e) => debug!(error = %e, "NEEDS_REVIEW count failed"),
+        }
+        Ok(report)
+    }
+
+    /// Claim one row, ask, decide, write.
+    async fn settle(&self, rec: Record) -> RowOutcome {
+        let token = new_owner();
+        let now = now_ms();
+        let until = now.saturating_add(i64::try_from(self.settings.claim_ms).unwrap_or(i64::MAX));
+        match self.store.sql().claim(&rec, &token, until, now).await {
+            Ok(true) => {}
+            Ok(false) => return RowOutcome::TakenElsewhere,
+            Err(e) => {
+                warn!(key = %rec.key, error = %e, "claim failed");
+                return RowOutcome::Error;
+            }
+        }
+        let lookup = match self.status.endpoint(&rec.scope) {
+            Some(template) => Some(self.status.lookup(template, &rec.key).await),
+            None => None,
+        };
+        let (decision, why) = decide(&rec, lookup.as_ref(), now_ms(), self.settings.rules);
+        match self.apply(&rec, &token, &decision, clip(&why, MAX_WHY)).await {
+            Ok(true) => {
+                self.store.metrics().reconciled(decision.metric());
+                if matches!(decision, Decision::SkipGrace | Decision::Retry) {
+                    debug!(key = %rec.key, scope = %rec.scope, decision = decision.metric(), %why, "reconciler");
+                } else {
+                    info!(key = %rec.key, scope = %rec.scope, decision = decision.metric(), %why, "reconciler decided");
+                }
+                RowOutcome::Decided(decision)
+            }
+            // The claim ran out while asking and someone else has the row now.
+            Ok(false) => RowOutcome::TakenElsewhere,
+            Err(e) => {
+                warn!(key = %rec.key, error = %e, "writing the reconciler's decision failed");
+                RowOutcome::Error
+            }
+        }
+    }
+
+    /// The owner-checked write of one decision (the claim token is the owner),
+    /// then Redis. `false`: the claim was lost.
+    async fn apply(&self, rec: &Record, token: &str, decision: &Decision, why: &str) -> Result<bool, SqlError> {
+        let sql = self.store.sql();
+        let audit = Audit { actor: &self.actor, action: decision.action(), why };
+        let now = now_ms();
+        match decision {
+            Decision::Done(result) | Decision::Failed(result) => {
+                let (state, op_state) = match decision {
+                    Decision::Failed(_) => (TerminalState::Failed, OpState::Failed),
+                    _ => (TerminalState::Done, OpState::Done),
+                };
+                let json = serde_json::to_string(result).map_err(|e| SqlError::Corrupt(e.to_string()))?;
+                if !sql.complete(&rec.key, token, state, &json, now, &audit).await? {
+                    return Ok(false);
+                }
+                let now_row = Record {
+                    state: op_state,
+                    owner: Some(token.to_string()),
+                    result: Some(result.clone()),
+                    lease_until_ms: None,
+                    updated_at_ms: now,
+                    ..rec.clone()
+                };
+                self.store.refresh_cache(&rec.key, Some(&now_row)).await;
+            }
+            Decision::Release => {
+                if !sql.release(&rec.key, token, &audit).await? {
+                    return Ok(false);
+                }
+                self.store.refresh_cache(&rec.key, None).await;
+            }
+            Decision::NeedsReview => {
+                if !sql.mark_needs_review(rec, token, now, &audit).await? {
+                    return Ok(false);
+                }
+                let now_row =
+                    Record { state: OpState::NeedsReview, lease_until_ms: None, updated_at_ms: now, ..rec.clone() };
+                self.store.refresh_cache(&rec.key, Some(&now_row)).await;
+            }
+            Decision::Retry => return sql.unclaim(rec, token, true, Some(&audit)).await,
+            Decision::SkipGrace => return sql.unclaim(rec, token, false, None).await,
+        }
+        Ok(true)
+    }
+}
+
+/// `base` scaled by a random factor in [lo, hi).
+pub(crate) fn jitter(base: Duration, lo: f64, hi: f64) -> Duration {
+    let mut b = [0u8; 4];
+    let unit = match getrandom::fill(&mut b) {
+        Ok(()) => f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0),
+        Err(_) => 0.5,
+    };
+    base.mul_f64(lo + (hi - lo) * unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_its_range() {
+        let base = Duration::from_millis(1000);
+        for _ in 0..100 {
+            let d = jitter(base, 0.9, 1.1);
+            assert!(d >= Duration::from_millis(900) && d < Duration::from_millis(1100), "{d:?}");
+        }
+        assert!(jitter(base, 0.0, 1.0) < base);
+    }
+}

@@ -1,0 +1,527 @@
+//! The reconciler, the reaper and the operator's resolve on real stores,
+//! each test on a database of its own (they work on whole tables), against a
+//! fake upstream status-by-key endpoint whose answers the test sets per key.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use clap::Parser;
+use common::{acq, new_key, settings, simple_result, Backend, Fixture};
+use idem_core::protocol::{decode_body, Ack, AcquireOutcome, CompleteRequest, OpState, TerminalState};
+use idemd::config::reconcile::StatusEndpoints;
+use idemd::ops::OpsError;
+use idemd::reaper::Reaper;
+use idemd::reconcile::decide::Rules;
+use idemd::reconcile::lookup::StatusClient;
+use idemd::reconcile::{PassReport, ReconcileSettings, Reconciler};
+use idemd::store::{Store, StoreSettings};
+
+const RECORD: &str = r#"{"transfer_id":"t_42","status":"executed","amount":"12.50"}"#;
+
+// ---- a fake upstream ------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Reply {
+    Found(&'static str),
+    NotFound,
+    Status(u16),
+    Slow(Duration, &'static str),
+}
+
+#[derive(Default)]
+struct UpstreamState {
+    replies: HashMap<String, Reply>,
+    hits: HashMap<String, usize>,
+    /// Keys whose request did not carry a matching Idempotency-Key.
+    wrong_header: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Upstream {
+    addr: SocketAddr,
+    state: Arc<Mutex<UpstreamState>>,
+}
+
+impl Upstream {
+    async fn start() -> Self {
+        let state: Arc<Mutex<UpstreamState>> = Arc::default();
+        let app = axum::Router::new().route("/by-key/{key}", axum::routing::get(by_key)).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, state }
+    }
+
+    fn set(&self, key: &str, reply: Reply) {
+        self.state.lock().expect("state").replies.insert(key.to_string(), reply);
+    }
+
+    fn hits(&self, key: &str) -> usize {
+        self.state.lock().expect("state").hits.get(key).copied().unwrap_or(0)
+    }
+
+    fn template(&self) -> String {
+        format!("http://{}/by-key/{{key}}", self.addr)
+    }
+}
+
+async fn by_key(
+    State(state): State<Arc<Mutex<UpstreamState>>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let reply = {
+        let mut s = state.lock().expect("state");
+        *s.hits.entry(key.clone()).or_default() += 1;
+        if headers.get("idempotency-key").and_then(|v| v.to_str().ok()) != Some(key.as_str()) {
+            s.wrong_header.push(key.clone());
+        }
+        s.replies.get(&key).cloned().unwrap_or(Reply::NotFound)
+    };
+    let found = |body: &'static str| (StatusCode::OK, [("content-type", "application/json")], body).into_response();
+    match reply {
+        Reply::Found(body) => found(body),
+        Reply::NotFound => (StatusCode::NOT_FOUND, "{\"error\":\"not_found\"}").into_response(),
+        Reply::Status(s) => StatusCode::from_u16(s).expect("status").into_response(),
+        Reply::Slow(d, body) => {
+            tokio::time::sleep(d).await;
+            found(body)
+        }
+    }
+}
+
+// ---- helpers ---------------------------------------------------------------
+
+const SCOPE: &str = common::SCOPE;
+
+fn rules(grace_ms: u64, retry_budget: u32) -> Rules {
+    Rules { grace_ms, retry_budget }
+}
+
+/// A reconciler over `store`; `up` answers for SCOPE when given.
+fn reconciler(store: &Arc<Store>, up: Option<&Upstream>, rules: Rules, instance: &str) -> Arc<Reconciler> {
+    let mut endpoints = StatusEndpoints::new();
+    if let Some(up) = up {
+        endpoints.insert(SCOPE.to_string(), up.template());
+    }
+    let status = StatusClient::new(endpoints, Duration::from_millis(300)).expect("status client");
+    let settings = ReconcileSettings { rules, batch: 100, claim_ms: 5_000, instance: instance.to_string() };
+    Arc::new(Reconciler::new(store.clone(), status, settings))
+}
+
+/// A store whose leases last 100 ms, and `n` operations acquired on it whose
+/// leases have run out: (key, owner).
+async fn stale(fx: &Fixture, n: usize) -> (Arc<Store>, Vec<(String, String)>) {
+    let store = fx.store_with(StoreSettings { lease_ms: 100, ..settings() }).await;
+    let mut rows = Vec::new();
+    for _ in 0..n {
+        let key = new_key();
+        let a = store.acquire(&acq(&key)).await;
+        assert_eq!(a.outcome, AcquireOutcome::Acquired, "{a:?}");
+        rows.push((key, a.owner.expect("owner")));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    (store, rows)
+}
+
+async fn state_of(store: &Store, key: &str) -> Option<OpState> {
+    store.operation(key).await.expect("sql").map(|v| v.state)
+}
+
+async fn actions(store: &Store, key: &str) -> Vec<String> {
+    store.sql().history(key).await.expect("history").into_iter().map(|h| format!("{}:{}", h.actor, h.action)).collect()
+}
+
+fn metric(store: &Store, line: &str) -> bool {
+    store.metrics().encode().lines().any(|l| l == line)
+}
+
+async fn ops(fx: &Fixture, args: &[&str]) -> Result<String, OpsError> {
+    let mut argv = vec!["idemd", "ops", "--database-url", fx.sql_url.as_str(), "--actor", "alice"];
+    argv.extend_from_slice(args);
+    let cli = idemd::config::Cli::try_parse_from(argv).expect("ops arguments");
+    let idemd::config::Command::Ops(a) = cli.command else { panic!("not ops") };
+    idemd::ops::run(a).await
+}
+
+// ---- scenarios ---------------------------------------------------------------
+
+/// The upstream has a record: DONE with that record, replayed to the next
+/// acquire, cached in Redis, audited and counted.
+async fn found_becomes_done_with_the_record(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let (store, rows) = stale(fx, 1).await;
+    let (key, _) = &rows[0];
+    up.set(key, Reply::Found(RECORD));
+    let r = reconciler(&store, Some(&up), rules(60_000, 3), "t1");
+    let report = r.pass().await.expect("pass");
+    assert_eq!(report, PassReport { done: 1, ..Default::default() });
+
+    let a = store.acquire(&acq(key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Done, "{a:?}");
+    let result = a.result.expect("result");
+    assert_eq!(result.status, 200);
+    assert_eq!(decode_body(&result.body_b64).expect("body"), RECORD.as_bytes());
+    assert_eq!(result.headers, vec![("content-type".to_string(), "application/json".to_string())]);
+    if let Some(redis) = &fx.redis {
+        assert_eq!(redis.hgetall(key).await.get("state").map(String::as_str), Some("DONE"));
+    }
+    assert_eq!(actions(&store, key).await, ["filter:acquire", "reconciler:t1:reconcile_done"]);
+    let history = store.sql().history(key).await.expect("history");
+    assert_eq!((history[1].from_state.as_deref(), history[1].to_state.as_deref()), (Some("IN_FLIGHT"), Some("DONE")));
+    assert!(history[1].why.contains("answered 200"), "{history:?}");
+    assert!(metric(&store, "idem_reconcile_total{decision=\"done\"} 1"), "{}", store.metrics().encode());
+    assert!(up.state.lock().expect("state").wrong_header.is_empty(), "Idempotency-Key sent with the lookup");
+    // Nothing left to do.
+    assert_eq!(r.pass().await.expect("pass"), PassReport::default());
+}
+
+/// The upstream's record says it failed: FAILED, replayed as such.
+async fn upstream_failure_becomes_failed(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let (store, rows) = stale(fx, 1).await;
+    let (key, _) = &rows[0];
+    up.set(key, Reply::Found(r#"{"transfer_id":"t_43","status":"failed","error":"insufficient_funds"}"#));
+    let report = reconciler(&store, Some(&up), rules(60_000, 3), "t2").pass().await.expect("pass");
+    assert_eq!(report.failed, 1, "{report:?}");
+    let a = store.acquire(&acq(key)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Failed);
+    assert_eq!(actions(&store, key).await[1], "reconciler:t2:reconcile_failed");
+}
+
+/// 404 right after the lease: maybe still queued upstream, so wait (the row
+/// is given back untouched and its executor may still complete it). 404 after
+/// the grace: released, gone from Redis, and the nonce runs again.
+async fn not_found_waits_for_the_grace_then_releases(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let (store, rows) = stale(fx, 2).await;
+    let (late, late_owner) = &rows[0];
+    let (never, never_owner) = &rows[1];
+    let r = reconciler(&store, Some(&up), rules(600, 3), "t3");
+
+    let report = r.pass().await.expect("pass");
+    assert_eq!(report, PassReport { skipped_grace: 2, ..Default::default() });
+    for (key, owner) in &rows {
+        let v = store.operation(key).await.expect("sql").expect("row");
+        assert_eq!((v.state, v.owner.as_deref()), (OpState::InFlight, Some(owner.as_str())), "given back as it was");
+    }
+    // Its executor was only slow: its complete still counts.
+    let done = simple_result("late");
+    let ack = store
+        .complete(&CompleteRequest {
+            key: late.clone(),
+            owner: late_owner.clone(),
+            state: TerminalState::Done,
+            result: done,
+        })
+        .await;
+    assert_eq!(ack.outcome, Ack::Ok);
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let report = r.pass().await.expect("pass");
+    assert_eq!(report, PassReport { released: 1, ..Default::default() });
+    assert_eq!(state_of(&store, never).await, None);
+    assert_eq!(fx.count_rows(never).await, 0);
+    if let Some(redis) = &fx.redis {
+        assert!(redis.hgetall(never).await.is_empty(), "released in Redis too");
+    }
+    let again = store.acquire(&acq(never)).await;
+    assert_eq!(again.outcome, AcquireOutcome::Acquired, "released: the same nonce may run");
+    assert_ne!(again.owner.as_deref(), Some(never_owner.as_str()));
+    assert_eq!(actions(&store, never).await, ["filter:acquire", "reconciler:t3:reconcile_release", "filter:acquire"]);
+    let why = &store.sql().history(never).await.expect("history")[1].why;
+    assert!(why.contains("404") && why.contains("never executed"), "{why}");
+    assert!(metric(&store, "idem_reconcile_total{decision=\"skipped_grace\"} 2"));
+    assert!(metric(&store, "idem_reconcile_total{decision=\"released\"} 1"));
+}
+
+/// Errors, timeouts and refused connections use up the retry budget, one per
+/// pass, then NEEDS_REVIEW — which an acquire answers, from Redis or SQL.
+async fn lookup_failures_retry_then_need_review(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let (store, rows) = stale(fx, 2).await;
+    let (erroring, _) = &rows[0];
+    let (slow, _) = &rows[1];
+    up.set(erroring, Reply::Status(500));
+    up.set(slow, Reply::Slow(Duration::from_millis(2_000), RECORD));
+    let r = reconciler(&store, Some(&up), rules(0, 3), "t4");
+    for attempt in 1..=2 {
+        let report = r.pass().await.expect("pass");
+        assert_eq!(report, PassReport { retry: 2, ..Default::default() }, "pass {attempt}");
+        let v = store.sql().get(erroring).await.expect("sql").expect("row");
+        assert_eq!((v.state, v.reconcile_attempts), (OpState::InFlight, attempt));
+    }
+    let report = r.pass().await.expect("pass");
+    assert_eq!(report, PassReport { needs_review: 2, ..Default::default() });
+    for key in [erroring, slow] {
+        assert_eq!(store.acquire(&acq(key)).await.outcome, AcquireOutcome::NeedsReview);
+        assert_eq!(store.acquire(&acq(key)).await.outcome, AcquireOutcome::NeedsReview, "from Redis too");
+    }
+    let history = store.sql().history(erroring).await.expect("history");
+    let acts: Vec<&str> = history.iter().map(|h| h.action.as_str()).collect();
+    assert_eq!(acts, ["acquire", "reconcile_retry", "reconcile_retry", "reconcile_needs_review"]);
+    assert!(history[3].why.contains("failed 3 times") && history[3].why.contains("answered 500"), "{history:?}");
+    let slow_why = &store.sql().history(slow).await.expect("history")[3].why;
+    assert!(slow_why.contains("no answer within 300 ms"), "{slow_why}");
+    assert!(metric(&store, "idem_needs_review 2"), "{}", store.metrics().encode());
+}
+
+/// A scope without a status endpoint cannot be asked: NEEDS_REVIEW at once.
+async fn no_endpoint_needs_review_at_once(fx: &Fixture) {
+    let (store, rows) = stale(fx, 1).await;
+    let (key, owner) = &rows[0];
+    let report = reconciler(&store, None, rules(0, 3), "t5").pass().await.expect("pass");
+    assert_eq!(report, PassReport { needs_review: 1, ..Default::default() });
+    let v = store.sql().get(key).await.expect("sql").expect("row");
+    assert_eq!(v.state, OpState::NeedsReview);
+    assert_eq!(v.owner.as_deref(), Some(owner.as_str()), "the executor stays on record");
+    assert_eq!(store.acquire(&acq(key)).await.outcome, AcquireOutcome::NeedsReview);
+    if let Some(redis) = &fx.redis {
+        assert_eq!(redis.hgetall(key).await.get("state").map(String::as_str), Some("NEEDS_REVIEW"));
+    }
+    let why = &store.sql().history(key).await.expect("history")[1].why;
+    assert_eq!(why, &format!("no status endpoint is configured for scope {SCOPE}"));
+}
+
+/// A live lease is its executor's: the reconciler neither asks nor touches it.
+async fn live_leases_are_left_alone(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let store = fx.store().await;
+    let key = new_key();
+    assert_eq!(store.acquire(&acq(&key)).await.outcome, AcquireOutcome::Acquired);
+    let report = reconciler(&store, Some(&up), rules(0, 3), "t6").pass().await.expect("pass");
+    assert_eq!(report, PassReport::default());
+    assert_eq!(up.hits(&key), 0);
+}
+
+/// Three replicas reconcile the same rows at once: each row is claimed,
+/// asked about and decided exactly once.
+async fn concurrent_reconcilers_decide_each_row_once(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let (store, rows) = stale(fx, 24).await;
+    for (i, (key, _)) in rows.iter().enumerate() {
+        up.set(key, if i % 2 == 0 { Reply::Slow(Duration::from_millis(30), RECORD) } else { Reply::NotFound });
+    }
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        let replica = fx.store().await;
+        replicas.push(reconciler(&replica, Some(&up), rules(0, 3), &format!("r{i}")));
+    }
+    let mut passes = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        for r in &replicas {
+            let r = r.clone();
+            passes.spawn(async move { r.pass().await.expect("pass") });
+        }
+    }
+    let mut total = PassReport::default();
+    while let Some(report) = passes.join_next().await {
+        let report = report.expect("task");
+        total.done += report.done;
+        total.released += report.released;
+        total.taken_elsewhere += report.taken_elsewhere;
+        total.errors += report.errors;
+    }
+    assert_eq!((total.done, total.released, total.errors), (12, 12, 0), "{total:?}");
+    for (i, (key, _)) in rows.iter().enumerate() {
+        let decisions: Vec<String> =
+            actions(&store, key).await.into_iter().filter(|a| a.starts_with("reconciler:")).collect();
+        assert_eq!(decisions.len(), 1, "{key}: {decisions:?}");
+        assert_eq!(up.hits(key), 1, "{key} asked once");
+        let expected = if i % 2 == 0 { Some(OpState::Done) } else { None };
+        assert_eq!(state_of(&store, key).await, expected);
+    }
+}
+
+/// The original executor completes while the reconciler holds the claim:
+/// NOT_OWNER, and the reconciler records what the upstream says.
+async fn late_complete_during_a_claim_is_not_owner(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let (store, rows) = stale(fx, 1).await;
+    let (key, owner) = rows[0].clone();
+    up.set(&key, Reply::Slow(Duration::from_millis(150), RECORD));
+    let r = reconciler(&store, Some(&up), rules(0, 3), "t8");
+    let pass = tokio::spawn(async move { r.pass().await.expect("pass") });
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let ack = store
+        .complete(&CompleteRequest {
+            key: key.clone(),
+            owner,
+            state: TerminalState::Done,
+            result: simple_result("late"),
+        })
+        .await;
+    assert_eq!(ack.outcome, Ack::NotOwner);
+    assert_eq!(pass.await.expect("task").done, 1);
+    let a = store.acquire(&acq(&key)).await;
+    assert_eq!(decode_body(&a.result.expect("result").body_b64).expect("body"), RECORD.as_bytes());
+}
+
+/// Terminal rows past the retention go in batches; IN_FLIGHT and
+/// NEEDS_REVIEW stay however old; audit lines go once their row is gone.
+async fn reaper_deletes_old_terminal_rows_only(fx: &Fixture) {
+    let store = fx.store().await;
+    let mut old_terminal = Vec::new();
+    for i in 0..5 {
+        let key = new_key();
+        let owner = store.acquire(&acq(&key)).await.owner.expect("owner");
+        let state = if i % 2 == 0 { TerminalState::Done } else { TerminalState::Failed };
+        let req = CompleteRequest { key: key.clone(), owner, state, result: simple_result("old") };
+        assert_eq!(store.complete(&req).await.outcome, Ack::Ok);
+        old_terminal.push(key);
+    }
+    let fresh = new_key();
+    let owner = store.acquire(&acq(&fresh)).await.owner.expect("owner");
+    let req = CompleteRequest { key: fresh.clone(), owner, state: TerminalState::Done, result: simple_result("new") };
+    assert_eq!(store.complete(&req).await.outcome, Ack::Ok);
+    let (in_flight, review) = (new_key(), new_key());
+    store.acquire(&acq(&in_flight)).await;
+    store.acquire(&acq(&review)).await;
+    fx.set_state(&review, "NEEDS_REVIEW").await;
+    let released = new_key();
+    let owner = store.acquire(&acq(&released)).await.owner.expect("owner");
+    store.release(&idem_core::protocol::ReleaseRequest { key: released.clone(), owner }).await;
+
+    // Age everything but `fresh` by a day.
+    let aged: Vec<String> =
+        old_terminal.iter().chain([&in_flight, &review, &released]).map(|k| format!("'{k}'")).collect();
+    let list = aged.join(",");
+    fx.exec(&format!("UPDATE idem_record SET updated_at = updated_at - 86400000 WHERE idem_key IN ({list})")).await;
+    fx.exec(&format!("UPDATE idem_audit SET at_ms = at_ms - 86400000 WHERE idem_key IN ({list})")).await;
+
+    let reaped = Reaper::new(store.clone(), 3_600_000, 2).pass().await.expect("reap");
+    assert_eq!(reaped.rows, 5, "{reaped:?}");
+    // Five reaped rows' two lines each, and the released key's two.
+    assert_eq!(reaped.audit_lines, 12, "{reaped:?}");
+    for key in &old_terminal {
+        assert_eq!(fx.count_rows(key).await, 0);
+        assert!(store.sql().history(key).await.expect("history").is_empty());
+    }
+    assert!(store.sql().history(&released).await.expect("history").is_empty());
+    for key in [&fresh, &in_flight, &review] {
+        assert_eq!(fx.count_rows(key).await, 1, "{key} kept");
+        assert!(!store.sql().history(key).await.expect("history").is_empty(), "{key}'s lines kept");
+    }
+    assert!(metric(&store, "idem_reaped_total 5"));
+    assert_eq!(Reaper::new(store.clone(), 3_600_000, 2).pass().await.expect("reap"), Default::default());
+}
+
+/// NEEDS_REVIEW → an operator resolves it (without reaching Redis, which
+/// still says NEEDS_REVIEW): the next acquire sees the decision at once.
+/// Only IN_FLIGHT / NEEDS_REVIEW rows can be resolved, each step is audited.
+async fn operator_resolves_what_the_reconciler_could_not(fx: &Fixture) {
+    let (store, rows) = stale(fx, 3).await;
+    reconciler(&store, None, rules(0, 3), "t10").pass().await.expect("pass");
+    let (done, failed, released) = (&rows[0].0, &rows[1].0, &rows[2].0);
+    let file = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(file.path(), RECORD).expect("write");
+    let path = file.path().display().to_string();
+
+    let out = ops(fx, &["resolve", done, "--done", "--result-file", &path, "--why", "found t_42 in the ledger"])
+        .await
+        .expect("resolve --done");
+    assert!(out.contains("NEEDS_REVIEW -> DONE"), "{out}");
+    let a = store.acquire(&acq(done)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Done, "{a:?}");
+    assert_eq!(decode_body(&a.result.expect("result").body_b64).expect("body"), RECORD.as_bytes());
+
+    ops(fx, &["resolve", failed, "--failed", "--reason", "payee account closed", "--why", "bank said so"])
+        .await
+        .expect("resolve --failed");
+    let a = store.acquire(&acq(failed)).await;
+    assert_eq!(a.outcome, AcquireOutcome::Failed);
+    let r = a.result.expect("result");
+    assert_eq!(r.status, 422);
+    let body: serde_json::Value = serde_json::from_slice(&decode_body(&r.body_b64).expect("body")).expect("json");
+    assert_eq!(body, serde_json::json!({"error": "resolved_failed", "reason": "payee account closed"}));
+
+    ops(fx, &["resolve", released, "--release", "--why", "not in the ledger"]).await.expect("resolve --release");
+    assert_eq!(store.acquire(&acq(released)).await.outcome, AcquireOutcome::Acquired);
+
+    let again = ops(fx, &["resolve", done, "--release", "--why", "oops"]).await.expect_err("DONE is final");
+    assert_eq!(again.exit_code(), 3);
+    assert!(again.to_string().contains("is DONE: only IN_FLIGHT or NEEDS_REVIEW"), "{again}");
+
+    let shown = ops(fx, &["show", done, "--json"]).await.expect("show");
+    let v: serde_json::Value = serde_json::from_str(&shown).expect("json");
+    assert_eq!(v["operation"]["state"], "DONE");
+    assert_eq!(v["operation"]["result_body"], RECORD);
+    let steps: Vec<String> = v["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .map(|h| format!("{} {} {}", h["actor"].as_str().unwrap_or(""), h["action"], h["why"]))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "filter \"acquire\" \"confirm acquired: forwarding to the upstream\"".to_string(),
+            format!("reconciler:t10 \"reconcile_needs_review\" \"no status endpoint is configured for scope {SCOPE}\""),
+            "operator:alice \"resolve_done\" \"found t_42 in the ledger\"".to_string(),
+        ]
+    );
+}
+
+/// An IN_FLIGHT row whose lease is still held is refused without --force:
+/// its executor may still be running it.
+async fn operator_needs_force_for_a_live_lease(fx: &Fixture) {
+    let store = fx.store().await;
+    let key = new_key();
+    assert_eq!(store.acquire(&acq(&key)).await.outcome, AcquireOutcome::Acquired);
+    let refused = ops(fx, &["resolve", &key, "--release", "--why", "stuck"]).await.expect_err("live lease");
+    assert_eq!(refused.exit_code(), 3);
+    assert!(refused.to_string().contains("lease held until"), "{refused}");
+    let out = ops(fx, &["resolve", &key, "--release", "--why", "stuck", "--force"]).await.expect("forced");
+    assert!(out.contains("IN_FLIGHT -> released"), "{out}");
+    let listed = ops(fx, &["list", "--state", "in_flight", "--json"]).await.expect("list");
+    assert!(!listed.contains(&key), "{listed}");
+}
+
+macro_rules! reconcile_tests {
+    ($sql:expr, $redis:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                if let Some(fx) = Fixture::isolated($sql, $redis).await {
+                    super::$name(&fx).await;
+                }
+            }
+        )*
+    };
+}
+
+macro_rules! backend_suite {
+    ($module:ident, $sql:expr, $redis:expr) => {
+        mod $module {
+            use super::*;
+            reconcile_tests!($sql, $redis;
+                found_becomes_done_with_the_record,
+                upstream_failure_becomes_failed,
+                not_found_waits_for_the_grace_then_releases,
+                lookup_failures_retry_then_need_review,
+                no_endpoint_needs_review_at_once,
+                live_leases_are_left_alone,
+                concurrent_reconcilers_decide_each_row_once,
+                late_complete_during_a_claim_is_not_owner,
+                reaper_deletes_old_terminal_rows_only,
+                operator_resolves_what_the_reconciler_could_not,
+                operator_needs_force_for_a_live_lease,
+            );
+        }
+    };
+}
+
+backend_suite!(redis_postgres, Backend::Postgres, true);
+backend_suite!(redis_mariadb, Backend::MariaDb, true);
+backend_suite!(redis_sqlite, Backend::Sqlite, true);
+backend_suite!(sql_only_postgres, Backend::Postgres, false);
+backend_suite!(sql_only_sqlite, Backend::Sqlite, false);
