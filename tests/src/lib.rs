@@ -24,10 +24,17 @@ fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"))
 }
 
+/// The demo/idemd binaries under target/<profile>/: `IDEM_E2E_PROFILE` (default `debug`; `make bench` uses `release`).
 pub fn bin(name: &str) -> Result<PathBuf, BoxError> {
-    let p = target_dir().join("debug").join(name);
+    let profile = std::env::var("IDEM_E2E_PROFILE").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "debug".into());
+    let p = target_dir().join(&profile).join(name);
     if !p.exists() {
-        return Err(format!("{} is missing: run `make build` (or `make test`) first", p.display()).into());
+        let build = if profile == "debug" {
+            "`make build` (or `make test`)".to_owned()
+        } else {
+            format!("cargo build --profile {profile} -p idem-demo -p idemd")
+        };
+        return Err(format!("{} is missing: run {build} first", p.display()).into());
     }
     Ok(p)
 }
@@ -171,7 +178,7 @@ impl Stack {
         let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
         let mut demo = start_demo(&opts.demo, ports.demo, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
-        let mut sidecar = start_sidecar(&opts.sidecar, ports.sidecar, dir.path())?;
+        let mut sidecar = start_sidecar(&opts.sidecar.for_ports(&ports), ports.sidecar, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
         let mut envoy = start_envoy(opts.envoy_config, &ports, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
@@ -191,7 +198,7 @@ impl Stack {
 
     pub async fn restart_sidecar(&mut self) -> Result<(), BoxError> {
         self.sidecar.kill9();
-        self.sidecar = start_sidecar(&self.opts.sidecar, self.ports.sidecar, self.dir.path())?;
+        self.sidecar = start_sidecar(&self.opts.sidecar.for_ports(&self.ports), self.ports.sidecar, self.dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", self.ports.sidecar), &mut self.sidecar).await
     }
 
@@ -199,6 +206,11 @@ impl Stack {
         self.envoy.kill9();
         self.envoy = start_envoy(self.opts.envoy_config, &self.ports, self.dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/ready", self.ports.admin), &mut self.envoy).await
+    }
+
+    /// A URL on the sidecar itself (not through Envoy).
+    pub fn sidecar_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports.sidecar)
     }
 
     /// POST JSON through Envoy as `subject`.
@@ -296,6 +308,11 @@ pub fn start_demo(opts: &DemoOpts, port: u16, dir: &Path) -> Result<Proc, BoxErr
 }
 
 pub fn start_sidecar(opts: &SidecarOpts, port: u16, dir: &Path) -> Result<Proc, BoxError> {
+    spawn_sidecar("idemd", opts, port, dir)
+}
+
+/// `start_sidecar` with its own log name, for a second replica.
+pub fn spawn_sidecar(name: &str, opts: &SidecarOpts, port: u16, dir: &Path) -> Result<Proc, BoxError> {
     let mut cmd = Command::new(bin("idemd")?);
     let db = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/idem.db?mode=rwc", dir.display()));
     cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--database-url").arg(db);
@@ -303,8 +320,57 @@ pub fn start_sidecar(opts: &SidecarOpts, port: u16, dir: &Path) -> Result<Proc, 
     if let Some(r) = &opts.redis_url {
         cmd.arg("--redis-url").arg(r);
     }
+    if !opts.reconciles() {
+        cmd.arg("--no-reconcile");
+    }
     cmd.args(&opts.extra_args);
-    Proc::spawn("idemd", &mut cmd, dir)
+    Proc::spawn(name, &mut cmd, dir)
+}
+
+impl SidecarOpts {
+    /// A sidecar runs the reconciler and the reaper only when its test
+    /// configures them (`--reconcile-interval-ms`); every other one gets
+    /// `--no-reconcile`, so stacks sharing a database never decide each
+    /// other's rows.
+    pub fn reconciles(&self) -> bool {
+        self.extra_args.iter().any(|a| a == "--reconcile-interval-ms")
+    }
+
+    /// These options for one stack: the demo's fixed address in the committed
+    /// configs and scripts/run.sh (`127.0.0.1:8080`, e.g. in a
+    /// `--status-endpoint`) becomes this stack's demo.
+    pub fn for_ports(&self, ports: &Ports) -> SidecarOpts {
+        let demo = format!("127.0.0.1:{}", ports.demo);
+        let extra_args = self.extra_args.iter().map(|a| a.replace("127.0.0.1:8080", &demo)).collect();
+        SidecarOpts { extra_args, ..self.clone() }
+    }
+}
+
+/// The nonce inside a fingerprint (its payload is base64url JSON, DESIGN §3):
+/// the sidecar's key and the downstream's Idempotency-Key.
+pub fn nonce_of(fingerprint: &str) -> Result<String, BoxError> {
+    Ok(fingerprint_claims(fingerprint)?["n"].as_str().ok_or("no nonce in the fingerprint")?.to_owned())
+}
+
+/// The claims of a fingerprint (`n`, `u`, `s`, `p`, …), unverified.
+pub fn fingerprint_claims(fingerprint: &str) -> Result<Value, BoxError> {
+    use base64::Engine as _;
+    let payload = fingerprint.split('.').next().ok_or("empty fingerprint")?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload)?;
+    Ok(serde_json::from_slice(&bytes)?)
+}
+
+/// `idemd ops --database-url <db> <args…>`: (exit code, stdout, stderr).
+pub fn idemd_ops(database_url: &str, args: &[&str]) -> Result<(i32, String, String), BoxError> {
+    let out = Command::new(bin("idemd")?)
+        .arg("ops")
+        .arg("--database-url")
+        .arg(database_url)
+        .args(args)
+        .env_remove("IDEM_REDIS_URL")
+        .output()?;
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    Ok((out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr)))
 }
 
 /// Rewrite the committed config's fixed addresses to this stack's ports, so the
@@ -322,8 +388,20 @@ pub fn render_envoy_config(config: &str, ports: &Ports) -> Result<String, BoxErr
 }
 
 pub fn start_envoy(config: &str, ports: &Ports, dir: &Path) -> Result<Proc, BoxError> {
+    start_envoy_with(config, ports, &[], dir)
+}
+
+/// The second listener's port in envoy/bench.yaml (the plain-Envoy baseline), rewritten by `start_envoy_with`.
+pub const BENCH_PLAIN_LISTENER_PORT: u16 = 10001;
+
+/// `start_envoy` with extra `(port in the committed file, port to use)` rewrites, e.g. bench.yaml's second listener.
+pub fn start_envoy_with(config: &str, ports: &Ports, extra_ports: &[(u16, u16)], dir: &Path) -> Result<Proc, BoxError> {
     let path = dir.join(format!("envoy-{config}"));
-    std::fs::write(&path, render_envoy_config(config, ports)?)?;
+    let mut text = render_envoy_config(config, ports)?;
+    for (from, to) in extra_ports {
+        text = text.replace(&format!("port_value: {from}"), &format!("port_value: {to}"));
+    }
+    std::fs::write(&path, text)?;
     let mut cmd = Command::new(envoy_bin()?);
     cmd.arg("-c")
         .arg(&path)
@@ -367,6 +445,59 @@ pub mod backends {
 
     pub fn postgres_url() -> String {
         std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    }
+
+    /// A Postgres database of one test's own, dropped with it: tests whose
+    /// sidecars reconcile must not share a table with stacks that point
+    /// elsewhere (each reconciler asks its own demo about every stale row).
+    /// Created with `psql`. Ok(None): skipped loudly, like a missing backend.
+    pub struct OwnPostgres {
+        pub url: String,
+        admin_url: String,
+        name: String,
+    }
+
+    pub fn own_postgres() -> Result<Option<OwnPostgres>, BoxError> {
+        if !available("postgres", "127.0.0.1:5432")? {
+            return Ok(None);
+        }
+        let admin_url = postgres_url();
+        let mut random = [0u8; 6];
+        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))?;
+        let name = format!("idem_e2e_{}", random.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        if let Err(e) = psql(&admin_url, &format!("CREATE DATABASE {name}")) {
+            if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
+                return Err(e);
+            }
+            eprintln!("\n*** SKIPPED BACKEND postgres (own database): {e} ***\n");
+            return Ok(None);
+        }
+        let url = match admin_url.rfind('/') {
+            Some(i) if i > admin_url.find("://").map(|s| s + 2).unwrap_or(0) => {
+                let query = admin_url[i..].find('?').map(|q| &admin_url[i + q..]).unwrap_or("");
+                format!("{}/{name}{query}", &admin_url[..i])
+            }
+            _ => format!("{admin_url}/{name}"),
+        };
+        Ok(Some(OwnPostgres { url, admin_url, name }))
+    }
+
+    fn psql(url: &str, sql: &str) -> Result<(), BoxError> {
+        let out = std::process::Command::new("psql")
+            .arg(url)
+            .args(["-v", "ON_ERROR_STOP=1", "-qAtc", sql])
+            .output()
+            .map_err(|e| format!("cannot run psql: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr).trim()).into());
+        }
+        Ok(())
+    }
+
+    impl Drop for OwnPostgres {
+        fn drop(&mut self) {
+            let _ = psql(&self.admin_url, &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        }
     }
 
     /// Ok(true): reachable. Ok(false): skip (printed loudly). Err: required but missing.

@@ -1,0 +1,329 @@
+//! Crash safety end to end: real Envoy + idemd (reconciler on) + Redis +
+//! Postgres, in front of the demo with `--faults` and `--no-dedup` (so every
+//! execution the demo counts is one the gateway let through).
+//!
+//! Each test has a Postgres database of its own: a reconciler decides every
+//! stale row of its database, asking its own demo, so stacks must not share
+//! a table. Short leases (the `/fast` and `/manual` routes, 2 s) and a fast
+//! reconciler keep every test to a few seconds.
+
+use idem_e2e::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// The demo's by-key endpoint, as scripts/run.sh configures it (the harness
+/// points 127.0.0.1:8080 at this stack's demo).
+const STATUS_ENDPOINT: &str = "payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}";
+
+/// A reconciling sidecar on Redis and `db`: leases of at least 1.5 s, a pass
+/// every 200 ms, a 404 trusted 1 s after the lease ended.
+fn reconciling(db: &str, instance: &str) -> StackOpts {
+    let args = [
+        "--lease-ms",
+        "1500",
+        "--upstream-worst-case-ms",
+        "500",
+        "--gateway-timeout-ms",
+        "500",
+        "--retry-backoff-total-ms",
+        "100",
+        "--reconcile-interval-ms",
+        "200",
+        "--reconcile-grace-ms",
+        "1000",
+        "--status-timeout-ms",
+        "1000",
+        "--status-endpoint",
+        STATUS_ENDPOINT,
+        "--instance-id",
+        instance,
+    ];
+    StackOpts {
+        demo: DemoOpts { no_dedup: true, faults: true },
+        sidecar: SidecarOpts {
+            redis_url: Some(backends::redis_url()),
+            database_url: Some(db.to_owned()),
+            extra_args: args.iter().map(|a| a.to_string()).collect(),
+        },
+        ..Default::default()
+    }
+}
+
+/// Redis and a Postgres database of this test's own; None (loud skip) otherwise.
+fn stores() -> Result<Option<backends::OwnPostgres>, BoxError> {
+    if !backends::available("redis", "127.0.0.1:6379")? {
+        return Ok(None);
+    }
+    backends::own_postgres()
+}
+
+async fn confirm(stack: &Stack, path: &str, fp: &str, headers: &[(&str, &str)]) -> Result<Answer, BoxError> {
+    let mut all = vec![("agent-fingerprint", fp)];
+    all.extend_from_slice(headers);
+    stack.post(path, SUBJECT, &transfer(json!("25.00"), "rent"), &all).await
+}
+
+/// Retry the same confirm until the answer's status is `want`; every answer
+/// before it must be `in_progress` (never a second execution, never a raw error).
+async fn retry_until(stack: &Stack, path: &str, fp: &str, want: &str, within: Duration) -> Result<Answer, BoxError> {
+    let deadline = Instant::now() + within;
+    loop {
+        let a = confirm(stack, path, fp, &[]).await?;
+        let status = a.json["status"].as_str().unwrap_or("");
+        if status == want {
+            return Ok(a);
+        }
+        assert_eq!((a.status, status), (202, "in_progress"), "while waiting for {want}: {a:?}");
+        assert_eq!(a.json["poll_with"], "get_transfer_status", "{a:?}");
+        if Instant::now() > deadline {
+            return Err(format!("no {want} within {within:?}; last: {a:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn executions(stack: &Stack) -> Result<(u64, u64), BoxError> {
+    let ex = stack.executions().await?;
+    Ok((ex["total"].as_u64().unwrap_or(u64::MAX), ex["attempts"].as_u64().unwrap_or(u64::MAX)))
+}
+
+/// The demo's own record of a key, straight from the demo.
+async fn demo_record(stack: &Stack, key: &str) -> Result<(u16, Value), BoxError> {
+    let url = format!("http://127.0.0.1:{}/v1/transfers/by-key/{key}", stack.ports.demo);
+    let r = stack.http.get(url).send().await?;
+    Ok((r.status().as_u16(), r.json().await.unwrap_or(Value::Null)))
+}
+
+/// `idemd ops show <key> --json`: the audit trail as "actor action" lines.
+fn trail(db: &str, key: &str) -> Result<Vec<String>, BoxError> {
+    let (code, out, err) = idemd_ops(db, &["show", key, "--json"])?;
+    assert_eq!(code, 0, "ops show: {err}");
+    let v: Value = serde_json::from_str(&out)?;
+    Ok(v["history"]
+        .as_array()
+        .ok_or("no history")?
+        .iter()
+        .map(|h| format!("{} {}", h["actor"].as_str().unwrap_or("?"), h["action"].as_str().unwrap_or("?")))
+        .collect())
+}
+
+#[tokio::test]
+async fn crash_after_the_downstream_committed_is_reconciled_to_done() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let mut stack = Stack::start(reconciling(&db.url, "crash")).await?;
+    let (_, fp) = stack.preview(json!("25.00")).await?;
+    let key = nonce_of(&fp)?;
+
+    // The demo commits, then dies before answering.
+    let first = confirm(&stack, "/fast/v1/transfers", &fp, &[("x-demo-crash-after-commit", "1")]).await?;
+    assert_eq!(first.status, 202, "{first:?}");
+    first.assert_prompt("in_progress");
+    assert_eq!(first.json["poll_with"], "get_transfer_status");
+    let retry = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
+    retry.assert_prompt("in_progress");
+    assert_eq!(retry.json["poll_with"], "get_transfer_status");
+
+    stack.restart_demo().await?;
+    let (found, record) = demo_record(&stack, &key).await?;
+    assert_eq!(found, 200, "the demo committed before it died: {record}");
+
+    let done = retry_until(&stack, "/fast/v1/transfers", &fp, "already_completed", Duration::from_secs(10)).await?;
+    done.assert_prompt("already_completed");
+    assert_eq!(done.json["result"], record, "the result is the demo's own record");
+    assert_eq!(done.json["result_ref"], record["transfer_id"]);
+    assert_eq!(executions(&stack).await?, (1, 1), "executed once; the retries never reached the demo");
+    // A pass that found the demo still restarting may add a reconcile_retry line.
+    let steps: Vec<String> = trail(&db.url, &key)?.into_iter().filter(|s| !s.ends_with("reconcile_retry")).collect();
+    assert_eq!(steps, ["filter acquire", "reconciler:crash reconcile_done"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn envoy_killed_mid_confirm_is_reconciled_after_restart() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let mut stack = Stack::start(reconciling(&db.url, "kill9")).await?;
+    let (_, fp) = stack.preview(json!("25.00")).await?;
+    let key = nonce_of(&fp)?;
+
+    let (http, url, fp1) = (stack.http.clone(), stack.url("/fast/v1/transfers"), fp.clone());
+    let in_flight = tokio::spawn(async move {
+        http.post(url)
+            .header("x-agent-subject", SUBJECT)
+            .header("agent-fingerprint", fp1)
+            .header("x-demo-delay-ms", "2000")
+            .json(&transfer(json!("25.00"), "rent"))
+            .send()
+            .await
+    });
+    // Kill Envoy once the demo has the request (it keeps executing without a caller).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while executions(&stack).await?.1 == 0 {
+        assert!(Instant::now() < deadline, "the confirm never reached the demo");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stack.restart_envoy().await?;
+    assert!(in_flight.await?.is_err(), "the caller lost its connection with Envoy");
+
+    let a = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
+    a.assert_prompt("in_progress");
+    let done = retry_until(&stack, "/fast/v1/transfers", &fp, "already_completed", Duration::from_secs(10)).await?;
+    let (_, record) = demo_record(&stack, &key).await?;
+    assert_eq!(done.json["result"], record);
+    assert_eq!(executions(&stack).await?, (1, 1), "the demo finished the first request and saw no other");
+    let steps = trail(&db.url, &key)?;
+    assert_eq!(steps, ["filter acquire", "reconciler:kill9 reconcile_done"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn acquired_but_never_forwarded_is_released_then_runs_once() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let stack = Stack::start(reconciling(&db.url, "never")).await?;
+    let (_, fp) = stack.preview(json!("25.00")).await?;
+    let claims = fingerprint_claims(&fp)?;
+    let key = nonce_of(&fp)?;
+
+    // What an Envoy killed between acquire and forwarding leaves behind.
+    let acquire = json!({"key": key, "param_hash": claims["p"], "subject_hash": claims["u"], "scope": claims["s"], "lease_ms": 2000});
+    let r: Value = stack.http.post(stack.sidecar_url("/v1/acquire")).json(&acquire).send().await?.json().await?;
+    assert_eq!(r["outcome"], "ACQUIRED", "{r}");
+
+    let a = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
+    a.assert_prompt("in_progress");
+    // The lease (2 s) and the grace (1 s) pass, the demo says 404: released,
+    // and the agent's next retry executes it.
+    let ran = retry_until(&stack, "/fast/v1/transfers", &fp, "executed", Duration::from_secs(10)).await?;
+    assert_eq!(ran.status, 201, "{ran:?}");
+    assert_eq!(ran.json["idempotency_key"], key.as_str(), "still keyed by the same nonce");
+    let again = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
+    again.assert_prompt("already_completed");
+    assert_eq!(executions(&stack).await?, (1, 1), "exactly once, and the demo saw only that request");
+    assert_eq!(
+        trail(&db.url, &key)?,
+        ["filter acquire", "reconciler:never reconcile_release", "filter acquire", "filter complete"]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_status_endpoint_needs_review_until_an_operator_resolves_it() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let mut stack = Stack::start(reconciling(&db.url, "manual")).await?;
+    let p = stack.post("/manual/v1/transfers/preview", SUBJECT, &transfer(json!("25.00"), "rent"), &[]).await?;
+    let fp = p.json["fingerprint"].as_str().ok_or("no fingerprint")?.to_owned();
+    let key = nonce_of(&fp)?;
+
+    let first = confirm(&stack, "/manual/v1/transfers", &fp, &[("x-demo-crash-after-commit", "1")]).await?;
+    first.assert_prompt("in_progress");
+    stack.restart_demo().await?;
+    // payments.manual has no status endpoint: after the lease, a person decides.
+    let review = retry_until(&stack, "/manual/v1/transfers", &fp, "needs_review", Duration::from_secs(10)).await?;
+    assert_eq!(review.status, 202);
+    review.assert_prompt("needs_review");
+    let status = stack.get(&format!("/manual/v1/transfers/status?fingerprint={fp}"), SUBJECT, &[]).await?;
+    status.assert_prompt("needs_review");
+
+    // The operator finds the transfer in the demo's books and records it.
+    let (found, record) = demo_record(&stack, &key).await?;
+    assert_eq!(found, 200);
+    let file = stack.dir.path().join("record.json");
+    std::fs::write(&file, serde_json::to_vec(&record)?)?;
+    let file = file.display().to_string();
+    let why = "found the transfer in the demo ledger";
+    let (code, out, err) =
+        idemd_ops(&db.url, &["resolve", &key, "--done", "--result-file", &file, "--why", why, "--actor", "carol"])?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("NEEDS_REVIEW -> DONE"), "{out}");
+
+    let done = confirm(&stack, "/manual/v1/transfers", &fp, &[]).await?;
+    done.assert_prompt("already_completed");
+    assert_eq!(done.json["result"], record);
+    assert_eq!(executions(&stack).await?, (1, 1));
+    assert_eq!(
+        trail(&db.url, &key)?,
+        ["filter acquire", "reconciler:manual reconcile_needs_review", "operator:carol resolve_done"]
+    );
+    let (code, _, err) = idemd_ops(&db.url, &["resolve", &key, "--release", "--why", "second thoughts"])?;
+    assert_eq!(code, 3, "a decided operation stays decided: {err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_sidecars_reconciling_one_database_decide_each_row_once() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let stack = Stack::start(reconciling(&db.url, "a")).await?;
+    let replica_opts = reconciling(&db.url, "b").sidecar.for_ports(&stack.ports);
+    let replica_port = free_port()?;
+    let mut replica = spawn_sidecar("idemd-b", &replica_opts, replica_port, stack.dir.path())?;
+    wait_ready(&format!("http://127.0.0.1:{replica_port}/healthz"), &mut replica).await?;
+
+    // Twelve operations left IN_FLIGHT by executors that vanished; the demo
+    // has executed every other one.
+    let mut keys = Vec::new();
+    for i in 0..12 {
+        let (_, fp) = stack.preview(json!("25.00")).await?;
+        let claims = fingerprint_claims(&fp)?;
+        let key = nonce_of(&fp)?;
+        let acquire = json!({"key": key, "param_hash": claims["p"], "subject_hash": claims["u"], "scope": claims["s"], "lease_ms": 0});
+        let r: Value = stack.http.post(stack.sidecar_url("/v1/acquire")).json(&acquire).send().await?.json().await?;
+        assert_eq!(r["outcome"], "ACQUIRED", "{r}");
+        if i % 2 == 0 {
+            let url = format!("http://127.0.0.1:{}/v1/transfers", stack.ports.demo);
+            let done = stack
+                .http
+                .post(url)
+                .header("idempotency-key", &key)
+                .json(&transfer(json!("25.00"), "m"))
+                .send()
+                .await?;
+            assert_eq!(done.status().as_u16(), 201);
+        }
+        keys.push(key);
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (i, key) in keys.iter().enumerate() {
+        let want = if i % 2 == 0 { 200 } else { 404 };
+        loop {
+            let r = stack.http.get(stack.sidecar_url(&format!("/v1/operations/{key}"))).send().await?;
+            let status = r.status().as_u16();
+            let view: Value = r.json().await?;
+            if status == want && (want == 404 || view["state"] == "DONE") {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{key} not decided in time: {status} {view}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut deciders = std::collections::BTreeSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        let decisions: Vec<String> =
+            trail(&db.url, key)?.into_iter().filter(|s| s.starts_with("reconciler:")).collect();
+        assert_eq!(decisions.len(), 1, "{key}: {decisions:?}");
+        let expected = if i % 2 == 0 { "reconcile_done" } else { "reconcile_release" };
+        assert!(decisions[0].ends_with(expected), "{key}: {decisions:?}");
+        deciders.insert(decisions[0].split(' ').next().unwrap_or("").to_owned());
+    }
+    eprintln!("rows decided by: {deciders:?}");
+    assert_eq!(executions(&stack).await?.0, 6);
+    Ok(())
+}
+
+#[test]
+fn a_lease_shorter_than_the_upstream_worst_case_refuses_to_start() -> TestResult {
+    let out = std::process::Command::new(bin("idemd")?)
+        .args(["serve", "--listen", "127.0.0.1:0", "--lease-ms", "1000"])
+        .args(["--upstream-worst-case-ms", "800", "--gateway-timeout-ms", "500", "--retry-backoff-total-ms", "100"])
+        .args(["--status-endpoint", STATUS_ENDPOINT])
+        .env_remove("IDEM_LEASE_MS")
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("IN_FLIGHT lease 1000 ms must exceed upstream worst case 800 + gateway timeout 500 + retry backoff 100 = 1400 ms (short by 401 ms)"),
+        "{err}"
+    );
+    Ok(())
+}
