@@ -469,7 +469,7 @@ pub mod backends {
             if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
                 return Err(e);
             }
-            eprintln!("\n*** SKIPPED BACKEND postgres (own database): {e} ***\n");
+            skipped(&format!("postgres (own database): {e}"));
             return Ok(None);
         }
         let url = match admin_url.rfind('/') {
@@ -512,7 +512,19 @@ pub mod backends {
         if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
             return Err(format!("backend {name} at {addr} is required (IDEM_REQUIRE_BACKENDS=1) but unreachable").into());
         }
-        eprintln!("\n*** SKIPPED BACKEND {name}: nothing listens at {addr} ***\n");
+        skipped(&format!("{name}: nothing listens at {addr}"));
         Ok(false)
+    }
+
+    /// Loud: on stderr, and in the file `make test` lists after the run
+    /// (nextest hides the output of passing tests).
+    pub fn skipped(what: &str) {
+        eprintln!("\n*** SKIPPED BACKEND {what} ***\n");
+        if let Some(path) = std::env::var_os("IDEM_SKIP_LOG") {
+            use std::io::Write as _;
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                let _ = writeln!(f, "e2e: {what}");
+            }
+        }
     }
 }
