@@ -48,6 +48,8 @@ run: build
 
 bench: build
 	cargo run --release -p idemd --bin idem-bench
+	cargo build --release -p idem-demo -p idemd
+	IDEM_E2E_PROFILE=release cargo run --release -p idem-e2e --bin filter-bench -- $(FILTER_BENCH_ARGS)
 
 clean:
 	cargo clean

@@ -22,7 +22,7 @@ async fn assert_nothing_executed(stack: &Stack) -> TestResult {
 
 #[test]
 fn every_envoy_config_validates() -> TestResult {
-    for config in ["envoy.yaml", "e2e.yaml", "compose.yaml"] {
+    for config in ["envoy.yaml", "e2e.yaml", "compose.yaml", "bench.yaml"] {
         let (ok, out) = validate_envoy_config(config)?;
         assert!(ok, "envoy --mode validate {config} failed:\n{out}");
     }
