@@ -146,11 +146,18 @@ pub struct StackOpts {
     pub sidecar: SidecarOpts,
     /// Which config under envoy/ to run.
     pub envoy_config: &'static str,
+    /// Text replacements in that config, e.g. the plugin's `"language": "en"`.
+    pub envoy_edits: Vec<(String, String)>,
 }
 
 impl Default for StackOpts {
     fn default() -> Self {
-        StackOpts { demo: DemoOpts::default(), sidecar: SidecarOpts::default(), envoy_config: "e2e.yaml" }
+        StackOpts {
+            demo: DemoOpts::default(),
+            sidecar: SidecarOpts::default(),
+            envoy_config: "e2e.yaml",
+            envoy_edits: Vec::new(),
+        }
     }
 }
 
@@ -180,7 +187,7 @@ impl Stack {
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
         let mut sidecar = start_sidecar(&opts.sidecar.for_ports(&ports), ports.sidecar, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
-        let mut envoy = start_envoy(opts.envoy_config, &ports, dir.path())?;
+        let mut envoy = start_envoy_with(opts.envoy_config, &ports, &opts.envoy_edits, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         Ok(Stack { dir, ports, opts, demo, sidecar, envoy, http })
@@ -204,7 +211,7 @@ impl Stack {
 
     pub async fn restart_envoy(&mut self) -> Result<(), BoxError> {
         self.envoy.kill9();
-        self.envoy = start_envoy(self.opts.envoy_config, &self.ports, self.dir.path())?;
+        self.envoy = start_envoy_with(self.opts.envoy_config, &self.ports, &self.opts.envoy_edits, self.dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/ready", self.ports.admin), &mut self.envoy).await
     }
 
@@ -391,15 +398,24 @@ pub fn start_envoy(config: &str, ports: &Ports, dir: &Path) -> Result<Proc, BoxE
     start_envoy_with(config, ports, &[], dir)
 }
 
+/// bench.yaml's second listener (`port_value: BENCH_PLAIN_LISTENER_PORT`) moved to `port`.
+pub fn bench_plain_listener(port: u16) -> (String, String) {
+    (format!("port_value: {BENCH_PLAIN_LISTENER_PORT}"), format!("port_value: {port}"))
+}
+
 /// The second listener's port in envoy/bench.yaml (the plain-Envoy baseline), rewritten by `start_envoy_with`.
 pub const BENCH_PLAIN_LISTENER_PORT: u16 = 10001;
 
-/// `start_envoy` with extra `(port in the committed file, port to use)` rewrites, e.g. bench.yaml's second listener.
-pub fn start_envoy_with(config: &str, ports: &Ports, extra_ports: &[(u16, u16)], dir: &Path) -> Result<Proc, BoxError> {
+/// `start_envoy` with extra `(text in the committed file, replacement)` edits, e.g. bench.yaml's second listener.
+/// An edit that matches nothing is an error: a renamed field must not silently test the unedited config.
+pub fn start_envoy_with(config: &str, ports: &Ports, edits: &[(String, String)], dir: &Path) -> Result<Proc, BoxError> {
     let path = dir.join(format!("envoy-{config}"));
     let mut text = render_envoy_config(config, ports)?;
-    for (from, to) in extra_ports {
-        text = text.replace(&format!("port_value: {from}"), &format!("port_value: {to}"));
+    for (from, to) in edits {
+        if !text.contains(from.as_str()) {
+            return Err(format!("envoy/{config} has no `{from}` to replace").into());
+        }
+        text = text.replace(from.as_str(), to);
     }
     std::fs::write(&path, text)?;
     let mut cmd = Command::new(envoy_bin()?);

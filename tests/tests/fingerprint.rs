@@ -191,6 +191,19 @@ async fn oversized_and_broken_bodies_are_rejected() -> TestResult {
 }
 
 #[tokio::test]
+async fn replies_speak_chinese_when_configured() -> TestResult {
+    let edit = ("\"language\": \"en\"".to_string(), "\"language\": \"zh\"".to_string());
+    let stack = Stack::start(StackOpts { envoy_edits: vec![edit], ..Default::default() }).await?;
+    let (_, fp) = stack.preview(json!("100.00")).await?;
+    let a = stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.01"), "m"), &[("agent-fingerprint", &fp)]).await?;
+    assert_eq!(a.status, 422);
+    a.assert_prompt("params_changed");
+    let meaning = a.json["meaning"].as_str().unwrap_or_default();
+    assert!(meaning.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)), "Chinese text expected: {meaning}");
+    assert_nothing_executed(&stack).await
+}
+
+#[tokio::test]
 async fn unannotated_routes_pass_through() -> TestResult {
     let stack = Stack::start(StackOpts::default()).await?;
     let a = stack.get("/v1/executions", SUBJECT, &[]).await?;

@@ -22,8 +22,8 @@
 
 use base64::Engine as _;
 use idem_e2e::{
-    backends, free_port, repo_root, start_demo, start_envoy_with, start_sidecar, transfer, wait_ready, wasm, BoxError,
-    DemoOpts, Ports, Proc, SidecarOpts, BENCH_PLAIN_LISTENER_PORT, SUBJECT,
+    backends, bench_plain_listener, free_port, repo_root, start_demo, start_envoy_with, start_sidecar, transfer, wait_ready, wasm, BoxError,
+    DemoOpts, Ports, Proc, SidecarOpts, SUBJECT,
 };
 use serde_json::Value;
 use std::io;
@@ -553,7 +553,7 @@ async fn start_stack(
     let sopts = SidecarOpts { redis_url: redis_url.clone(), database_url: Some(sql_url.clone()), extra_args: vec![] };
     let mut sidecar = start_sidecar(&sopts, ports.sidecar, dir.path())?;
     wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
-    let mut envoy = start_envoy_with("bench.yaml", &ports, &[(BENCH_PLAIN_LISTENER_PORT, plain)], dir.path())?;
+    let mut envoy = start_envoy_with("bench.yaml", &ports, &[bench_plain_listener(plain)], dir.path())?;
     wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
     Ok(BenchStack {
         label,
