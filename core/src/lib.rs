@@ -7,6 +7,7 @@ pub mod outcome;
 pub mod policy;
 pub mod protocol;
 pub mod reply;
+pub mod utc;
 
 mod json_text;
 mod strict_json;

@@ -303,7 +303,7 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             match ctx.fingerprint_expires_at {
                 Some(at) => format!(
                     "Do not report this operation as done. If the user still wants it, call the confirm tool with this fingerprint before {} (Unix time {at}); after that, call the preview tool again first.",
-                    iso_utc(at)
+                    crate::utc::iso_utc(at)
                 ),
                 None => "Do not report this operation as done. If the user still wants it, call the confirm tool with this fingerprint while it is valid; once it has expired, call the preview tool again first.".to_string(),
             },
@@ -421,7 +421,7 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             match ctx.fingerprint_expires_at {
                 Some(at) => format!(
                     "不要告诉用户该操作已完成。如果用户仍要执行，请在 {}（Unix 时间 {at}）之前用这个指纹调用确认工具；过期后需先重新调用预览工具。",
-                    iso_utc(at)
+                    crate::utc::iso_utc(at)
                 ),
                 None => "不要告诉用户该操作已完成。如果用户仍要执行，请在指纹有效期内用它调用确认工具；过期后需先重新调用预览工具。".to_string(),
             },
@@ -486,28 +486,6 @@ fn wait_zh(ms: u64) -> String {
     } else {
         format!("{ms} 毫秒")
     }
-}
-
-/// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ`: models read dates better than epochs.
-fn iso_utc(unix_s: u64) -> String {
-    let days = unix_s / 86_400;
-    let secs = unix_s % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
-}
-
-/// Howard Hinnant's `civil_from_days`, for days since 1970-01-01 (never negative here).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
@@ -776,10 +754,10 @@ mod tests {
 
     #[test]
     fn dates() {
-        assert_eq!(iso_utc(0), "1970-01-01T00:00:00Z");
-        assert_eq!(iso_utc(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(iso_utc(1_753_500_000), "2025-07-26T03:20:00Z");
-        assert_eq!(iso_utc(4_102_444_799), "2099-12-31T23:59:59Z");
+        assert_eq!(crate::utc::iso_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(crate::utc::iso_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(crate::utc::iso_utc(1_753_500_000), "2025-07-26T03:20:00Z");
+        assert_eq!(crate::utc::iso_utc(4_102_444_799), "2099-12-31T23:59:59Z");
     }
 
     #[test]
