@@ -237,6 +237,24 @@ impl Stack {
         Answer::read(req.send().await?).await
     }
 
+    /// Send a confirm in the background (one the upstream delays, say), to act while it is in flight.
+    pub fn spawn_confirm(
+        &self,
+        path: &str,
+        fp: &str,
+        body: Value,
+        delay_ms: u64,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let req = self
+            .http
+            .post(self.url(path))
+            .header("x-agent-subject", SUBJECT)
+            .header("agent-fingerprint", fp)
+            .header("x-demo-delay-ms", delay_ms.to_string())
+            .json(&body);
+        tokio::spawn(req.send())
+    }
+
     /// Preview a transfer and return the fingerprint it minted.
     pub async fn preview(&self, amount: Value) -> Result<(Answer, String), BoxError> {
         let a = self.post("/v1/transfers/preview", SUBJECT, &transfer(amount, "preview memo"), &[]).await?;

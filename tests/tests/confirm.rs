@@ -163,16 +163,7 @@ async fn a_slow_confirm_is_in_progress_for_retries_and_status() -> TestResult {
     let Some(opts) = real_stores(true)? else { return Ok(()) };
     let stack = Stack::start(opts).await?;
     let (_, fp) = stack.preview(json!("40.00")).await?;
-    let (http, url, fp1) = (stack.http.clone(), stack.url("/v1/transfers"), fp.clone());
-    let slow = tokio::spawn(async move {
-        http.post(url)
-            .header("x-agent-subject", SUBJECT)
-            .header("agent-fingerprint", fp1)
-            .header("x-demo-delay-ms", "3000")
-            .json(&transfer(json!("40.00"), "m"))
-            .send()
-            .await
-    });
+    let slow = stack.spawn_confirm("/v1/transfers", &fp, transfer(json!("40.00"), "m"), 3000);
     tokio::time::sleep(Duration::from_millis(800)).await;
     let a = confirm(&stack, &fp, json!("40.00"), "m", &[]).await?;
     assert_eq!(a.status, 202);

@@ -145,16 +145,7 @@ async fn envoy_killed_mid_confirm_is_reconciled_after_restart() -> TestResult {
     let (_, fp) = stack.preview(json!("25.00")).await?;
     let key = nonce_of(&fp)?;
 
-    let (http, url, fp1) = (stack.http.clone(), stack.url("/fast/v1/transfers"), fp.clone());
-    let in_flight = tokio::spawn(async move {
-        http.post(url)
-            .header("x-agent-subject", SUBJECT)
-            .header("agent-fingerprint", fp1)
-            .header("x-demo-delay-ms", "2000")
-            .json(&transfer(json!("25.00"), "rent"))
-            .send()
-            .await
-    });
+    let in_flight = stack.spawn_confirm("/fast/v1/transfers", &fp, transfer(json!("25.00"), "rent"), 2000);
     // Kill Envoy once the demo has the request (it keeps executing without a caller).
     let deadline = Instant::now() + Duration::from_secs(5);
     while executions(&stack).await?.1 == 0 {
