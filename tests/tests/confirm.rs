@@ -316,3 +316,27 @@ async fn envoy_retries_keep_the_idempotency_key() -> TestResult {
     assert_eq!(ex["total"], 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn the_agent_gets_the_answer_even_when_the_sidecar_dies_before_recording_it() -> TestResult {
+    let mut stack = Stack::start(sqlite_only(true)).await?;
+    let (_, fp) = stack.preview(json!("90.00")).await?;
+    let slow = stack.spawn_confirm("/v1/transfers", &fp, transfer(json!("90.00"), "m"), 1500);
+    // Once the demo holds the request, the sidecar goes away: the complete callout will fail.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while counts(&stack).await?.1 == 0 {
+        assert!(std::time::Instant::now() < deadline, "the confirm never reached the demo");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stack.sidecar.kill9();
+    let first = slow.await??;
+    assert_eq!(first.status().as_u16(), 201, "the upstream's answer still reaches the agent");
+    assert!(stack.stat("wasmcustom.idem.sidecar_errors").await? >= 1);
+    // Nothing recorded the outcome: the row stays IN_FLIGHT (for the reconciler), never re-executes.
+    stack.restart_sidecar().await?;
+    let again = confirm(&stack, &fp, json!("90.00"), "m", &[]).await?;
+    assert_eq!(again.status, 202, "{again:?}");
+    again.assert_prompt("in_progress");
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
