@@ -352,13 +352,27 @@ impl Stream {
         self.reply(ReplyKind::InProgress, ReplyContext { poll_with: poll_with.as_deref(), poll_after_ms, ..Default::default() });
     }
 
-    /// The upstream gave no definite answer (crash, reset, timeout, 5xx): instead
-    /// of a raw error that invites a retry, the agent learns it may have run and
-    /// how to find out. The held headers are still ours to change.
-    fn rewrite_as_unknown(&self, buffered: usize) {
+    /// Replace a held answer that is not the upstream's verdict with a reply for
+    /// the model: `OutcomeUnknown` (crash, reset, timeout, 5xx: it may have run,
+    /// here is how to find out) or `NotExecuted` (429/503 or a connect failure:
+    /// nothing ran, retry after the upstream's Retry-After). The held headers
+    /// are still ours to change.
+    fn rewrite_held(&self, kind: ReplyKind, buffered: usize) {
         let (poll_with, poll_after_ms) = self.polling();
-        let ctx = ReplyContext { trace_id: &self.trace_id, poll_with: poll_with.as_deref(), poll_after_ms, ..Default::default() };
-        let out = reply::render(ReplyKind::OutcomeUnknown, self.shared.config.language, &ctx);
+        let upstream_retry_after_ms = self
+            .held
+            .as_ref()
+            .and_then(|h| h.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("retry-after")))
+            .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+            .map(|s| s.saturating_mul(1000));
+        let ctx = ReplyContext {
+            trace_id: &self.trace_id,
+            poll_with: poll_with.as_deref(),
+            poll_after_ms,
+            retry_after_ms: upstream_retry_after_ms.unwrap_or(self.shared.config.defaults.retry_after_ms),
+            ..Default::default()
+        };
+        let out = reply::render(kind, self.shared.config.language, &ctx);
         host::set_response_header(":status", &out.http_status.to_string());
         for (name, value) in &out.headers {
             host::set_response_header(name, value);
@@ -420,6 +434,9 @@ impl Stream {
                 sidecar::post(&self.shared.config, "/v1/complete", &req).map(|t| (t, Call::Complete))
             }
             Outcome::Release => {
+                if let Some(size) = buffered {
+                    self.rewrite_held(ReplyKind::NotExecuted, size);
+                }
                 let req = ReleaseRequest { key, owner };
                 sidecar::post(&self.shared.config, "/v1/release", &req).map(|t| (t, Call::Release))
             }
@@ -427,7 +444,7 @@ impl Stream {
                 // Executed or not, nobody can tell yet: the row stays IN_FLIGHT for the reconciler.
                 self.count(Counter::UnknownOutcome);
                 if let Some(size) = buffered {
-                    self.rewrite_as_unknown(size);
+                    self.rewrite_held(ReplyKind::OutcomeUnknown, size);
                 }
                 return Action::Continue;
             }

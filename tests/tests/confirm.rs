@@ -148,6 +148,9 @@ async fn upstream_503_releases_and_the_same_call_then_executes_once() -> TestRes
     let (_, fp) = stack.preview(json!("30.00")).await?;
     let a = confirm(&stack, &fp, json!("30.00"), "m", &[("x-demo-fail", "503")]).await?;
     assert_eq!(a.status, 503);
+    a.assert_prompt("not_executed");
+    assert_eq!(a.json["retryable"], true);
+    assert!(a.header("retry-after").is_some());
     assert_eq!(counts(&stack).await?, (0, 1));
     assert_eq!(stack.stat("wasmcustom.idem.released").await?, 1);
     let a = confirm(&stack, &fp, json!("30.00"), "m", &[]).await?;
@@ -337,6 +340,23 @@ async fn the_agent_gets_the_answer_even_when_the_sidecar_dies_before_recording_i
     let again = confirm(&stack, &fp, json!("90.00"), "m", &[]).await?;
     assert_eq!(again.status, 202, "{again:?}");
     again.assert_prompt("in_progress");
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn upstream_unreachable_is_released_as_not_executed() -> TestResult {
+    let mut stack = Stack::start(sqlite_only(false)).await?;
+    let (_, fp) = stack.preview(json!("95.00")).await?;
+    stack.demo.kill9();
+    // Envoy cannot connect: the request never left, so the operation is released.
+    let a = confirm(&stack, &fp, json!("95.00"), "m", &[]).await?;
+    assert_eq!(a.status, 503, "{a:?}");
+    a.assert_prompt("not_executed");
+    assert_eq!(stack.stat("wasmcustom.idem.released").await?, 1);
+    stack.restart_demo().await?;
+    let a = confirm(&stack, &fp, json!("95.00"), "m", &[]).await?;
+    assert_eq!(a.status, 201, "the same call runs once the upstream is back: {a:?}");
     assert_eq!(counts(&stack).await?, (1, 1));
     Ok(())
 }
