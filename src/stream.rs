@@ -422,7 +422,12 @@ impl Stream {
         };
         self.recorded = true;
         let key = claims.nonce.clone();
-        let call = match outcome::classify(held.status, held.code_details.as_deref(), held.attempts) {
+        let call = match outcome::classify(
+            held.status,
+            held.code_details.as_deref(),
+            held.attempts,
+            self.policy.as_ref().map(|p| p.outcomes.as_slice()).unwrap_or(&[]),
+        ) {
             decided @ (Outcome::Done | Outcome::Failed) => {
                 let state = if decided == Outcome::Done { TerminalState::Done } else { TerminalState::Failed };
                 let result = StoredResult {

@@ -31,8 +31,16 @@ impl Outcome {
 /// upstream itself answered). It describes only the *last* attempt: when Envoy
 /// retried (`attempts` > 1, from `x-envoy-attempt-count`), an earlier attempt
 /// may have executed, so nothing can be released.
-pub fn classify(status: u16, code_details: Option<&str>, attempts: u32) -> Outcome {
-    match classify_attempt(status, code_details) {
+///
+/// `overrides` are the route's own readings of upstream statuses (its
+/// `outcomes` annotation): a service whose 409 means "definitely refused"
+/// says `409:failed`. They apply only to answers that came from the upstream.
+pub fn classify(status: u16, code_details: Option<&str>, attempts: u32, overrides: &[(u16, Outcome)]) -> Outcome {
+    let from_route = match code_details {
+        Some("via_upstream") => overrides.iter().find(|(s, _)| *s == status).map(|(_, o)| *o),
+        _ => None,
+    };
+    match from_route.unwrap_or_else(|| classify_attempt(status, code_details)) {
         Outcome::Release if attempts > 1 => Outcome::Unknown,
         outcome => outcome,
     }
@@ -45,6 +53,31 @@ fn classify_attempt(status: u16, code_details: Option<&str>) -> Outcome {
         // Timeouts and resets may come after the upstream acted on the request.
         _ => Outcome::Unknown,
     }
+}
+
+/// Parse a route's `outcomes` annotation: `"409:failed, 425:release"`.
+/// Only non-2xx statuses may be re-read: a 2xx is always DONE.
+pub fn parse_overrides(text: &str) -> Result<Vec<(u16, Outcome)>, String> {
+    let mut out: Vec<(u16, Outcome)> = Vec::new();
+    for item in text.split(|c: char| c == ',' || c.is_whitespace()).filter(|i| !i.is_empty()) {
+        let (status, outcome) = item.split_once(':').ok_or_else(|| format!("{item:?} is not STATUS:OUTCOME"))?;
+        let status: u16 = status.parse().map_err(|_| format!("{status:?} is not an HTTP status"))?;
+        if !(300..=599).contains(&status) {
+            return Err(format!("{status}: only statuses 300-599 can be re-read (2xx is always done)"));
+        }
+        let outcome = match outcome {
+            "done" => Outcome::Done,
+            "failed" => Outcome::Failed,
+            "release" => Outcome::Release,
+            "unknown" => Outcome::Unknown,
+            other => return Err(format!("{other:?} is not one of done, failed, release, unknown")),
+        };
+        if out.iter().any(|(s, _)| *s == status) {
+            return Err(format!("{status} is listed twice"));
+        }
+        out.push((status, outcome));
+    }
+    Ok(out)
 }
 
 fn classify_upstream(status: u16) -> Outcome {
@@ -94,7 +127,7 @@ mod tests {
             (302, Outcome::Unknown),
             (0, Outcome::Unknown),
         ] {
-            assert_eq!(classify(status, up, 1), want, "{status}");
+            assert_eq!(classify(status, up, 1, &[]), want, "{status}");
         }
     }
 
@@ -118,15 +151,31 @@ mod tests {
             (503, Some(""), Outcome::Unknown),
             (503, Some("no_healthy_upstream_x"), Outcome::Unknown),
         ] {
-            assert_eq!(classify(status, details, 1), want, "{status} {details:?}");
+            assert_eq!(classify(status, details, 1, &[]), want, "{status} {details:?}");
         }
     }
 
     #[test]
     fn a_retried_request_is_never_released() {
-        assert_eq!(classify(503, Some("via_upstream"), 2), Outcome::Unknown);
-        assert_eq!(classify(503, Some("upstream_reset_before_response_started{connection_failure}"), 3), Outcome::Unknown);
-        assert_eq!(classify(201, Some("via_upstream"), 2), Outcome::Done);
-        assert_eq!(classify(422, Some("via_upstream"), 2), Outcome::Failed);
+        assert_eq!(classify(503, Some("via_upstream"), 2, &[]), Outcome::Unknown);
+        assert_eq!(classify(503, Some("upstream_reset_before_response_started{connection_failure}"), 3, &[]), Outcome::Unknown);
+        assert_eq!(classify(201, Some("via_upstream"), 2, &[]), Outcome::Done);
+        assert_eq!(classify(422, Some("via_upstream"), 2, &[]), Outcome::Failed);
+    }
+
+    #[test]
+    fn routes_can_reread_upstream_statuses() -> Result<(), String> {
+        let o = parse_overrides("409:failed, 425:release 500:failed")?;
+        assert_eq!(classify(409, Some("via_upstream"), 1, &o), Outcome::Failed);
+        assert_eq!(classify(425, Some("via_upstream"), 1, &o), Outcome::Release);
+        assert_eq!(classify(425, Some("via_upstream"), 2, &o), Outcome::Unknown, "a retried confirm is never released");
+        assert_eq!(classify(408, Some("via_upstream"), 1, &o), Outcome::Unknown, "unlisted statuses keep the default");
+        // Envoy's own 500/503 is not the upstream's verdict.
+        assert_eq!(classify(500, Some("upstream_response_timeout"), 1, &o), Outcome::Unknown);
+        assert_eq!(parse_overrides("")?, vec![]);
+        for bad in ["409", "201:failed", "409:maybe", "409:failed,409:done", "x:failed"] {
+            assert!(parse_overrides(bad).is_err(), "{bad}");
+        }
+        Ok(())
     }
 }

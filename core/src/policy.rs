@@ -288,7 +288,7 @@ impl<'a> Obj<'a> {
 
 pub const ROUTE_NAMESPACE: &str = "agent_idempotency";
 pub const ROUTE_KEYS: &[&str] =
-    &["role", "scope", "bind", "fingerprint_ttl_s", "lease_ms", "poll_after_ms", "status_tool", "result_ref"];
+    &["role", "scope", "bind", "fingerprint_ttl_s", "lease_ms", "poll_after_ms", "status_tool", "result_ref", "outcomes"];
 
 const MAX_SCOPE_LEN: usize = 128;
 const MAX_BOUND_FIELDS: usize = 64;
@@ -329,6 +329,8 @@ pub struct RoutePolicy {
     pub poll_after_ms: u64,
     pub status_tool: Option<String>,
     pub result_ref: Option<String>,
+    /// The route's readings of upstream statuses, e.g. `409:failed` (core::outcome).
+    pub outcomes: Vec<(u16, crate::outcome::Outcome)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -393,6 +395,11 @@ pub fn parse_route_policy(
         }
     }
 
+    let outcomes = match leaf_string(get, "outcomes")? {
+        Some(text) => crate::outcome::parse_overrides(&text).map_err(|e| PolicyError(format!("outcomes: {e}")))?,
+        None => Vec::new(),
+    };
+
     Ok(Some(RoutePolicy {
         role,
         scope,
@@ -402,6 +409,7 @@ pub fn parse_route_policy(
         poll_after_ms: leaf_int(get, "poll_after_ms", POLL_AFTER_MS)?.unwrap_or(defaults.poll_after_ms),
         status_tool,
         result_ref,
+        outcomes,
     }))
 }
 
@@ -658,6 +666,7 @@ mod tests {
             ("poll_after_ms", s("1500")),
             ("status_tool", s("get_transfer_status")),
             ("result_ref", s("/transfer_id")),
+            ("outcomes", s("409:failed")),
         ])?;
         let want = RoutePolicy {
             role: Role::Confirm,
@@ -673,6 +682,7 @@ mod tests {
             poll_after_ms: 1500,
             status_tool: Some("get_transfer_status".into()),
             result_ref: Some("/transfer_id".into()),
+            outcomes: vec![(409, crate::outcome::Outcome::Failed)],
         };
         assert_eq!(p, Some(want));
         Ok(())
@@ -718,6 +728,7 @@ mod tests {
             (("lease_ms", LeafValue::Num(86_400_001.0)), "lease_ms: expected an integer from 1000 to 86400000"),
             (("poll_after_ms", s("")), "poll_after_ms: expected"),
             (("result_ref", s("transfer_id")), "result_ref: \"transfer_id\" is not a JSON pointer"),
+            (("outcomes", s("200:failed")), "outcomes: 200: only statuses 300-599"),
             (("status_tool", LeafValue::Num(3.0)), "status_tool: expected a string"),
         ];
         for ((key, value), want) in cases {

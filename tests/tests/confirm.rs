@@ -360,3 +360,23 @@ async fn upstream_unreachable_is_released_as_not_executed() -> TestResult {
     assert_eq!(counts(&stack).await?, (1, 1));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_route_decides_what_an_upstream_409_means() -> TestResult {
+    let stack = Stack::start(sqlite_only(true)).await?;
+    // By default a 409 says nothing definite: the agent is told to poll, the row stays IN_FLIGHT.
+    let (_, fp) = stack.preview(json!("11.00")).await?;
+    let a = confirm(&stack, &fp, json!("11.00"), "m", &[("x-demo-fail", "409")]).await?;
+    assert_eq!(a.status, 202, "{a:?}");
+    a.assert_prompt("in_progress");
+    // The strict route annotates `outcomes: "409:failed"`: a definite failure, replayed.
+    let (_, fp) = stack.preview(json!("12.00")).await?;
+    let body = transfer(json!("12.00"), "m");
+    let a = stack.post("/strict/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("x-demo-fail", "409")]).await?;
+    assert_eq!(a.status, 409, "{a:?}");
+    let again = stack.post("/strict/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp)]).await?;
+    assert_eq!(again.status, 409);
+    again.assert_prompt("already_failed");
+    assert_eq!(counts(&stack).await?, (0, 2), "two confirms reached the demo, none executed");
+    Ok(())
+}
