@@ -47,6 +47,10 @@ cat <<'WALK'
      How many times did the transfer really run?   curl -s localhost:8080/v1/executions
      Filter stats:                                  curl -s localhost:9901/stats | grep wasmcustom.idem
 
+  6. Operators see every operation and its audit trail (the key is the Idempotency-Key from step 2):
+       target/debug/idemd ops list --state done          (also: in_flight, needs_review, failed)
+       target/debug/idemd ops show <key>
+
   Ctrl-C stops everything.
 WALK
 wait -n "${pids[@]}"
