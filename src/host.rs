@@ -38,6 +38,11 @@ pub fn response_header(name: &str) -> Option<String> {
     hostcalls::get_map_value(MapType::HttpResponseHeaders, name).ok().flatten()
 }
 
+/// The response's HTTP status; 0 if the host cannot tell.
+pub fn response_status() -> u16 {
+    response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
 pub fn response_headers() -> Vec<(String, String)> {
     hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default()
 }

@@ -191,7 +191,7 @@ impl Stream {
     /// Mint at response time, and only for a successful JSON answer: a failed
     /// preview must not hand out something to confirm.
     fn preview_response_headers(&mut self, end_of_stream: bool) -> Action {
-        let status = host::response_header(":status").and_then(|s| s.parse::<u16>().ok()).unwrap_or(0);
+        let status = host::response_status();
         let is_json = host::response_header("content-type").is_some_and(|c| c.contains("json"));
         let (Some(policy), Some(param_hash)) = (self.policy.clone(), self.param_hash.clone()) else {
             return Action::Continue;
@@ -384,7 +384,7 @@ impl Stream {
         if self.owner.is_none() {
             return Action::Continue;
         }
-        let status = host::response_header(":status").and_then(|s| s.parse::<u16>().ok()).unwrap_or(0);
+        let status = host::response_status();
         let code_details = host::property_string(&["response", "code_details"]);
         let attempts = host::response_header("x-envoy-attempt-count").and_then(|a| a.parse().ok()).unwrap_or(1);
         self.held = Some(Held { status, code_details, attempts, headers: host::response_headers() });

@@ -208,7 +208,7 @@ async fn resolve(
                     "{} is IN_FLIGHT with its lease held until {}: its executor may still be running it. \
                      Wait for the lease to end (the reconciler then decides), or pass --force",
                     r.key,
-                    print::utc(lease)
+                    idem_core::utc::iso_utc_ms(lease)
                 )));
             }
         }

@@ -2,16 +2,12 @@
 //! `--json` for scripts.
 
 use idem_core::protocol::decode_body;
+use idem_core::utc::iso_utc_ms as utc;
 use serde_json::{json, Value};
 
 use crate::store::audit::AuditLine;
 use crate::store::sql::Record;
 use crate::store::state_name;
-
-/// Unix milliseconds as ISO 8601 UTC, e.g. `2026-05-01T12:00:00.250Z`.
-pub fn utc(ms: i64) -> String {
-    idem_core::utc::iso_utc_ms(ms)
-}
 
 fn opt_utc(ms: Option<i64>) -> String {
     ms.map(utc).unwrap_or_else(|| "-".to_string())
@@ -100,17 +96,4 @@ pub fn show(key: &str, rec: Option<&Record>, history: &[AuditLine]) -> String {
         ));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utc_formats_known_instants() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(utc(1_767_225_599_999), "2025-12-31T23:59:59.999Z");
-        assert_eq!(utc(-1), "1969-12-31T23:59:59.999Z");
-    }
 }
