@@ -7,7 +7,7 @@ ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
 
-.PHONY: all bootstrap envoy wasm build test lint run bench clean
+.PHONY: all bootstrap envoy wasm oci build test lint run bench clean
 
 all: build
 
@@ -25,6 +25,12 @@ $(ENVOY):
 wasm: bootstrap
 	cargo build --profile wasm --target wasm32-wasip1 -p agent-idempotency-filter
 	@echo "filter: $(WASM) ($$(stat -c %s $(WASM)) bytes)"
+
+# The filter as an OCI image for Istio's WasmPlugin (compat variant: one layer holding plugin.wasm):
+# an OCI image layout in target/oci/ and target/oci/agent-idempotency-filter.tar for `docker load`.
+# OCI_TAG=registry.example.com/agents/agent-idempotency-filter:0.1.0 names it; docs/deploy.md pushes it.
+oci: wasm
+	cargo run --quiet -p idem-oci --bin oci-pack -- $(WASM) target/oci $(if $(OCI_TAG),--tag $(OCI_TAG))
 
 # The binaries the end-to-end tests start (demo, idemd) and the test targets.
 build: wasm
