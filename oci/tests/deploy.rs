@@ -1,0 +1,564 @@
+//! deploy/: every manifest parses, uses only the fields its API defines, and the
+//! pieces agree with each other (secrets, env, cluster names, the filter's
+//! configuration in every form it is shipped in).
+//!
+//! Field sets were read from github:istio/api at commit
+//! b8f8791d9653b2edc77a071d48887e582cfe84bf (2026-07-21):
+//! extensions/v1alpha1/wasm.proto, extensions/v1alpha1/traffic_extension.proto,
+//! security/v1beta1/request_authentication.proto, security/v1beta1/authorization_policy.proto,
+//! networking/v1alpha3/envoy_filter.proto, type/v1beta1/selector.proto
+//! (proto field names in their JSON/CRD spelling, lowerCamelCase).
+
+use idem_oci::istio::{documents, plugin_config_json};
+use serde_norway::Value;
+use std::path::{Path, PathBuf};
+
+type TestResult = Result<(), idem_oci::Error>;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read(rel: &str) -> Result<String, idem_oci::Error> {
+    let p = repo_root().join(rel);
+    Ok(std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?)
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let p = entry?.path();
+        if p.is_dir() {
+            yaml_files(&p, out)?;
+        } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Every document of every YAML file under deploy/, with its file (relative).
+fn all_documents() -> Result<Vec<(String, Value)>, idem_oci::Error> {
+    let root = repo_root().join("deploy");
+    let mut files = Vec::new();
+    yaml_files(&root, &mut files)?;
+    files.sort();
+    let mut docs = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&root)?.to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&f)?;
+        for d in documents(&text).map_err(|e| format!("deploy/{rel}: {e}"))? {
+            docs.push((rel.clone(), d));
+        }
+    }
+    Ok(docs)
+}
+
+fn find<'a>(docs: &'a [(String, Value)], kind: &str, name: &str) -> Result<&'a Value, String> {
+    docs.iter()
+        .map(|(_, d)| d)
+        .find(|d| {
+            s(d, "kind") == Some(kind)
+                && d.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str) == Some(name)
+        })
+        .ok_or_else(|| format!("no {kind} {name} under deploy/"))
+}
+
+fn s<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+fn at<'a>(v: &'a Value, path: &[&str]) -> Result<&'a Value, String> {
+    let mut cur = v;
+    for k in path {
+        cur = match k.parse::<usize>() {
+            Ok(i) => cur.get(i),
+            Err(_) => cur.get(*k),
+        }
+        .ok_or_else(|| format!("no {}", path.join(".")))?;
+    }
+    Ok(cur)
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    v.as_mapping().map(|m| m.keys().filter_map(Value::as_str).collect()).unwrap_or_default()
+}
+
+/// `v`'s keys ⊆ `allowed` (and `v` is a mapping).
+fn only_fields(v: &Value, allowed: &[&str], what: &str) {
+    assert!(v.is_mapping(), "{what} is a mapping: {v:?}");
+    for k in keys(v) {
+        assert!(allowed.contains(&k), "{what}: `{k}` is not a field of the API (allowed: {allowed:?})");
+    }
+}
+
+fn each(v: Option<&Value>) -> impl Iterator<Item = &Value> {
+    v.and_then(Value::as_sequence).into_iter().flatten()
+}
+
+fn enum_value(v: Option<&Value>, allowed: &[&str], what: &str) {
+    if let Some(v) = v {
+        assert!(v.as_str().is_some_and(|x| allowed.contains(&x)), "{what}: {v:?} is not one of {allowed:?}");
+    }
+}
+
+// istio/api type/v1beta1/selector.proto
+const WORKLOAD_SELECTOR: &[&str] = &["matchLabels"];
+const TARGET_REF: &[&str] = &["group", "kind", "name", "namespace"];
+const WORKLOAD_MODE: &[&str] = &["UNDEFINED", "CLIENT", "SERVER", "CLIENT_AND_SERVER"];
+// istio/api extensions/v1alpha1/wasm.proto
+const WASM_PLUGIN: &[&str] = &[
+    "selector",
+    "targetRef",
+    "targetRefs",
+    "url",
+    "sha256",
+    "imagePullPolicy",
+    "imagePullSecret",
+    "verificationKey",
+    "pluginConfig",
+    "pluginName",
+    "phase",
+    "priority",
+    "failStrategy",
+    "vmConfig",
+    "match",
+    "type",
+];
+const TRAFFIC_SELECTOR: &[&str] = &["mode", "ports"];
+const VM_CONFIG: &[&str] = &["env"];
+const ENV_VAR: &[&str] = &["name", "valueFrom", "value"];
+const ENV_VALUE_SOURCE: &[&str] = &["INLINE", "HOST"];
+const PLUGIN_PHASE: &[&str] = &["UNSPECIFIED_PHASE", "AUTHN", "AUTHZ", "STATS"];
+const PULL_POLICY: &[&str] = &["UNSPECIFIED_POLICY", "IfNotPresent", "Always"];
+const FAIL_STRATEGY: &[&str] = &["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"];
+const PLUGIN_TYPE: &[&str] = &["UNSPECIFIED_PLUGIN_TYPE", "HTTP", "NETWORK"];
+// istio/api extensions/v1alpha1/traffic_extension.proto
+const TRAFFIC_EXTENSION: &[&str] = &["selector", "targetRefs", "phase", "priority", "match", "wasm", "lua"];
+const TRAFFIC_EXTENSION_PHASE: &[&str] = &["UNSPECIFIED", "AUTHN", "AUTHZ", "STATS"];
+const WASM_CONFIG: &[&str] = &[
+    "url",
+    "sha256",
+    "imagePullPolicy",
+    "imagePullSecret",
+    "verificationKey",
+    "pluginConfig",
+    "pluginName",
+    "failStrategy",
+    "vmConfig",
+    "type",
+];
+// istio/api security/v1beta1/request_authentication.proto
+const REQUEST_AUTHENTICATION: &[&str] = &["selector", "targetRef", "targetRefs", "jwtRules"];
+const JWT_RULE: &[&str] = &[
+    "issuer",
+    "audiences",
+    "jwksUri",
+    "jwks",
+    "fromHeaders",
+    "fromParams",
+    "outputPayloadToHeader",
+    "fromCookies",
+    "forwardOriginalToken",
+    "outputClaimToHeaders",
+    "timeout",
+    "spaceDelimitedClaims",
+];
+// istio/api security/v1beta1/authorization_policy.proto
+const AUTHORIZATION_POLICY: &[&str] = &["selector", "targetRef", "targetRefs", "rules", "action", "provider"];
+const AUTHZ_ACTION: &[&str] = &["ALLOW", "DENY", "AUDIT", "CUSTOM"];
+const RULE: &[&str] = &["from", "to", "when"];
+const SOURCE: &[&str] = &[
+    "principals",
+    "notPrincipals",
+    "requestPrincipals",
+    "notRequestPrincipals",
+    "namespaces",
+    "notNamespaces",
+    "serviceAccounts",
+    "notServiceAccounts",
+    "ipBlocks",
+    "notIpBlocks",
+    "remoteIpBlocks",
+    "notRemoteIpBlocks",
+    "trustDomains",
+    "notTrustDomains",
+];
+const OPERATION: &[&str] = &["hosts", "notHosts", "ports", "notPorts", "methods", "notMethods", "paths", "notPaths"];
+// istio/api networking/v1alpha3/envoy_filter.proto
+const ENVOY_FILTER: &[&str] = &["workloadSelector", "targetRefs", "configPatches", "priority"];
+const ENVOY_FILTER_SELECTOR: &[&str] = &["labels"];
+const CONFIG_PATCH: &[&str] = &["applyTo", "match", "patch"];
+const APPLY_TO: &[&str] = &[
+    "INVALID",
+    "LISTENER",
+    "FILTER_CHAIN",
+    "NETWORK_FILTER",
+    "HTTP_FILTER",
+    "ROUTE_CONFIGURATION",
+    "VIRTUAL_HOST",
+    "HTTP_ROUTE",
+    "CLUSTER",
+    "EXTENSION_CONFIG",
+    "BOOTSTRAP",
+    "LISTENER_FILTER",
+];
+const PATCH: &[&str] = &["operation", "value", "filterClass"];
+const PATCH_OPERATION: &[&str] = &[
+    "INVALID",
+    "MERGE",
+    "ADD",
+    "REMOVE",
+    "INSERT_BEFORE",
+    "INSERT_AFTER",
+    "INSERT_FIRST",
+    "REPLACE",
+    "MERGE_AND_REPLACE_LIST",
+];
+const FILTER_CLASS: &[&str] = &["UNSPECIFIED", "AUTHN", "AUTHZ", "STATS"];
+const OBJECT_MATCH: &[&str] = &["context", "proxy", "listener", "routeConfiguration", "cluster", "waypoint"];
+const PATCH_CONTEXT: &[&str] = &["ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY", "WAYPOINT"];
+const LISTENER_MATCH: &[&str] = &["portNumber", "portName", "filterChain", "listenerFilter", "name"];
+const FILTER_CHAIN_MATCH: &[&str] =
+    &["name", "sni", "transportProtocol", "applicationProtocols", "filter", "destinationPort"];
+const FILTER_MATCH: &[&str] = &["name", "subFilter"];
+
+/// The apiVersion/kind pairs deploy/ may use (the CRDs' served versions, from the protos' `+cue-gen:…:versions`).
+const KINDS: &[(&str, &str)] = &[
+    ("extensions.istio.io/v1alpha1", "WasmPlugin"),
+    ("extensions.istio.io/v1alpha1", "TrafficExtension"),
+    ("security.istio.io/v1", "RequestAuthentication"),
+    ("security.istio.io/v1", "AuthorizationPolicy"),
+    ("networking.istio.io/v1alpha3", "EnvoyFilter"),
+    ("v1", "ServiceAccount"),
+    ("v1", "Service"),
+    ("v1", "Secret"),
+    ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+];
+
+fn check_selector_and_match(spec: &Value, what: &str) {
+    if let Some(sel) = spec.get("selector") {
+        only_fields(sel, WORKLOAD_SELECTOR, &format!("{what}.selector"));
+    }
+    for r in each(spec.get("targetRefs")) {
+        only_fields(r, TARGET_REF, &format!("{what}.targetRefs[]"));
+    }
+    for m in each(spec.get("match")) {
+        only_fields(m, TRAFFIC_SELECTOR, &format!("{what}.match[]"));
+        enum_value(m.get("mode"), WORKLOAD_MODE, &format!("{what}.match[].mode"));
+    }
+}
+
+fn check_wasm_fields(w: &Value, what: &str) {
+    let url = s(w, "url").unwrap_or_default();
+    assert!(url.starts_with("oci://"), "{what}.url pulls the OCI image: {url}");
+    enum_value(w.get("imagePullPolicy"), PULL_POLICY, &format!("{what}.imagePullPolicy"));
+    enum_value(w.get("failStrategy"), FAIL_STRATEGY, &format!("{what}.failStrategy"));
+    assert_eq!(s(w, "failStrategy"), Some("FAIL_CLOSE"), "{what}: a filter that cannot load must not open the door");
+    enum_value(w.get("type"), PLUGIN_TYPE, &format!("{what}.type"));
+    assert_eq!(s(w, "pluginName"), Some("agent_idempotency"), "{what}: the filter's root_id");
+    if let Some(vm) = w.get("vmConfig") {
+        only_fields(vm, VM_CONFIG, &format!("{what}.vmConfig"));
+        for e in each(vm.get("env")) {
+            only_fields(e, ENV_VAR, &format!("{what}.vmConfig.env[]"));
+            enum_value(e.get("valueFrom"), ENV_VALUE_SOURCE, &format!("{what}.vmConfig.env[].valueFrom"));
+            // The CRD's CEL rule: "value may only be set when valueFrom is INLINE".
+            assert!(!(s(e, "valueFrom") == Some("HOST") && e.get("value").is_some()), "{what}: HOST env with a value");
+        }
+    }
+}
+
+#[test]
+fn every_manifest_parses_and_uses_only_its_apis_fields() -> TestResult {
+    let docs = all_documents()?;
+    assert!(docs.len() >= 12, "deploy/ has its manifests: {}", docs.len());
+    for (file, d) in &docs {
+        let (api, kind) = (s(d, "apiVersion").unwrap_or_default(), s(d, "kind").unwrap_or_default());
+        assert!(KINDS.contains(&(api, kind)), "deploy/{file}: unexpected {api} {kind}");
+        if kind == "Kustomization" {
+            continue;
+        }
+        let meta = d.get("metadata").ok_or_else(|| format!("deploy/{file}: no metadata"))?;
+        assert!(s(meta, "name").is_some_and(|n| !n.is_empty()), "deploy/{file}: {kind} without a name");
+        assert_eq!(s(meta, "namespace"), Some("payments"), "deploy/{file}: {kind} in the payments namespace");
+        let what = format!("deploy/{file}: {kind}");
+        let spec = d.get("spec");
+        match kind {
+            "WasmPlugin" => {
+                let spec = spec.ok_or("no spec")?;
+                only_fields(spec, WASM_PLUGIN, &what);
+                check_selector_and_match(spec, &what);
+                enum_value(spec.get("phase"), PLUGIN_PHASE, &format!("{what}.phase"));
+                check_wasm_fields(spec, &what);
+            }
+            "TrafficExtension" => {
+                let spec = spec.ok_or("no spec")?;
+                only_fields(spec, TRAFFIC_EXTENSION, &what);
+                check_selector_and_match(spec, &what);
+                enum_value(spec.get("phase"), TRAFFIC_EXTENSION_PHASE, &format!("{what}.phase"));
+                let wasm = spec.get("wasm").ok_or("TrafficExtension without wasm")?;
+                only_fields(wasm, WASM_CONFIG, &format!("{what}.wasm"));
+                check_wasm_fields(wasm, &format!("{what}.wasm"));
+            }
+            "RequestAuthentication" => {
+                let spec = spec.ok_or("no spec")?;
+                only_fields(spec, REQUEST_AUTHENTICATION, &what);
+                check_selector_and_match(spec, &what);
+                for r in each(spec.get("jwtRules")) {
+                    only_fields(r, JWT_RULE, &format!("{what}.jwtRules[]"));
+                    assert!(s(r, "issuer").is_some(), "{what}: a rule names its issuer");
+                }
+            }
+            "AuthorizationPolicy" => {
+                let spec = spec.ok_or("no spec")?;
+                only_fields(spec, AUTHORIZATION_POLICY, &what);
+                enum_value(spec.get("action"), AUTHZ_ACTION, &format!("{what}.action"));
+                for r in each(spec.get("rules")) {
+                    only_fields(r, RULE, &format!("{what}.rules[]"));
+                    for f in each(r.get("from")) {
+                        only_fields(f, &["source"], &format!("{what}.rules[].from[]"));
+                        only_fields(at(f, &["source"])?, SOURCE, &format!("{what}.rules[].from[].source"));
+                    }
+                    for t in each(r.get("to")) {
+                        only_fields(t, &["operation"], &format!("{what}.rules[].to[]"));
+                        only_fields(at(t, &["operation"])?, OPERATION, &format!("{what}.rules[].to[].operation"));
+                    }
+                }
+            }
+            "EnvoyFilter" => {
+                let spec = spec.ok_or("no spec")?;
+                only_fields(spec, ENVOY_FILTER, &what);
+                only_fields(at(spec, &["workloadSelector"])?, ENVOY_FILTER_SELECTOR, &what);
+                for p in each(spec.get("configPatches")) {
+                    only_fields(p, CONFIG_PATCH, &format!("{what}.configPatches[]"));
+                    enum_value(p.get("applyTo"), APPLY_TO, &format!("{what}.applyTo"));
+                    let patch = at(p, &["patch"])?;
+                    only_fields(patch, PATCH, &format!("{what}.patch"));
+                    enum_value(patch.get("operation"), PATCH_OPERATION, &format!("{what}.patch.operation"));
+                    enum_value(patch.get("filterClass"), FILTER_CLASS, &format!("{what}.patch.filterClass"));
+                    if let Some(m) = p.get("match") {
+                        only_fields(m, OBJECT_MATCH, &format!("{what}.match"));
+                        enum_value(m.get("context"), PATCH_CONTEXT, &format!("{what}.match.context"));
+                        if let Some(l) = m.get("listener") {
+                            only_fields(l, LISTENER_MATCH, &format!("{what}.match.listener"));
+                            if let Some(fc) = l.get("filterChain") {
+                                only_fields(fc, FILTER_CHAIN_MATCH, &format!("{what}.match.listener.filterChain"));
+                                if let Some(f) = fc.get("filter") {
+                                    only_fields(f, FILTER_MATCH, &format!("{what}.filterChain.filter"));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The filter's configuration reaches it in three shipped forms that must be one string: what istiod makes of
+/// the WasmPlugin's (and TrafficExtension's) pluginConfig, the EnvoyFilter's StringValue, and
+/// envoy/istio-like.yaml's (which the e2e test runs). Written to target/istio/plugin-config.json.
+#[test]
+fn the_plugin_configuration_is_one_string_everywhere() -> TestResult {
+    let from_wasmplugin = plugin_config_json(&read("deploy/istio/wasmplugin.yaml")?, "WasmPlugin")?;
+    let from_traffic_extension = plugin_config_json(&read("deploy/istio/trafficextension.yaml")?, "TrafficExtension")?;
+    assert_eq!(from_traffic_extension, from_wasmplugin, "TrafficExtension and WasmPlugin configure the same filter");
+
+    let config: serde_json::Value = serde_json::from_str(&from_wasmplugin)?;
+    assert_eq!(config["defaults"]["lease_ms"].to_string(), "60000", "a Struct double prints without .0");
+    let routes = config["routes"].as_array().ok_or("no routes")?;
+    let roles: Vec<&str> = routes.iter().filter_map(|r| r["role"].as_str()).collect();
+    assert_eq!(roles, ["preview", "confirm", "status"], "the demo's three routes");
+
+    let envoy_filter = documents(&read("deploy/istio/envoyfilter.yaml")?)?;
+    let ecds = envoy_filter
+        .first()
+        .and_then(|d| at(d, &["spec", "configPatches", "0", "patch", "value", "typed_config", "config"]).ok())
+        .ok_or("no EXTENSION_CONFIG patch")?;
+    assert_eq!(
+        s(at(ecds, &["configuration"])?, "value"),
+        Some(from_wasmplugin.as_str()),
+        "EnvoyFilter's configuration"
+    );
+    assert_eq!(at(ecds, &["allow_on_headers_stop_iteration"])?.as_bool(), Some(true), "the reason for the EnvoyFilter");
+
+    let istio_like = documents(&read("envoy/istio-like.yaml")?)?;
+    let listener_filters = istio_like
+        .first()
+        .and_then(|d| at(d, &["static_resources", "listeners", "0", "filter_chains", "0", "filters", "0"]).ok())
+        .and_then(|f| at(f, &["typed_config", "http_filters"]).ok())
+        .and_then(Value::as_sequence)
+        .ok_or("no http_filters in envoy/istio-like.yaml")?;
+    let wasm = listener_filters
+        .iter()
+        .find(|f| s(f, "name").is_some_and(|n| n.starts_with("extensions.istio.io/wasmplugin/")))
+        .ok_or("no wasm filter in envoy/istio-like.yaml")?;
+    let value = s(at(wasm, &["typed_config", "config", "configuration"])?, "value");
+    assert_eq!(
+        value,
+        Some(from_wasmplugin.as_str()),
+        "envoy/istio-like.yaml runs exactly the WasmPlugin's configuration"
+    );
+
+    let out = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    std::fs::create_dir_all(out.join("istio"))?;
+    std::fs::write(out.join("istio/plugin-config.json"), &from_wasmplugin)?;
+    Ok(())
+}
+
+/// The secrets' path: every `secret_env` the configuration names is a HOST variable of the Wasm VM in every form
+/// (WasmPlugin env, EnvoyFilter host_env_keys, istio-like.yaml), and the guarded workload's istio-proxy container
+/// sets each from a Secret key that the example Secret defines.
+#[test]
+fn every_secret_reaches_the_wasm_vm() -> TestResult {
+    let docs = all_documents()?;
+    let wasmplugin = find(&docs, "WasmPlugin", "agent-idempotency")?;
+    let config: serde_json::Value =
+        serde_json::from_str(&plugin_config_json(&read("deploy/istio/wasmplugin.yaml")?, "WasmPlugin")?)?;
+    let mut secret_envs: Vec<String> = config["keys"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain([&config["sidecar_token"]])
+        .filter_map(|k| k["secret_env"].as_str().map(str::to_owned))
+        .collect();
+    secret_envs.sort();
+    assert_eq!(secret_envs, ["IDEM_HMAC_K1", "IDEM_SIDECAR_TOKEN"]);
+    assert!(config["keys"].as_array().into_iter().flatten().all(|k| k.get("secret").is_none()), "no inline secret");
+    assert!(config["sidecar_token"].get("secret").is_none(), "no inline token");
+
+    let mut host: Vec<String> = each(at(wasmplugin, &["spec", "vmConfig", "env"]).ok())
+        .filter(|e| s(e, "valueFrom") == Some("HOST"))
+        .filter_map(|e| s(e, "name").map(str::to_owned))
+        .collect();
+    host.sort();
+    assert_eq!(host, secret_envs, "WasmPlugin passes every secret_env from the host");
+
+    let envoy_filter = find(&docs, "EnvoyFilter", "agent-idempotency")?;
+    let keys_of = |v: &Value| -> Vec<String> {
+        let mut k: Vec<String> = each(Some(v)).filter_map(Value::as_str).map(str::to_owned).collect();
+        k.sort();
+        k
+    };
+    let ef_keys = at(
+        envoy_filter,
+        &[
+            "spec",
+            "configPatches",
+            "0",
+            "patch",
+            "value",
+            "typed_config",
+            "config",
+            "vm_config",
+            "environment_variables",
+            "host_env_keys",
+        ],
+    )?;
+    assert_eq!(keys_of(ef_keys), secret_envs, "EnvoyFilter passes every secret_env from the host");
+
+    let transfers = find(&docs, "Deployment", "transfers")?;
+    let containers = at(transfers, &["spec", "template", "spec", "containers"])?;
+    let proxy =
+        each(Some(containers)).find(|c| s(c, "name") == Some("istio-proxy")).ok_or("no istio-proxy override")?;
+    assert_eq!(s(proxy, "image"), Some("auto"), "merged into the injected proxy, not a second one");
+    let example = find(&docs, "Secret", "idem-filter-secrets")?;
+    for name in &secret_envs {
+        let e = each(proxy.get("env"))
+            .find(|e| s(e, "name") == Some(name))
+            .ok_or_else(|| format!("istio-proxy lacks {name}"))?;
+        let r = at(e, &["valueFrom", "secretKeyRef"])?;
+        assert_eq!(s(r, "name"), Some("idem-filter-secrets"), "{name} comes from the filter's Secret");
+        let key = s(r, "key").ok_or("no key")?;
+        assert!(at(example, &["stringData", key]).is_ok(), "the example Secret defines {key}");
+    }
+
+    // The filter's token is one idemd accepts (in the example values).
+    let idemd_secret = find(&docs, "Secret", "idemd-secrets")?;
+    let token = s(at(example, &["stringData"])?, "sidecar-token").ok_or("no sidecar-token")?;
+    let accepted = s(at(idemd_secret, &["stringData"])?, "auth-tokens").ok_or("no auth-tokens")?;
+    assert!(accepted.split(',').any(|t| t.trim() == token), "idemd accepts the filter's token");
+    for secret in [example, idemd_secret] {
+        for v in at(secret, &["stringData"])?.as_mapping().into_iter().flat_map(|m| m.values()) {
+            assert!(v.as_str().is_some_and(|v| v.contains("EXAMPLE")), "example Secret values say so: {v:?}");
+        }
+    }
+    Ok(())
+}
+
+/// idemd's manifests: the Service the filter's `sidecar_cluster` names, non-root, probes, metrics, Secret env, PDB.
+#[test]
+fn idemd_runs_non_root_behind_the_cluster_the_filter_calls() -> TestResult {
+    let docs = all_documents()?;
+    let svc = find(&docs, "Service", "idemd")?;
+    let port = at(svc, &["spec", "ports", "0"])?;
+    let ns = s(at(svc, &["metadata"])?, "namespace").ok_or("no namespace")?;
+    let port_number = at(port, &["port"])?.as_u64().ok_or("no port")?;
+    let cluster = format!("outbound|{port_number}||idemd.{ns}.svc.cluster.local");
+    let config: serde_json::Value =
+        serde_json::from_str(&plugin_config_json(&read("deploy/istio/wasmplugin.yaml")?, "WasmPlugin")?)?;
+    assert_eq!(config["sidecar_cluster"], cluster.as_str(), "Istio's outbound cluster name for the idemd Service");
+    assert_eq!(s(port, "name"), Some("http"), "Istio detects HTTP by the port name");
+
+    let dep = find(&docs, "Deployment", "idemd")?;
+    let pod = at(dep, &["spec", "template", "spec"])?;
+    let labels = at(dep, &["spec", "template", "metadata", "labels"])?;
+    let svc_selector = at(svc, &["spec", "selector"])?;
+    for (k, v) in svc_selector.as_mapping().ok_or("selector")? {
+        assert_eq!(labels.get(k), Some(v), "the Service selects idemd's pods");
+    }
+    assert!(at(dep, &["spec", "replicas"])?.as_u64().is_some_and(|r| r >= 2), "more than one replica");
+    assert_eq!(at(pod, &["securityContext", "runAsNonRoot"])?.as_bool(), Some(true));
+    assert!(at(pod, &["securityContext", "runAsUser"])?.as_u64().is_some_and(|u| u > 0), "numeric non-root uid");
+    let c = at(pod, &["containers", "0"])?;
+    assert_eq!(at(c, &["securityContext", "allowPrivilegeEscalation"])?.as_bool(), Some(false));
+    assert_eq!(at(c, &["securityContext", "readOnlyRootFilesystem"])?.as_bool(), Some(true));
+    assert!(at(c, &["resources", "requests", "cpu"]).is_ok() && at(c, &["resources", "requests", "memory"]).is_ok());
+    assert_eq!(s(at(c, &["readinessProbe", "httpGet"])?, "path"), Some("/healthz"));
+    assert!(at(c, &["livenessProbe"]).is_ok(), "a liveness probe");
+    let ann = at(dep, &["spec", "template", "metadata", "annotations"])?;
+    assert_eq!(s(ann, "prometheus.io/scrape"), Some("true"));
+    assert_eq!(s(ann, "prometheus.io/path"), Some("/metrics"));
+    assert_eq!(s(ann, "prometheus.io/port"), Some(port_number.to_string().as_str()));
+    let secret = find(&docs, "Secret", "idemd-secrets")?;
+    for var in ["IDEM_AUTH_TOKENS", "IDEM_DATABASE_URL", "IDEM_REDIS_URL"] {
+        let e = each(c.get("env")).find(|e| s(e, "name") == Some(var)).ok_or_else(|| format!("idemd lacks {var}"))?;
+        let r = at(e, &["valueFrom", "secretKeyRef"]).map_err(|_| format!("{var} must come from a Secret"))?;
+        assert_eq!(s(r, "name"), Some("idemd-secrets"));
+        assert!(at(secret, &["stringData", s(r, "key").unwrap_or_default()]).is_ok(), "example Secret has {var}'s key");
+    }
+    assert!(!each(c.get("args")).any(|a| a.as_str() == Some("--insecure-no-auth")), "auth stays on");
+
+    let pdb = find(&docs, "PodDisruptionBudget", "idemd")?;
+    assert_eq!(at(pdb, &["spec", "selector", "matchLabels"])?, at(dep, &["spec", "selector", "matchLabels"])?);
+    Ok(())
+}
+
+/// kustomization.yaml lists files that exist, installs the working filter form once, and never the example Secrets.
+#[test]
+fn the_kustomizations_apply_what_works() -> TestResult {
+    for (dir, must, must_not) in [
+        (
+            "deploy",
+            &["istio/envoyfilter.yaml", "idemd/idemd.yaml"][..],
+            &["istio/wasmplugin.yaml", "istio/trafficextension.yaml", "idemd/secrets.example.yaml"][..],
+        ),
+        ("deploy/demo", &["transfers.yaml"][..], &[][..]),
+    ] {
+        let k = documents(&read(&format!("{dir}/kustomization.yaml"))?)?;
+        let resources: Vec<&str> = each(k.first().and_then(|d| d.get("resources"))).filter_map(Value::as_str).collect();
+        for r in &resources {
+            assert!(repo_root().join(dir).join(r).exists(), "{dir}/kustomization.yaml: {r} exists");
+        }
+        for m in must {
+            assert!(resources.contains(m), "{dir} applies {m}");
+        }
+        for m in must_not {
+            assert!(!resources.contains(m), "{dir} must not apply {m}");
+        }
+    }
+    Ok(())
+}
