@@ -7,7 +7,7 @@ ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
 
-.PHONY: all bootstrap envoy wasm oci build test lint run bench clean
+.PHONY: all bootstrap envoy wasm oci build test lint run bench fuzz clean
 
 all: build
 
@@ -56,6 +56,29 @@ bench: build
 	cargo run --release -p idemd --bin idem-bench
 	cargo build --release -p idem-demo -p idemd
 	IDEM_E2E_PROFILE=release cargo run --release -p idem-e2e --bin filter-bench -- $(FILTER_BENCH_ARGS)
+
+# Coverage-guided fuzzing of every parser on the filter path: cargo-fuzz (libFuzzer), one
+# target per parser in fuzz/fuzz_targets, their bodies and invariants in fuzz/harness (whose
+# tests/corpus.rs replays fuzz/corpus and fuzz/regressions in `make test`).
+# On the stable toolchain (no nightly here): `--sanitizer none` needs no unstable flag at all
+# (libFuzzer's coverage instrumentation, -Cpasses=sancov-module and -Cllvm-args, is stable);
+# `FUZZ_SANITIZER=address` works too but needs -Zsanitizer, hence RUSTC_BOOTSTRAP=1, and runs
+# ~6x slower. The code is safe Rust, so `none` is the default. `--debug-assertions` keeps
+# integer-overflow checks on. New inputs go to fuzz/runs/<target> (ignored by git); the
+# committed seeds in fuzz/corpus/<target> are only read. A crash stops that target, is left
+# in fuzz/artifacts/<target>/, and fails `make fuzz` after the other targets have run.
+# Reproduce one: cd fuzz && cargo fuzz run --sanitizer none -a TARGET artifacts/TARGET/crash-…
+FUZZ_SECONDS   ?= 60
+FUZZ_SANITIZER ?= none
+FUZZ_TARGETS   ?= fingerprint strict_json param_hash plugin_config route_policy protocol
+fuzz:
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	@cd fuzz && failed=""; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p runs/$$t; \
+	  RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer $(FUZZ_SANITIZER) --debug-assertions $$t runs/$$t corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "*** fuzz: crashes in:$$failed (see fuzz/artifacts/)"; exit 1; fi
 
 clean:
 	cargo clean
