@@ -7,9 +7,13 @@ RUN rustup target add wasm32-wasip1 \
  && cargo build --release -p idemd -p idem-demo \
  && cargo build --profile wasm --target wasm32-wasip1 -p agent-idempotency-filter
 
-FROM debian:bookworm-slim AS idemd
+# idemd: the binary alone (the Lua scripts and SQL migrations are compiled in) on distroless glibc, as a
+# numeric non-root user; needs IDEM_AUTH_TOKENS (the bearer tokens it accepts) and IDEM_DATABASE_URL.
+FROM gcr.io/distroless/cc-debian12:nonroot AS idemd
 COPY --from=build /src/target/release/idemd /usr/local/bin/idemd
-ENTRYPOINT ["idemd", "serve", "--listen", "0.0.0.0:9090"]
+USER 65532:65532
+EXPOSE 9090
+ENTRYPOINT ["/usr/local/bin/idemd", "serve", "--listen", "0.0.0.0:9090"]
 
 FROM debian:bookworm-slim AS demo
 COPY --from=build /src/target/release/demo /usr/local/bin/demo

@@ -22,6 +22,8 @@ async fn assert_nothing_executed(stack: &Stack) -> TestResult {
 
 #[test]
 fn every_envoy_config_validates() -> TestResult {
+    // compose.yaml takes idemd's bearer token from the environment too (validate_envoy_config sets IDEM_HMAC_K1).
+    std::env::set_var("IDEM_SIDECAR_TOKEN", "validate-only-sidecar-token-0123456789");
     for config in ["envoy.yaml", "e2e.yaml", "compose.yaml", "bench.yaml"] {
         let (ok, out) = validate_envoy_config(config)?;
         assert!(ok, "envoy --mode validate {config} failed:\n{out}");
@@ -47,6 +49,24 @@ fn docker_compose_matches_the_repository() -> TestResult {
     assert!(compose.contains("IDEM_REDIS_URL: redis://redis:6379"));
     assert!(compose.contains("IDEM_DATABASE_URL: postgres://"));
     assert!(envoy.contains("secret_env") && !envoy.contains("\"secret\":"), "no inline secret in the compose config");
+
+    // idemd: auth on, the filter's token from the environment on both sides.
+    assert!(envoy.contains(r#""sidecar_token": {"secret_env": "IDEM_SIDECAR_TOKEN"}"#), "the filter sends a token");
+    assert!(envoy.contains("host_env_keys: [IDEM_HMAC_K1, IDEM_SIDECAR_TOKEN]"), "the token reaches the Wasm VM");
+    assert!(compose.contains("IDEM_AUTH_TOKENS: ${IDEM_SIDECAR_TOKEN:?"), "idemd accepts exactly the filter's token");
+    assert!(compose.contains("IDEM_SIDECAR_TOKEN: ${IDEM_SIDECAR_TOKEN:?"), "Envoy gets the token");
+    for text in [&compose, &dockerfile] {
+        assert!(!text.contains("insecure-no-auth") && !text.contains("IDEM_INSECURE_NO_AUTH"), "auth stays on");
+    }
+
+    // The idemd image: its own stage, the binary alone, a numeric non-root user.
+    let stage = dockerfile.split("\nFROM ").find(|s| s.contains(" AS idemd")).ok_or("no idemd stage")?;
+    let user = stage.lines().find_map(|l| l.strip_prefix("USER ")).ok_or("the idemd stage sets no USER")?;
+    let uid = user.split(':').next().unwrap_or_default();
+    assert!(uid.parse::<u32>().is_ok_and(|u| u > 0), "USER is a numeric non-root uid, not {user:?}");
+    let copies: Vec<&str> = stage.lines().filter(|l| l.starts_with("COPY")).collect();
+    assert_eq!(copies, ["COPY --from=build /src/target/release/idemd /usr/local/bin/idemd"], "only the binary");
+    assert!(stage.contains("ENTRYPOINT [\"/usr/local/bin/idemd\", \"serve\""));
     Ok(())
 }
 
