@@ -14,14 +14,15 @@ use std::time::Duration;
 /// The test-only key of envoy/istio-like.yaml's JWKS.
 const JWT_SECRET: &[u8] = b"e2e-only-jwt-secret-0123456789abcdef";
 const HMAC_KEY: &str = "istio-e2e-only-hmac-key-0123456789abcdef-0123";
-const SIDECAR_TOKEN: &str = "istio-e2e-only-sidecar-token-0123456789";
+/// idemd's token and the filter's, should the harness not set its own (it overrides these for both processes).
+const FALLBACK_SIDECAR_TOKEN: &str = "istio-e2e-only-sidecar-token-0123456789";
 
 /// The Secrets of deploy/: the istio-proxy's IDEM_HMAC_K1 and IDEM_SIDECAR_TOKEN (passed into the VM by
 /// `host_env_keys`), idemd's IDEM_AUTH_TOKENS. Envoy and idemd inherit this process's environment.
 fn set_secret_env() {
     std::env::set_var("IDEM_HMAC_K1", HMAC_KEY);
-    std::env::set_var("IDEM_SIDECAR_TOKEN", SIDECAR_TOKEN);
-    std::env::set_var("IDEM_AUTH_TOKENS", SIDECAR_TOKEN);
+    std::env::set_var("IDEM_SIDECAR_TOKEN", FALLBACK_SIDECAR_TOKEN);
+    std::env::set_var("IDEM_AUTH_TOKENS", FALLBACK_SIDECAR_TOKEN);
 }
 
 fn b64(bytes: &[u8]) -> String {
