@@ -1,114 +1,201 @@
-//! Host calls that report failure instead of panicking.
-//!
-//! The SDK's trait helpers `unwrap()` every host status; a panic kills the VM
-//! (and with it every stream on this worker), so the filter path goes through
-//! these wrappers and logs what the host refused.
+//! What the filter needs from its proxy, as a trait: the proxy-wasm
+//! implementation below, and a fake in the tests. The stream adapter
+//! (`stream.rs`) only talks to this trait, so it runs natively under test and
+//! a second host (a native Envoy module) needs only another implementation.
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType};
-use std::time::{Duration, UNIX_EPOCH};
+use idem_core::machine::{CalloutAnswer, Counter, Env};
+use std::time::Duration;
 
-fn warn_on_err<T>(what: &str, r: Result<T, proxy_wasm::types::Status>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(status) => {
-            log::warn!("host call {what} failed: {status:?}");
-            None
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Warn,
+    Error,
+}
+
+pub trait Host: Env {
+    fn request_header(&self, name: &str) -> Option<String>;
+    fn set_request_header(&mut self, name: &str, value: &str);
+    fn remove_request_header(&mut self, name: &str);
+    fn response_header(&self, name: &str) -> Option<String>;
+    fn response_headers(&self) -> Vec<(String, String)>;
+    fn set_response_header(&mut self, name: &str, value: &str);
+    fn remove_response_header(&mut self, name: &str);
+    /// An Envoy property (`xds.route_metadata…`, `response.code_details`, …).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    fn request_body(&self, size: usize) -> Vec<u8>;
+    fn response_body(&self, size: usize) -> Vec<u8>;
+    fn replace_response_body(&mut self, old_size: usize, body: &[u8]);
+    fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]);
+    fn resume_request(&mut self);
+    fn resume_response(&mut self);
+    /// An HTTP callout; `None` if it could not even be dispatched.
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Option<u32>;
+    /// The answer to the callout being reported (`num_headers` 0: it failed).
+    fn call_answer(&self, num_headers: usize, body_size: usize) -> CalloutAnswer;
+    fn count(&mut self, counter: Counter);
+    fn log(&self, level: Level, message: &str);
+}
+
+#[cfg(target_arch = "wasm32")]
+pub use wasm::{wasm_plugin_configuration, WasmHost};
+
+/// proxy-wasm host calls that report failure instead of panicking: the SDK's
+/// trait helpers `unwrap()` every host status, and a panic kills the VM (and
+/// with it every stream on this worker).
+#[cfg(target_arch = "wasm32")]
+mod wasm {
+    use super::{Host, Level};
+    use crate::metrics::Metrics;
+    use idem_core::machine::{CalloutAnswer, Counter, Env};
+    use proxy_wasm::hostcalls;
+    use proxy_wasm::types::{BufferType, MapType};
+    use std::rc::Rc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    pub struct WasmHost {
+        metrics: Rc<Metrics>,
+    }
+
+    impl WasmHost {
+        pub fn new(metrics: Rc<Metrics>) -> WasmHost {
+            WasmHost { metrics }
         }
     }
-}
 
-pub fn property(path: &[&str]) -> Option<Vec<u8>> {
-    hostcalls::get_property(path.to_vec()).ok().flatten()
-}
+    fn warn_on_err<T>(what: &str, r: Result<T, proxy_wasm::types::Status>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(status) => {
+                log::warn!("host call {what} failed: {status:?}");
+                None
+            }
+        }
+    }
 
-pub fn property_string(path: &[&str]) -> Option<String> {
-    property(path).and_then(|b| String::from_utf8(b).ok())
-}
+    pub fn wasm_plugin_configuration() -> Vec<u8> {
+        hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten().unwrap_or_default()
+    }
 
-pub fn request_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
-}
+    impl Env for WasmHost {
+        /// 0 if the host cannot tell, which makes every fingerprint look expired: fail safe.
+        fn now_s(&self) -> u64 {
+            hostcalls::get_current_time()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        }
 
-pub fn set_request_header(name: &str, value: &str) {
-    warn_on_err("set request header", hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)));
-}
+        fn random16(&mut self) -> Option<[u8; 16]> {
+            let mut bytes = [0u8; 16];
+            getrandom::fill(&mut bytes).ok().map(|()| bytes)
+        }
+    }
 
-pub fn response_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpResponseHeaders, name).ok().flatten()
-}
+    impl Host for WasmHost {
+        fn request_header(&self, name: &str) -> Option<String> {
+            hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
+        }
 
-/// The response's HTTP status; 0 if the host cannot tell.
-pub fn response_status() -> u16 {
-    response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0)
-}
+        fn set_request_header(&mut self, name: &str, value: &str) {
+            warn_on_err("set request header", hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)));
+        }
 
-pub fn response_headers() -> Vec<(String, String)> {
-    hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default()
-}
+        fn remove_request_header(&mut self, name: &str) {
+            warn_on_err("remove request header", hostcalls::remove_map_value(MapType::HttpRequestHeaders, name));
+        }
 
-pub fn set_response_header(name: &str, value: &str) {
-    warn_on_err("set response header", hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value)));
-}
+        fn response_header(&self, name: &str) -> Option<String> {
+            hostcalls::get_map_value(MapType::HttpResponseHeaders, name).ok().flatten()
+        }
 
-pub fn remove_response_header(name: &str) {
-    warn_on_err("remove response header", hostcalls::remove_map_value(MapType::HttpResponseHeaders, name));
-}
+        fn response_headers(&self) -> Vec<(String, String)> {
+            hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default()
+        }
 
-pub fn request_body(size: usize) -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok().flatten().unwrap_or_default()
-}
+        fn set_response_header(&mut self, name: &str, value: &str) {
+            warn_on_err(
+                "set response header",
+                hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value)),
+            );
+        }
 
-pub fn response_body(size: usize) -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size).ok().flatten().unwrap_or_default()
-}
+        fn remove_response_header(&mut self, name: &str) {
+            warn_on_err("remove response header", hostcalls::remove_map_value(MapType::HttpResponseHeaders, name));
+        }
 
-pub fn replace_response_body(old_size: usize, body: &[u8]) {
-    warn_on_err("set response body", hostcalls::set_buffer(BufferType::HttpResponseBody, 0, old_size, body));
-}
+        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+            hostcalls::get_property(path.to_vec()).ok().flatten()
+        }
 
-pub fn plugin_configuration() -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten().unwrap_or_default()
-}
+        fn request_body(&self, size: usize) -> Vec<u8> {
+            hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok().flatten().unwrap_or_default()
+        }
 
-pub fn call_response_status() -> Option<u16> {
-    hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-        .ok()
-        .flatten()
-        .and_then(|s| s.parse().ok())
-}
+        fn response_body(&self, size: usize) -> Vec<u8> {
+            hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size).ok().flatten().unwrap_or_default()
+        }
 
-pub fn call_response_body(size: usize) -> Vec<u8> {
-    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size).ok().flatten().unwrap_or_default()
-}
+        fn replace_response_body(&mut self, old_size: usize, body: &[u8]) {
+            warn_on_err("set response body", hostcalls::set_buffer(BufferType::HttpResponseBody, 0, old_size, body));
+        }
 
-pub fn send_reply(status: u16, headers: &[(String, String)], body: &[u8]) {
-    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    warn_on_err("send local reply", hostcalls::send_http_response(u32::from(status), headers, Some(body)));
-}
+        fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            warn_on_err("send local reply", hostcalls::send_http_response(u32::from(status), headers, Some(body)));
+        }
 
-pub fn resume_request() {
-    warn_on_err("resume request", hostcalls::resume_http_request());
-}
+        fn resume_request(&mut self) {
+            warn_on_err("resume request", hostcalls::resume_http_request());
+        }
 
-pub fn resume_response() {
-    warn_on_err("resume response", hostcalls::resume_http_response());
-}
+        fn resume_response(&mut self) {
+            warn_on_err("resume response", hostcalls::resume_http_response());
+        }
 
-pub fn dispatch(
-    cluster: &str,
-    headers: Vec<(&str, &str)>,
-    body: Option<&[u8]>,
-    timeout: Duration,
-) -> Option<u32> {
-    warn_on_err("dispatch_http_call", hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout))
-}
+        fn dispatch(
+            &mut self,
+            cluster: &str,
+            headers: &[(&str, &str)],
+            body: Option<&[u8]>,
+            timeout: Duration,
+        ) -> Option<u32> {
+            warn_on_err(
+                "dispatch_http_call",
+                hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout),
+            )
+        }
 
-/// Unix seconds by the host's clock (0 if the host cannot tell, which makes every fingerprint look expired: fail safe).
-pub fn now_unix_s() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+        fn call_answer(&self, num_headers: usize, body_size: usize) -> CalloutAnswer {
+            if num_headers == 0 {
+                return CalloutAnswer::failed();
+            }
+            let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| s.parse().ok());
+            let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            CalloutAnswer { status, body }
+        }
+
+        fn count(&mut self, counter: Counter) {
+            self.metrics.inc(counter);
+        }
+
+        fn log(&self, level: Level, message: &str) {
+            match level {
+                Level::Warn => log::warn!("{message}"),
+                Level::Error => log::error!("{message}"),
+            }
+        }
+    }
 }

@@ -1,69 +1,96 @@
-//! Per-VM cache of route policies, keyed by route name.
+//! Which routes the filter guards, and how: a per-VM cache of route policies
+//! keyed by the route's annotation itself, never by its name.
 //!
-//! Unannotated routes must cost almost nothing (DESIGN §9): after the first
-//! request on a named route, "not mine" is one property read and a map lookup.
-//! Entries expire so a route updated over xDS under the same name is re-read.
+//! Route names are not unique in Envoy (Istio reuses `default` across virtual
+//! hosts), so a cache keyed by name could hand a confirm route the policy of
+//! an unannotated namesake and let it pass unguarded (DESIGN §6). The key here
+//! is every annotation leaf's bytes: two routes share a cached policy only if
+//! their annotations are identical, and a route re-annotated over xDS is a new
+//! key at once.
+//!
+//! Unannotated routes stay cheap (DESIGN §9): "not mine" is one property read
+//! of the `role` leaf and no parsing.
 
-use crate::host;
-use idem_core::policy::{self, LeafValue, RouteDefaults, RoutePolicy, ROUTE_NAMESPACE};
+use crate::host::Host;
+use idem_core::policy::{self, RouteDefaults, RoutePolicy, ROUTE_KEYS, ROUTE_NAMESPACE};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-const REFRESH_S: u64 = 30;
-/// Route names are operator-controlled but unbounded in principle; cap the cache.
-const MAX_ENTRIES: usize = 4096;
+/// Distinct annotations are few (one per annotated route); the cap only
+/// bounds memory if something churns them.
+const MAX_ENTRIES: usize = 1024;
 
 /// What a route asks of the filter.
-pub type Lookup = Result<Option<Rc<RoutePolicy>>, String>;
+#[derive(Debug, Clone)]
+pub enum RouteLookup {
+    NotMine,
+    Guarded(Rc<RoutePolicy>),
+    /// The annotation does not parse: the route must not run unprotected.
+    Broken(Rc<str>),
+}
 
 #[derive(Default)]
 pub struct RouteCache {
-    entries: RefCell<HashMap<String, (u64, Lookup)>>,
+    entries: RefCell<HashMap<Vec<u8>, RouteLookup>>,
 }
 
 impl RouteCache {
-    pub fn lookup(&self, defaults: &RouteDefaults, now_s: u64) -> Lookup {
-        let name = host::property_string(&["xds", "route_name"]).unwrap_or_default();
-        if name.is_empty() {
-            return read_policy(defaults);
+    pub fn lookup(&self, host: &dyn Host, defaults: &RouteDefaults) -> RouteLookup {
+        let Some(role) = leaf_bytes(host, "role") else { return RouteLookup::NotMine };
+        let leaves: Vec<(&str, Option<Vec<u8>>)> = ROUTE_KEYS
+            .iter()
+            .map(|key| (*key, if *key == "role" { Some(role.clone()) } else { leaf_bytes(host, key) }))
+            .collect();
+        let key = cache_key(&leaves);
+        if let Some(hit) = self.entries.borrow().get(&key) {
+            return hit.clone();
         }
-        if let Some((at, hit)) = self.entries.borrow().get(&name) {
-            if now_s.saturating_sub(*at) < REFRESH_S {
-                return hit.clone();
-            }
+        let fresh = parse(&leaves, defaults);
+        if let RouteLookup::Broken(why) = &fresh {
+            host.log(crate::host::Level::Error, &format!("bad route annotation: {why}"));
         }
-        let fresh = read_policy(defaults);
         let mut entries = self.entries.borrow_mut();
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
-        entries.insert(name, (now_s, fresh.clone()));
+        entries.insert(key, fresh.clone());
         fresh
     }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.borrow().len()
+    }
 }
 
-fn read_policy(defaults: &RouteDefaults) -> Lookup {
-    let get = |key: &str| read_leaf(key);
+fn leaf_bytes(host: &dyn Host, key: &str) -> Option<Vec<u8>> {
+    host.property(&["xds", "route_metadata", "filter_metadata", ROUTE_NAMESPACE, key])
+}
+
+/// Every leaf, length-prefixed (absent and empty differ), so distinct annotations never share a key.
+fn cache_key(leaves: &[(&str, Option<Vec<u8>>)]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(128);
+    for (_, value) in leaves {
+        match value {
+            None => key.extend_from_slice(&u32::MAX.to_le_bytes()),
+            Some(bytes) => {
+                key.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX - 1).to_le_bytes());
+                key.extend_from_slice(bytes);
+            }
+        }
+    }
+    key
+}
+
+fn parse(leaves: &[(&str, Option<Vec<u8>>)], defaults: &RouteDefaults) -> RouteLookup {
+    let get = |key: &str| {
+        let raw = leaves.iter().find(|(k, _)| *k == key).and_then(|(_, v)| v.clone())?;
+        Some(policy::leaf_value(key, raw))
+    };
     match policy::parse_route_policy(&get, defaults) {
-        Ok(p) => Ok(p.map(Rc::new)),
-        Err(e) => {
-            log::error!("bad route annotation: {e}");
-            Err(e.to_string())
-        }
+        Ok(Some(p)) => RouteLookup::Guarded(Rc::new(p)),
+        Ok(None) => RouteLookup::NotMine,
+        Err(e) => RouteLookup::Broken(e.to_string().into()),
     }
-}
-
-/// Envoy returns a string leaf as raw UTF-8 and a number leaf as 8 bytes of a
-/// little-endian double; the key tells which one we expect.
-fn read_leaf(key: &str) -> Option<LeafValue> {
-    let raw = host::property(&["xds", "route_metadata", "filter_metadata", ROUTE_NAMESPACE, key])?;
-    let numeric = key.ends_with("_s") || key.ends_with("_ms");
-    if numeric && raw.len() == 8 && !raw.iter().all(u8::is_ascii_digit) {
-        if let Ok(bytes) = <[u8; 8]>::try_from(raw.as_slice()) {
-            return Some(LeafValue::Num(f64::from_le_bytes(bytes)));
-        }
-    }
-    // Anything else goes to the policy parser as text, which rejects "15m" loudly.
-    String::from_utf8(raw).ok().map(LeafValue::Str)
 }

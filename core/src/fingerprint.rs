@@ -114,6 +114,13 @@ pub struct Claims {
     pub param_hash: String,
 }
 
+impl Claims {
+    /// Exactly at `exp` it is expired; one second before it is valid.
+    pub fn expired(&self, now_s: u64) -> bool {
+        now_s >= self.exp
+    }
+}
+
 /// Hex of the first 16 bytes of SHA-256(subject): binds the caller's identity
 /// without putting it into the model's context.
 pub fn subject_hash(subject: &str) -> String {
@@ -153,11 +160,12 @@ pub fn mint(keyring: &Keyring, nonce: [u8; 16], exp: u64, subject_hash: &str, sc
 }
 
 /// What the confirm (or status) request must match.
+///
+/// Expiry is not part of it: an expired fingerprint is still *authentic*, and
+/// the caller decides what expiry means (DESIGN §3: it only refuses to start an
+/// operation; one that exists is answered as before). See [`Claims::expired`].
 #[derive(Debug, Clone, Copy)]
 pub struct Expect<'a> {
-    pub now: u64,
-    /// False on a status lookup: an expired fingerprint can still ask what happened.
-    pub check_expiry: bool,
     pub subject_hash: &'a str,
     pub scope: &'a str,
     /// `None` where the request carries no bound fields to compare (status).
@@ -170,10 +178,12 @@ pub enum VerifyError {
     Malformed,
     UnknownKid,
     BadSignature,
-    Expired { exp: u64 },
     SubjectMismatch,
     ScopeMismatch,
-    ParamMismatch,
+    /// Authentic, but issued for other bound fields; the nonce is genuine, for the security log.
+    ParamMismatch {
+        nonce: String,
+    },
 }
 
 impl VerifyError {
@@ -184,10 +194,9 @@ impl VerifyError {
             VerifyError::Malformed => "malformed",
             VerifyError::UnknownKid => "unknown_kid",
             VerifyError::BadSignature => "bad_signature",
-            VerifyError::Expired { .. } => "expired",
             VerifyError::SubjectMismatch => "subject_mismatch",
             VerifyError::ScopeMismatch => "scope_mismatch",
-            VerifyError::ParamMismatch => "param_mismatch",
+            VerifyError::ParamMismatch { .. } => "param_mismatch",
         }
     }
 }
@@ -199,10 +208,9 @@ impl fmt::Display for VerifyError {
             VerifyError::Malformed => f.write_str("fingerprint is malformed"),
             VerifyError::UnknownKid => f.write_str("fingerprint signed with an unknown key id"),
             VerifyError::BadSignature => f.write_str("fingerprint signature does not match"),
-            VerifyError::Expired { exp } => write!(f, "fingerprint expired at {exp}"),
             VerifyError::SubjectMismatch => f.write_str("fingerprint was issued to another subject"),
             VerifyError::ScopeMismatch => f.write_str("fingerprint was issued for another scope"),
-            VerifyError::ParamMismatch => f.write_str("bound parameters differ from the preview"),
+            VerifyError::ParamMismatch { .. } => f.write_str("bound parameters differ from the preview"),
         }
     }
 }
@@ -252,9 +260,6 @@ pub fn verify(keyring: &Keyring, fingerprint: &str, expect: &Expect) -> Result<C
     mac.update(payload_b64.as_bytes());
     mac.verify_slice(&signature).map_err(|_| VerifyError::BadSignature)?;
 
-    if expect.check_expiry && expect.now >= payload.exp {
-        return Err(VerifyError::Expired { exp: payload.exp });
-    }
     if payload.u != expect.subject_hash {
         return Err(VerifyError::SubjectMismatch);
     }
@@ -263,7 +268,7 @@ pub fn verify(keyring: &Keyring, fingerprint: &str, expect: &Expect) -> Result<C
     }
     if let Some(p) = expect.param_hash {
         if payload.p != p {
-            return Err(VerifyError::ParamMismatch);
+            return Err(VerifyError::ParamMismatch { nonce: payload.n });
         }
     }
     Ok(Claims {
@@ -295,8 +300,8 @@ mod tests {
         )
     }
 
-    fn expect<'a>(now: u64, u: &'a str) -> Expect<'a> {
-        Expect { now, check_expiry: true, subject_hash: u, scope: "payments.transfer", param_hash: Some(P) }
+    fn expect<'a>(_now: u64, u: &'a str) -> Expect<'a> {
+        Expect { subject_hash: u, scope: "payments.transfer", param_hash: Some(P) }
     }
 
     fn token(ring: &Keyring, u: &str) -> String {
@@ -353,11 +358,11 @@ mod tests {
         let ring = ring()?;
         let u = subject_hash("alice");
         let fp = token(&ring, &u);
-        assert!(verify(&ring, &fp, &expect(999, &u)).is_ok());
-        assert_eq!(verify(&ring, &fp, &expect(1000, &u)), Err(VerifyError::Expired { exp: 1000 }));
-        assert_eq!(verify(&ring, &fp, &expect(1001, &u)), Err(VerifyError::Expired { exp: 1000 }));
-        let lookup = Expect { check_expiry: false, ..expect(5000, &u) };
-        assert!(verify(&ring, &fp, &lookup).is_ok());
+        // Expiry never makes an authentic token unverifiable: the caller decides what it means.
+        let claims = verify(&ring, &fp, &expect(5000, &u))?;
+        assert!(!claims.expired(999));
+        assert!(claims.expired(1000));
+        assert!(claims.expired(1001));
         Ok(())
     }
 
@@ -412,8 +417,7 @@ mod tests {
         let bob = subject_hash("bob");
         let fp = token(&ring, &alice);
         // Every check fails at once; each step is removed in turn to expose the next.
-        let mut wrong =
-            Expect { now: 5000, check_expiry: true, subject_hash: &bob, scope: "other", param_hash: Some("x") };
+        let mut wrong = Expect { subject_hash: &bob, scope: "other", param_hash: Some("x") };
         let long = "a".repeat(MAX_FINGERPRINT_LEN + 1);
         assert_eq!(verify(&ring, &long, &wrong), Err(VerifyError::TooLong));
         assert_eq!(verify(&ring, "not-a-token", &wrong), Err(VerifyError::Malformed));
@@ -421,13 +425,11 @@ mod tests {
         assert_eq!(verify(&ring, &unknown, &wrong), Err(VerifyError::UnknownKid));
         let forged = tamper(&fp, "exp", serde_json::json!(1))?;
         assert_eq!(verify(&ring, &forged, &wrong), Err(VerifyError::BadSignature));
-        assert_eq!(verify(&ring, &fp, &wrong), Err(VerifyError::Expired { exp: 1000 }));
-        wrong.now = 1;
         assert_eq!(verify(&ring, &fp, &wrong), Err(VerifyError::SubjectMismatch));
         wrong.subject_hash = &alice;
         assert_eq!(verify(&ring, &fp, &wrong), Err(VerifyError::ScopeMismatch));
         wrong.scope = "payments.transfer";
-        assert_eq!(verify(&ring, &fp, &wrong), Err(VerifyError::ParamMismatch));
+        assert_eq!(verify(&ring, &fp, &wrong), Err(VerifyError::ParamMismatch { nonce: "07".repeat(16) }));
         wrong.param_hash = None;
         assert!(verify(&ring, &fp, &wrong).is_ok());
         Ok(())

@@ -3,6 +3,7 @@
 
 pub mod canonical;
 pub mod fingerprint;
+pub mod machine;
 pub mod outcome;
 pub mod policy;
 pub mod protocol;

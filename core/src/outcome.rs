@@ -158,7 +158,10 @@ mod tests {
     #[test]
     fn a_retried_request_is_never_released() {
         assert_eq!(classify(503, Some("via_upstream"), 2, &[]), Outcome::Unknown);
-        assert_eq!(classify(503, Some("upstream_reset_before_response_started{connection_failure}"), 3, &[]), Outcome::Unknown);
+        assert_eq!(
+            classify(503, Some("upstream_reset_before_response_started{connection_failure}"), 3, &[]),
+            Outcome::Unknown
+        );
         assert_eq!(classify(201, Some("via_upstream"), 2, &[]), Outcome::Done);
         assert_eq!(classify(422, Some("via_upstream"), 2, &[]), Outcome::Failed);
     }

@@ -67,7 +67,30 @@ pub struct PluginConfig {
     /// The held upstream answer that is recorded for replay.
     pub max_response_bytes: usize,
     pub defaults: RouteDefaults,
+    /// The credential every callout to idemd carries (`authorization: Bearer …`);
+    /// `None` only for an idemd started with `--insecure-no-auth`.
+    pub sidecar_token: Option<Secret>,
 }
+
+/// A secret that never appears in `Debug` output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// idemd's tokens: long enough that guessing is hopeless, and printable
+/// ASCII so they travel in a header unchanged.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -95,7 +118,9 @@ const TOP_FIELDS: &[&str] = &[
     "max_body_bytes",
     "max_response_bytes",
     "defaults",
+    "sidecar_token",
 ];
+const TOKEN_FIELDS: &[&str] = &["secret", "secret_env"];
 const KEY_FIELDS: &[&str] = &["kid", "secret", "secret_env"];
 const SUBJECT_FIELDS: &[&str] = &["header", "property"];
 const DEFAULT_FIELDS: &[&str] = &["fingerprint_ttl_s", "lease_ms", "poll_after_ms", "retry_after_ms"];
@@ -125,6 +150,7 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
     let max_body_bytes = top.int("max_body_bytes", BODY_BYTES)?.unwrap_or(65_536);
     let max_response_bytes = top.int("max_response_bytes", BODY_BYTES)?.unwrap_or(1_048_576);
     let defaults = parse_defaults(&top)?;
+    let sidecar_token = parse_token(&top, env)?;
 
     Ok(PluginConfig {
         sidecar_cluster,
@@ -137,7 +163,27 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
         max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
         max_response_bytes: usize::try_from(max_response_bytes).unwrap_or(usize::MAX),
         defaults,
+        sidecar_token,
     })
+}
+
+fn parse_token(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Secret>, ConfigError> {
+    let Some(value) = top.get("sidecar_token") else { return Ok(None) };
+    let t = Obj::new(value, "sidecar_token".into())?;
+    t.only(TOKEN_FIELDS)?;
+    let token = match (t.string("secret")?, t.string("secret_env")?) {
+        (Some(inline), None) => inline,
+        (None, Some(var)) => env(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
+            ConfigError(format!("sidecar_token.secret_env: environment variable {var} is not set or empty"))
+        })?,
+        _ => return err("sidecar_token: exactly one of \"secret\" or \"secret_env\" is required"),
+    };
+    if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return err(format!(
+            "sidecar_token: expected at least {MIN_TOKEN_LEN} printable ASCII characters without spaces"
+        ));
+    }
+    Ok(Some(Secret(token)))
 }
 
 fn parse_keys(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Keyring, ConfigError> {
@@ -287,8 +333,21 @@ impl<'a> Obj<'a> {
 // ---- route annotations -------------------------------------------------
 
 pub const ROUTE_NAMESPACE: &str = "agent_idempotency";
-pub const ROUTE_KEYS: &[&str] =
-    &["role", "scope", "bind", "fingerprint_ttl_s", "lease_ms", "poll_after_ms", "status_tool", "result_ref", "outcomes"];
+/// Every annotation leaf a route may carry. The filter reads all of them to
+/// tell two annotations apart: its policy cache is keyed by their bytes, never
+/// by the route's name (names are not unique in Envoy).
+pub const ROUTE_KEYS: &[&str] = &[
+    "role",
+    "scope",
+    "bind",
+    "fingerprint_ttl_s",
+    "lease_ms",
+    "poll_after_ms",
+    "status_tool",
+    "result_ref",
+    "outcomes",
+    "replay",
+];
 
 const MAX_SCOPE_LEN: usize = 128;
 const MAX_BOUND_FIELDS: usize = 64;
@@ -319,6 +378,31 @@ pub enum LeafValue {
     Num(f64),
 }
 
+/// Decode one annotation leaf as Envoy returns it from `get_property`: a
+/// string leaf as raw UTF-8, a number leaf as 8 bytes of a little-endian
+/// double. The key tells which one to expect; anything else goes to the
+/// parser as text, which rejects "15m" loudly.
+pub fn leaf_value(key: &str, raw: Vec<u8>) -> LeafValue {
+    let numeric = key.ends_with("_s") || key.ends_with("_ms");
+    if numeric && raw.len() == 8 && !raw.iter().all(u8::is_ascii_digit) {
+        if let Ok(bytes) = <[u8; 8]>::try_from(raw.as_slice()) {
+            return LeafValue::Num(f64::from_le_bytes(bytes));
+        }
+    }
+    LeafValue::Str(String::from_utf8_lossy(&raw).into_owned())
+}
+
+/// How a confirm route answers a repeated call with a recorded result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// The DESIGN §7 envelope for models: what happened, what to do next,
+    /// the original body under `result`.
+    Envelope,
+    /// Stripe's convention for programs: the original status, recorded
+    /// headers and body byte for byte, with `Idempotent-Replayed: true`.
+    Original,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutePolicy {
     pub role: Role,
@@ -331,6 +415,7 @@ pub struct RoutePolicy {
     pub result_ref: Option<String>,
     /// The route's readings of upstream statuses, e.g. `409:failed` (core::outcome).
     pub outcomes: Vec<(u16, crate::outcome::Outcome)>,
+    pub replay: ReplayMode,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -399,6 +484,11 @@ pub fn parse_route_policy(
         Some(text) => crate::outcome::parse_overrides(&text).map_err(|e| PolicyError(format!("outcomes: {e}")))?,
         None => Vec::new(),
     };
+    let replay = match leaf_string(get, "replay")?.as_deref() {
+        None | Some("envelope") => ReplayMode::Envelope,
+        Some("original") => ReplayMode::Original,
+        Some(other) => return perr(format!("replay: {other:?} is not one of envelope, original")),
+    };
 
     Ok(Some(RoutePolicy {
         role,
@@ -410,6 +500,7 @@ pub fn parse_route_policy(
         status_tool,
         result_ref,
         outcomes,
+        replay,
     }))
 }
 
@@ -667,6 +758,7 @@ mod tests {
             ("status_tool", s("get_transfer_status")),
             ("result_ref", s("/transfer_id")),
             ("outcomes", s("409:failed")),
+            ("replay", s("original")),
         ])?;
         let want = RoutePolicy {
             role: Role::Confirm,
@@ -683,6 +775,7 @@ mod tests {
             status_tool: Some("get_transfer_status".into()),
             result_ref: Some("/transfer_id".into()),
             outcomes: vec![(409, crate::outcome::Outcome::Failed)],
+            replay: ReplayMode::Original,
         };
         assert_eq!(p, Some(want));
         Ok(())
@@ -730,12 +823,36 @@ mod tests {
             (("result_ref", s("transfer_id")), "result_ref: \"transfer_id\" is not a JSON pointer"),
             (("outcomes", s("200:failed")), "outcomes: 200: only statuses 300-599"),
             (("status_tool", LeafValue::Num(3.0)), "status_tool: expected a string"),
+            (("replay", s("stripe")), "replay: \"stripe\" is not one of envelope, original"),
         ];
         for ((key, value), want) in cases {
             let got = base(&[(key, value)]);
             assert!(got.starts_with(want), "{key}: want {want:?}, got {got:?}");
         }
         assert_eq!(base(&[("scope", s("a"))]), "<accepted>");
+    }
+
+    #[test]
+    fn sidecar_token_from_config_or_environment() -> Result<(), ConfigError> {
+        assert_eq!(parse(&config(""))?.sidecar_token, None);
+        let inline = parse(&config(r#","sidecar_token":{"secret":"0123456789abcdefXYZ"}"#))?;
+        assert_eq!(inline.sidecar_token.as_ref().map(Secret::expose), Some("0123456789abcdefXYZ"));
+        assert!(!format!("{inline:?}").contains("0123456789abcdefXYZ"));
+        let env = |name: &str| (name == "TOK").then(|| "from-the-environment-0001".to_string());
+        let text = config(r#","sidecar_token":{"secret_env":"TOK"}"#);
+        let from_env = parse_plugin_config(text.as_bytes(), &env)?;
+        assert_eq!(from_env.sidecar_token.as_ref().map(Secret::expose), Some("from-the-environment-0001"));
+        for (extra, want) in [
+            (r#","sidecar_token":{"secret":"short"}"#, "sidecar_token: expected at least 16"),
+            (r#","sidecar_token":{"secret":"has a space in it, long"}"#, "sidecar_token: expected at least 16"),
+            (r#","sidecar_token":{"secret_env":"NOPE"}"#, "sidecar_token.secret_env: environment variable NOPE"),
+            (r#","sidecar_token":{}"#, "sidecar_token: exactly one of"),
+            (r#","sidecar_token":{"token":"x"}"#, "sidecar_token.token: unknown field"),
+        ] {
+            let got = error_of(&config(extra));
+            assert!(got.starts_with(want), "{extra}: {got}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub struct AcquireRequest {
     pub scope: String,
     /// How long the new owner holds the IN_FLIGHT lease.
     pub lease_ms: u64,
+    /// The filter's trace id: logged with the call and kept in the audit trail.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_id: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +99,8 @@ pub struct CompleteRequest {
     pub owner: String,
     pub state: TerminalState,
     pub result: StoredResult,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_id: String,
 }
 
 /// `POST /v1/release`: the request provably never reached the upstream.
@@ -103,6 +108,8 @@ pub struct CompleteRequest {
 pub struct ReleaseRequest {
     pub key: String,
     pub owner: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_id: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

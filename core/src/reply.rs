@@ -18,15 +18,19 @@ pub enum ReplyKind {
     /// Same status and next step as `InProgress`.
     OutcomeUnknown,
     NeedsReview,
-    /// Sidecar/store unavailable, or the upstream said 429/503 (released):
-    /// 503 + Retry-After; the same call is safe to repeat.
+    /// The operation provably did not run: the upstream said 429/503 or could
+    /// not be reached, and the operation was released. 503 + Retry-After; the
+    /// same call is safe to repeat. Never used where an earlier call may have
+    /// executed it (that is `StatusUnavailable`).
     NotExecuted,
     /// Status route: this fingerprint was never confirmed and may still be,
     /// until `fingerprint_expires_at` (HTTP 200).
     NotYetExecuted,
-    /// Status route: the store cannot be asked right now (503 + Retry-After).
-    /// Unlike `NotExecuted` it claims nothing about the operation, which may
-    /// or may not have run; only the lookup is safe to repeat.
+    /// The store cannot be asked right now (503 + Retry-After): this call ran
+    /// nothing, but an earlier call with the same fingerprint may have. Unlike
+    /// `NotExecuted` it claims nothing about the operation. On a confirm route
+    /// repeating the same call is safe (it replays or runs once); on a status
+    /// route repeating the lookup is.
     StatusUnavailable,
     ParamsChanged,
     FingerprintExpired,
@@ -98,6 +102,9 @@ pub struct ReplyContext<'a> {
     pub result_ref: Option<String>,
     /// Unix seconds, for the status route's "not yet executed".
     pub fingerprint_expires_at: Option<u64>,
+    /// The operation key (the fingerprint's nonce), for replies an operator may
+    /// be asked about: `in_progress`, `needs_review`, `status_unavailable`.
+    pub operation: Option<&'a str>,
     pub detail: Option<&'a str>,
     /// The reply answers a status query, not a repeated confirm: the wording
     /// reports the outcome instead of calling the call a duplicate, and the
@@ -149,6 +156,17 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
                 body.insert("poll_with".into(), tool.into());
             }
         }
+        _ => {}
+    }
+    if let Some(key) = ctx.operation {
+        if matches!(
+            kind,
+            ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview | ReplyKind::StatusUnavailable
+        ) {
+            body.insert("operation".into(), key.into());
+        }
+    }
+    match kind {
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => {
             body.insert("retry_after_ms".into(), ctx.retry_after_ms.into());
             headers.push(("retry-after".to_string(), ctx.retry_after_ms.div_ceil(1000).to_string()));
@@ -163,6 +181,17 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     }
 
     Reply { http_status: http_status(kind, ctx), headers, body: Value::Object(body).to_string().into_bytes() }
+}
+
+/// A recorded result replayed as the upstream sent it (the route's `replay:
+/// original`): status, recorded headers and body byte for byte, for callers
+/// that are programs (Stripe's convention).
+pub fn original(result: &StoredResult) -> Reply {
+    let mut headers: Vec<(String, String)> =
+        result.headers.iter().filter(|(k, _)| !k.eq_ignore_ascii_case("idempotent-replayed")).cloned().collect();
+    headers.push(("idempotent-replayed".to_string(), "true".to_string()));
+    let status = if (200..=599).contains(&result.status) { result.status } else { 200 };
+    Reply { http_status: status, headers, body: decode_body(&result.body_b64).unwrap_or_default() }
 }
 
 /// Resolve a route's `result_ref` pointer against a JSON body: strings as-is,
@@ -248,7 +277,7 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
         ),
         ReplyKind::AlreadyFailed if ctx.status_query => w(
             format!(
-                "This operation failed definitively (original HTTP status {}); nothing was executed.",
+                "This operation failed definitively (original HTTP status {}): the service refused it.",
                 ctx.result.map_or(0, |r| r.status)
             ),
             "Do not confirm it again with this fingerprint. Tell the user why it failed, using `result`. If the user still wants the operation, call the preview tool again to get a new fingerprint.",
@@ -288,11 +317,11 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             "The outcome of this operation could not be determined automatically: it may or may not have been executed. A person is checking it.",
             format!(
                 "Do not retry and do not start a new preview for the same purpose. Tell the user that the operation is being reviewed by a person and that they will be told the outcome; give them the reference {}.",
-                ctx.trace_id
+                ctx.operation.unwrap_or(ctx.trace_id)
             ),
         ),
         ReplyKind::NotExecuted => w(
-            "This operation was NOT executed: a service it depends on was temporarily unavailable. Nothing happened.",
+            "This operation was NOT executed: the service that carries it out was temporarily unavailable and did not act on it. Nothing happened.",
             format!(
                 "Wait {}, then call this tool again with exactly the same arguments and the same fingerprint. That is safe: it cannot execute twice.",
                 wait(ctx.retry_after_ms)
@@ -308,48 +337,59 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
                 None => "Do not report this operation as done. If the user still wants it, call the confirm tool with this fingerprint while it is valid; once it has expired, call the preview tool again first.".to_string(),
             },
         ),
-        ReplyKind::StatusUnavailable => w(
+        ReplyKind::StatusUnavailable if ctx.status_query => w(
             "The outcome of this operation cannot be looked up right now because a service is temporarily unavailable. It may or may not have been executed.",
             format!(
                 "Do not call the confirm tool again and do not start a new preview. Wait {}, then call this status tool again with the same fingerprint. Until then, tell the user the outcome is not known yet.",
                 wait(ctx.retry_after_ms)
             ),
         ),
+        ReplyKind::StatusUnavailable => w(
+            "This call did not execute anything, but the gateway cannot check right now whether an earlier call with this fingerprint already executed the operation, because a service is temporarily unavailable. The operation may or may not have been executed.",
+            format!(
+                "Do not tell the user it was not done and do not start a new preview. Wait {}, then call this tool again with exactly the same arguments and the same fingerprint{}: that is safe, it cannot execute twice, and it reports the outcome if an earlier call already executed it.",
+                wait(ctx.retry_after_ms),
+                match ctx.poll_with {
+                    Some(tool) => format!(" (or call `{tool}` with the same fingerprint)"),
+                    None => String::new(),
+                }
+            ),
+        ),
         ReplyKind::ParamsChanged => w(
-            "The bound arguments of this call (such as amount, currency or recipient) differ from those the fingerprint was issued for in the preview. Nothing was executed.",
-            "Do not retry with this fingerprint. Call the preview tool again with the arguments the user actually wants, show the user the new preview, then confirm with the new fingerprint.",
+            "The bound arguments of this call (such as amount, currency or recipient) differ from those the fingerprint was issued for in the preview. This call did not execute anything.",
+            "Do not retry with this fingerprint and these arguments. If you already confirmed this fingerprint with its original arguments, that earlier call stands: check it with the status tool before anything else. Otherwise call the preview tool again with the arguments the user actually wants, show the user the new preview, then confirm with the new fingerprint.",
         ),
         ReplyKind::FingerprintExpired => w(
-            "The fingerprint has expired: a fingerprint from the preview is valid only for a limited time. Nothing was executed.",
+            "The fingerprint has expired (a fingerprint from the preview is valid only for a limited time) and no operation was ever started with it: nothing was executed.",
             "Call the preview tool again with the same arguments to get a new fingerprint, tell the user if the preview changed, then confirm with the new fingerprint.",
         ),
         ReplyKind::FingerprintInvalid => w(
-            "The fingerprint is not valid: it was altered, truncated, or not issued by this service. Nothing was executed.",
+            "The fingerprint is not valid: it was altered, truncated, or not issued by this service. This call did not execute anything.",
             "Copy the fingerprint exactly, character for character, from the latest preview result and call again. If you no longer have it, call the preview tool again.",
         ),
         ReplyKind::FingerprintMissing => w(
-            "This call requires the fingerprint issued by the preview tool, and none was sent. Nothing was executed.",
+            "This call requires the fingerprint issued by the preview tool, and none was sent. This call did not execute anything.",
             "If you have not run the preview yet, call the preview tool first. Then call this tool again with the fingerprint copied exactly from the preview result.",
         ),
         ReplyKind::Forbidden => w(
-            "This fingerprint was issued to a different caller and cannot be used by you. Nothing was executed.",
+            "This fingerprint was issued to a different caller and cannot be used by you. This call did not execute anything.",
             "Do not retry. If the user wants this operation, call the preview tool yourself to get your own fingerprint, then confirm with it.",
         ),
         ReplyKind::SubjectMissing => w(
-            "The gateway could not identify who is making this call, so nothing was executed.",
+            "The gateway could not identify who is making this call, so this call did not execute anything.",
             "Do not retry this call as it is. Tell the user that the tool's authentication is missing or invalid and has to be fixed before the operation can be done.",
         ),
         ReplyKind::BodyTooLarge => w(
-            "The request body is larger than the gateway accepts. Nothing was executed.",
+            "The request body is larger than the gateway accepts. This call did not execute anything.",
             "Send only the arguments the tool documents, without extra data, and call again.",
         ),
         ReplyKind::InvalidJson => w(
-            "The request body is not a valid JSON object (or it repeats a field name). Nothing was executed.",
+            "The request body is not a valid JSON object (or it repeats a field name). This call did not execute anything.",
             "Send the arguments as one valid JSON object in which every field name appears once, and call again.",
         ),
         ReplyKind::InvalidField => w(
             format!(
-                "The field {} has the wrong type or a number out of range. Nothing was executed.",
+                "The field {} has the wrong type or a number out of range. This call did not execute anything.",
                 ctx.detail.unwrap_or("named in `detail`")
             ),
             "Correct that field (give amounts as a JSON number or a decimal string such as \"12.50\") and call again.",
@@ -368,7 +408,7 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             },
         ),
         ReplyKind::AlreadyFailed if ctx.status_query => w(
-            format!("该操作已经明确失败（原始 HTTP 状态码 {}），没有执行任何操作。", ctx.result.map_or(0, |r| r.status)),
+            format!("该操作已经明确失败（原始 HTTP 状态码 {}）：服务拒绝了它。", ctx.result.map_or(0, |r| r.status)),
             "不要再用这个指纹确认。根据 result 把失败原因告诉用户。如果用户仍想完成这笔操作，先重新调用预览工具获取新的指纹。",
         ),
         ReplyKind::AlreadyCompleted => w(
@@ -406,11 +446,11 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             "该操作的结果无法自动确定：可能已经执行，也可能没有执行，正在由人工核查。",
             format!(
                 "不要重试，也不要为同一目的重新预览。告诉用户这笔操作正在人工核查，结果确定后会另行通知，查询编号为 {}。",
-                ctx.trace_id
+                ctx.operation.unwrap_or(ctx.trace_id)
             ),
         ),
         ReplyKind::NotExecuted => w(
-            "该操作没有被执行：它依赖的服务暂时不可用，什么都没有发生。",
+            "该操作没有被执行：负责执行它的服务暂时不可用，没有处理这次请求，什么都没有发生。",
             format!(
                 "等待 {} 后，用完全相同的参数和同一个指纹重新调用本工具。这是安全的，不会重复执行。",
                 wait(ctx.retry_after_ms)
@@ -426,6 +466,17 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
                 None => "不要告诉用户该操作已完成。如果用户仍要执行，请在指纹有效期内用它调用确认工具；过期后需先重新调用预览工具。".to_string(),
             },
         ),
+        ReplyKind::StatusUnavailable if !ctx.status_query => w(
+            "本次调用没有执行任何操作，但由于服务暂时不可用，网关现在无法核实此前使用同一指纹的调用是否已经执行了该操作：它可能已经执行，也可能没有。",
+            format!(
+                "不要告诉用户操作没有完成，也不要重新预览。等待 {} 后，用完全相同的参数和同一个指纹再次调用本工具{}：这是安全的，不会重复执行；如果此前已经执行，它会返回那次的结果。",
+                wait(ctx.retry_after_ms),
+                match ctx.poll_with {
+                    Some(tool) => format!("（或用同一个指纹调用 {tool}）"),
+                    None => String::new(),
+                }
+            ),
+        ),
         ReplyKind::StatusUnavailable => w(
             "由于服务暂时不可用，现在无法查询该操作的结果：它可能已经执行，也可能没有执行。",
             format!(
@@ -434,39 +485,39 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
         ),
         ReplyKind::ParamsChanged => w(
-            "本次调用中的关键参数（如金额、币种、收款方）与预览时签发指纹的参数不一致，没有执行。",
-            "不要用这个指纹重试。用用户真正想要的参数重新调用预览工具，把新的预览结果告诉用户，再用新的指纹确认。",
+            "本次调用中的关键参数（如金额、币种、收款方）与预览时签发指纹的参数不一致，本次调用没有执行任何操作。",
+            "不要用这个指纹和这些参数重试。如果此前已经用这个指纹和原来的参数确认过，那次调用依然有效：先用状态查询工具核实。否则用用户真正想要的参数重新调用预览工具，把新的预览结果告诉用户，再用新的指纹确认。",
         ),
         ReplyKind::FingerprintExpired => w(
-            "指纹已过期：预览签发的指纹只在有限时间内有效。本次没有执行。",
+            "指纹已过期（预览签发的指纹只在有限时间内有效），并且从未用它发起过操作：什么都没有执行。",
             "用相同的参数重新调用预览工具获取新的指纹；如果预览结果有变化，先告诉用户，再用新指纹确认。",
         ),
         ReplyKind::FingerprintInvalid => w(
-            "指纹无效：它被改动、截断，或者不是本服务签发的。本次没有执行。",
+            "指纹无效：它被改动、截断，或者不是本服务签发的。本次调用没有执行任何操作。",
             "从最近一次预览结果中逐字符原样复制指纹后重新调用；如果已经找不到，就重新调用预览工具。",
         ),
         ReplyKind::FingerprintMissing => w(
-            "本次调用需要预览工具签发的指纹，但没有携带。本次没有执行。",
+            "本次调用需要预览工具签发的指纹，但没有携带。本次调用没有执行任何操作。",
             "如果还没有预览，先调用预览工具；然后把预览结果中的指纹原样带上，再调用本工具。",
         ),
         ReplyKind::Forbidden => w(
-            "这个指纹是签发给其他调用方的，你不能使用。本次没有执行。",
+            "这个指纹是签发给其他调用方的，你不能使用。本次调用没有执行任何操作。",
             "不要重试。如果用户确实要执行这笔操作，请自己调用预览工具获取属于你的指纹，再用它确认。",
         ),
         ReplyKind::SubjectMissing => w(
-            "网关无法识别本次调用的身份，没有执行任何操作。",
+            "网关无法识别本次调用的身份，本次调用没有执行任何操作。",
             "不要原样重试。告诉用户该工具的身份认证缺失或无效，需要先修复后才能执行这笔操作。",
         ),
         ReplyKind::BodyTooLarge => w(
-            "请求体超过了网关允许的大小，没有执行。",
+            "请求体超过了网关允许的大小，本次调用没有执行任何操作。",
             "只发送工具要求的参数，去掉多余的数据，然后重新调用。",
         ),
         ReplyKind::InvalidJson => w(
-            "请求体不是合法的 JSON 对象（或者有重复的字段名），没有执行。",
+            "请求体不是合法的 JSON 对象（或者有重复的字段名），本次调用没有执行任何操作。",
             "把参数作为一个合法的 JSON 对象发送，每个字段名只出现一次，然后重新调用。",
         ),
         ReplyKind::InvalidField => w(
-            format!("字段 {} 的类型错误或数值超出范围，没有执行。", ctx.detail.unwrap_or("（见 detail）")),
+            format!("字段 {} 的类型错误或数值超出范围，本次调用没有执行任何操作。", ctx.detail.unwrap_or("（见 detail）")),
             "修正该字段（金额请使用 JSON 数字或十进制字符串，例如 \"12.50\"），然后重新调用。",
         ),
     }
@@ -537,6 +588,7 @@ mod tests {
                     result_ref: Some("T-1".into()),
                     fingerprint_expires_at: Some(1_753_500_000),
                     detail: Some("/amount"),
+                    operation: Some("0123456789abcdef0123456789abcdef"),
                     status_query: false,
                 };
                 let reply = render(kind, lang, &ctx);
@@ -774,5 +826,64 @@ mod tests {
             assert!(!meaning.contains("duplicate") && !meaning.contains("重复"), "{meaning}");
         }
         Ok(())
+    }
+
+    /// DESIGN §3/§7: a reply may claim the *operation* did not run only where
+    /// that is known (released; expired and never started). Every other
+    /// refusal speaks about *this call*, because an earlier call with the same
+    /// fingerprint may have executed it.
+    #[test]
+    fn only_provable_replies_say_nothing_ran() {
+        let about_operation = [ReplyKind::NotExecuted, ReplyKind::FingerprintExpired];
+        for kind in ReplyKind::ALL {
+            for status_query in [false, true] {
+                let ctx = ReplyContext { status_query, ..Default::default() };
+                let en = english(kind, &ctx).meaning.to_lowercase();
+                let zh = chinese(kind, &ctx).meaning;
+                let claims_en = en.contains("nothing was executed") || en.contains("was not executed");
+                let claims_zh = zh.contains("什么都没有") || zh.contains("没有被执行");
+                if about_operation.contains(&kind) {
+                    assert!(claims_en && claims_zh, "{kind:?} must say plainly that nothing ran: {en} / {zh}");
+                } else {
+                    assert!(!claims_en, "{kind:?} (status_query={status_query}) claims nothing ran: {en}");
+                    assert!(!claims_zh, "{kind:?} (status_query={status_query}) claims nothing ran: {zh}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unchecked_confirm_points_to_the_status_tool_and_the_operation() -> Result<(), serde_json::Error> {
+        let ctx = ReplyContext {
+            retry_after_ms: 2000,
+            poll_with: Some("get_transfer_status"),
+            operation: Some("0123456789abcdef0123456789abcdef"),
+            ..Default::default()
+        };
+        let reply = render(ReplyKind::StatusUnavailable, Language::En, &ctx);
+        let body = json(&reply)?;
+        assert_eq!(reply.http_status, 503);
+        assert_eq!(body.get("retryable"), Some(&Value::Bool(true)));
+        assert_eq!(body.get("operation").and_then(Value::as_str), Some("0123456789abcdef0123456789abcdef"));
+        let instruction = body.get("instruction").and_then(Value::as_str).unwrap_or_default();
+        assert!(instruction.contains("get_transfer_status"), "{instruction}");
+        assert!(instruction.contains("Do not tell the user it was not done"), "{instruction}");
+        assert_eq!(header(&reply, "retry-after"), Some("2"));
+        Ok(())
+    }
+
+    #[test]
+    fn original_replay_is_byte_for_byte() {
+        let result = StoredResult {
+            status: 201,
+            headers: vec![("content-type".into(), "text/plain".into()), ("location".into(), "/t/1".into())],
+            body_b64: encode_body(b"created \x00 exactly"),
+        };
+        let reply = original(&result);
+        assert_eq!(reply.http_status, 201);
+        assert_eq!(reply.body, b"created \x00 exactly");
+        assert_eq!(header(&reply, "content-type"), Some("text/plain"));
+        assert_eq!(header(&reply, "location"), Some("/t/1"));
+        assert_eq!(header(&reply, "idempotent-replayed"), Some("true"));
     }
 }

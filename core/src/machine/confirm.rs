@@ -1,0 +1,385 @@
+//! Confirm: verify → acquire → forward with the nonce as `Idempotency-Key` →
+//! hold the answer → classify → complete or release → reply (DESIGN §4).
+//!
+//! Two rules shape this file. Expiry only refuses to *start*: an expired but
+//! authentic fingerprint asks idemd what became of its operation and answers
+//! exactly as before expiry. And no reply says "nothing was executed" unless
+//! that is known at that point; when the store cannot be asked, the reply
+//! says so instead.
+
+use super::{
+    body_fingerprint, parse_body, retry_after_ms, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Flow, Outcome,
+    ResponseHead, Step, Unexpected, IDEMPOTENCY_KEY_HEADER,
+};
+use crate::canonical;
+use crate::fingerprint::Claims;
+use crate::outcome::{self, Outcome as Verdict};
+use crate::policy::ReplayMode;
+use crate::protocol::{
+    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState,
+    OperationView, ReleaseRequest, StoredResult, TerminalState,
+};
+use crate::reply::{self, ReplyContext, ReplyKind};
+
+#[derive(Debug)]
+pub struct Confirm {
+    ctx: Ctx,
+    subject_hash: String,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+enum Phase {
+    AwaitBody {
+        header_token: Option<String>,
+    },
+    /// `POST /v1/acquire` is out.
+    Acquiring {
+        claims: Claims,
+    },
+    /// Expired: `GET /v1/operations/{nonce}` is out, to answer about what exists.
+    CheckingExpired {
+        claims: Claims,
+    },
+    /// We own the operation and the request went upstream.
+    Forwarded {
+        claims: Claims,
+        owner: String,
+    },
+    /// The upstream's head is held until its body is complete.
+    Holding {
+        claims: Claims,
+        owner: String,
+        head: ResponseHead,
+    },
+    /// `complete` or `release` is out; the answer is held until it is acked.
+    Recording {
+        call: Record,
+    },
+    Finished,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    Complete,
+    Release,
+}
+
+impl Confirm {
+    pub(super) fn new(ctx: Ctx, subject_hash: String, header_token: Option<String>) -> Confirm {
+        Confirm { ctx, subject_hash, phase: Phase::AwaitBody { header_token } }
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished)
+    }
+
+    pub(super) fn forwarded(&self) -> bool {
+        matches!(self.phase, Phase::Forwarded { .. })
+    }
+
+    pub(super) fn body_limit(&self) -> Option<(&Ctx, usize)> {
+        matches!(self.phase, Phase::AwaitBody { .. }).then_some((&self.ctx, self.ctx.config.max_body_bytes))
+    }
+
+    fn unexpected(&self, event: &'static str) -> Outcome {
+        Err(Unexpected { event, phase: self.phase_name() })
+    }
+
+    fn finish(&mut self, step: Step) -> Step {
+        self.phase = Phase::Finished;
+        step
+    }
+
+    pub(super) fn on_request_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
+        let Phase::AwaitBody { header_token } = &self.phase else { return self.unexpected("request_body") };
+        let json = match parse_body(&self.ctx, body) {
+            Ok(v) => v,
+            Err(step) => return Ok(self.finish(step)),
+        };
+        let token = header_token.clone().or_else(|| body_fingerprint(&json));
+        let param_hash = match canonical::param_hash(&json, &self.ctx.policy.bound) {
+            Ok(h) => h,
+            Err(e) => {
+                let step = self.ctx.field_error(&e);
+                return Ok(self.finish(step));
+            }
+        };
+        let claims = match self.ctx.verify(token.as_deref(), &self.subject_hash, Some(&param_hash)) {
+            Ok(c) => c,
+            Err(refusal) => return Ok(self.finish(refusal)),
+        };
+        if claims.expired(env.now_s()) {
+            // Expiry refuses to start an operation, never to report one that exists.
+            let call = Callout { method: "GET", path: operation_path(&claims.nonce), body: None };
+            self.phase = Phase::CheckingExpired { claims };
+            return Ok(Step::pause().with(Effect::Count(Counter::ExpiredLookups)).with(Effect::Call(call)));
+        }
+        let req = AcquireRequest {
+            key: claims.nonce.clone(),
+            param_hash,
+            subject_hash: claims.subject_hash.clone(),
+            scope: claims.scope.clone(),
+            lease_ms: self.ctx.policy.lease_ms,
+            trace_id: self.ctx.trace_id.clone(),
+        };
+        self.phase = Phase::Acquiring { claims };
+        Ok(Step::pause().with(Effect::Count(Counter::Verified)).with(Effect::Call(post("/v1/acquire", &req))))
+    }
+
+    pub(super) fn on_callout(&mut self, answer: &CalloutAnswer) -> Outcome {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        let step = match phase {
+            Phase::Acquiring { claims } => self.on_acquired(answer, claims),
+            Phase::CheckingExpired { claims } => self.on_expired_lookup(answer, &claims),
+            Phase::Recording { call } => on_recorded(call, answer),
+            other => {
+                self.phase = other;
+                return self.unexpected("callout");
+            }
+        };
+        Ok(step)
+    }
+
+    fn on_acquired(&mut self, answer: &CalloutAnswer, claims: Claims) -> Step {
+        let Some(answer) = answer.json::<AcquireResponse>() else {
+            // The acquire may or may not have reached the store; nothing went upstream from here.
+            return self.unchecked(&claims.nonce);
+        };
+        match answer.outcome {
+            AcquireOutcome::Acquired => match answer.owner {
+                Some(owner) => {
+                    // The nonce is the downstream's idempotency key; Envoy's own retries resend it unchanged.
+                    let step = Step::go_on()
+                        .with(Effect::Count(Counter::Acquired))
+                        .with(Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, claims.nonce.clone()))
+                        .with(Effect::ResumeRequest);
+                    self.phase = Phase::Forwarded { claims, owner };
+                    step
+                }
+                // Acquired for an owner we cannot name: never forward; the lease and the reconciler settle it.
+                None => self.unchecked(&claims.nonce),
+            },
+            AcquireOutcome::Done => self.replay(ReplyKind::AlreadyCompleted, answer.result.as_ref()),
+            AcquireOutcome::Failed => self.replay(ReplyKind::AlreadyFailed, answer.result.as_ref()),
+            AcquireOutcome::InFlight => self.in_progress(ReplyKind::InProgress, &claims.nonce),
+            AcquireOutcome::NeedsReview => self.needs_review(&claims.nonce),
+            AcquireOutcome::ParamMismatch => {
+                let mut step = self.ctx.simple(ReplyKind::ParamsChanged).with(Effect::Count(Counter::RejectedParams));
+                step.effects.extend(self.ctx.security_event("params_changed", &claims.nonce));
+                step
+            }
+            AcquireOutcome::StoreUnavailable => self.unchecked(&claims.nonce),
+        }
+    }
+
+    fn on_expired_lookup(&mut self, answer: &CalloutAnswer, claims: &Claims) -> Step {
+        match answer.status {
+            // No row: never started (or released, which means it never ran), and now it cannot start.
+            Some(404) => self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired)),
+            Some(200) => match answer.json::<OperationView>() {
+                Some(view) => match view.state {
+                    OpState::Done => self.replay(ReplyKind::AlreadyCompleted, view.result.as_ref()),
+                    OpState::Failed => self.replay(ReplyKind::AlreadyFailed, view.result.as_ref()),
+                    OpState::InFlight => self.in_progress(ReplyKind::InProgress, &claims.nonce),
+                    OpState::NeedsReview => self.needs_review(&claims.nonce),
+                },
+                None => self.unchecked(&claims.nonce),
+            },
+            _ => self.unchecked(&claims.nonce),
+        }
+    }
+
+    /// The store could not be asked: this call ran nothing, but an earlier one may have.
+    fn unchecked(&self, nonce: &str) -> Step {
+        let ctx = ReplyContext {
+            retry_after_ms: self.ctx.config.defaults.retry_after_ms,
+            poll_with: self.ctx.policy.status_tool.as_deref(),
+            operation: Some(nonce),
+            ..Default::default()
+        };
+        self.ctx.reply(ReplyKind::StatusUnavailable, ctx).with(Effect::Count(Counter::SidecarErrors))
+    }
+
+    fn replay(&self, kind: ReplyKind, result: Option<&StoredResult>) -> Step {
+        let step = match (self.ctx.policy.replay, result) {
+            (ReplayMode::Original, Some(result)) => Step::pause().with(Effect::Reply(reply::original(result))),
+            _ => {
+                let result_ref = stored_ref(result, self.ctx.policy.result_ref.as_deref());
+                self.ctx.reply(kind, ReplyContext { result, result_ref, ..Default::default() })
+            }
+        };
+        step.with(Effect::Count(Counter::Replayed))
+    }
+
+    fn in_progress(&self, kind: ReplyKind, nonce: &str) -> Step {
+        let (poll_with, poll_after_ms) = self.ctx.polling();
+        let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(nonce), ..Default::default() };
+        self.ctx.reply(kind, ctx).with(Effect::Count(Counter::InProgress))
+    }
+
+    fn needs_review(&self, nonce: &str) -> Step {
+        let ctx = ReplyContext {
+            poll_with: self.ctx.policy.status_tool.as_deref(),
+            operation: Some(nonce),
+            ..Default::default()
+        };
+        self.ctx.reply(ReplyKind::NeedsReview, ctx).with(Effect::Count(Counter::NeedsReview))
+    }
+
+    pub(super) fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool) -> Outcome {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        let Phase::Forwarded { claims, owner } = phase else {
+            self.phase = phase;
+            return match self.phase {
+                Phase::Finished => Ok(Step::go_on()),
+                _ => self.unexpected("response_head"),
+            };
+        };
+        let mut step = Step::pause()
+            .with(Effect::SetResponseHeader(IDEMPOTENCY_KEY_HEADER.into(), claims.nonce.clone()))
+            .with(Effect::SetResponseHeader("idempotent-replayed".into(), "false".into()));
+        self.phase = Phase::Holding { claims, owner, head: head.clone() };
+        if end_of_stream {
+            return Ok(step.then(self.record(&[], false)));
+        }
+        // Record before reply: hold the answer; its length may change if it is rewritten.
+        step.effects.push(Effect::RemoveResponseHeader("content-length"));
+        Ok(step)
+    }
+
+    pub(super) fn on_response_data(&mut self, size: usize, end_of_stream: bool) -> Outcome {
+        if !matches!(self.phase, Phase::Holding { .. }) {
+            return Ok(Step::go_on());
+        }
+        if size > self.ctx.config.max_response_bytes {
+            // Too large to keep for replay: record the status and headers only.
+            let warn = Effect::Warn(format!(
+                "answer over max_response_bytes; recorded without its body (trace_id={})",
+                self.ctx.trace_id
+            ));
+            return Ok(Step::go_on().with(warn).then(self.record(&[], false)));
+        }
+        Ok(if end_of_stream { Step::need_body() } else { Step::pause() })
+    }
+
+    pub(super) fn on_response_body(&mut self, body: &[u8]) -> Outcome {
+        if !matches!(self.phase, Phase::Holding { .. }) {
+            return self.unexpected("response_body");
+        }
+        Ok(self.record(body, true))
+    }
+
+    /// Classify the held answer and record it. `buffered`: the whole body is
+    /// held, so the answer can still be rewritten for the model.
+    fn record(&mut self, body: &[u8], buffered: bool) -> Step {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        let Phase::Holding { claims, owner, head } = phase else {
+            self.phase = phase;
+            return Step::go_on();
+        };
+        let trace_id = self.ctx.trace_id.clone();
+        let key = claims.nonce.clone();
+        match outcome::classify(head.status, head.code_details.as_deref(), head.attempts, &self.ctx.policy.outcomes) {
+            decided @ (Verdict::Done | Verdict::Failed) => {
+                let state = if decided == Verdict::Done { TerminalState::Done } else { TerminalState::Failed };
+                let result = StoredResult {
+                    status: head.status,
+                    headers: replay_headers(&head.headers),
+                    body_b64: crate::protocol::encode_body(body),
+                };
+                let req = CompleteRequest { key, owner, state, result, trace_id };
+                self.phase = Phase::Recording { call: Record::Complete };
+                Step::pause().with(Effect::Call(post("/v1/complete", &req)))
+            }
+            Verdict::Release => {
+                let mut step = Step::pause();
+                if buffered {
+                    step = step.then(self.rewrite(ReplyKind::NotExecuted, &head, &key));
+                    step.flow = Flow::Pause;
+                }
+                let req = ReleaseRequest { key, owner, trace_id };
+                self.phase = Phase::Recording { call: Record::Release };
+                step.with(Effect::Call(post("/v1/release", &req)))
+            }
+            Verdict::Unknown => {
+                // Executed or not, nobody can tell yet: the row stays IN_FLIGHT for the reconciler.
+                let mut step = Step::go_on().with(Effect::Count(Counter::UnknownOutcome));
+                if buffered {
+                    step = step.then(self.rewrite(ReplyKind::OutcomeUnknown, &head, &key));
+                }
+                step.flow = Flow::Continue;
+                step
+            }
+        }
+    }
+
+    /// Replace a held answer that is not the upstream's verdict with a reply
+    /// for the model: `OutcomeUnknown` (it may have run; here is how to find
+    /// out) or `NotExecuted` (released: nothing ran; retry after the upstream's
+    /// Retry-After). The held headers are still ours to change.
+    fn rewrite(&self, kind: ReplyKind, head: &ResponseHead, nonce: &str) -> Step {
+        let (poll_with, poll_after_ms) = self.ctx.polling();
+        let ctx = ReplyContext {
+            poll_with,
+            poll_after_ms,
+            retry_after_ms: retry_after_ms(&head.headers).unwrap_or(self.ctx.config.defaults.retry_after_ms),
+            operation: Some(nonce),
+            ..Default::default()
+        };
+        let out = self.ctx.render(kind, ctx);
+        let mut step = Step::go_on().with(Effect::SetResponseHeader(":status".into(), out.http_status.to_string()));
+        for (name, value) in out.headers {
+            step.effects.push(Effect::SetResponseHeader(name, value));
+        }
+        step.with(Effect::ReplaceResponseBody(out.body))
+    }
+
+    fn phase_name(&self) -> &'static str {
+        match self.phase {
+            Phase::AwaitBody { .. } => "confirm.await_body",
+            Phase::Acquiring { .. } => "confirm.acquiring",
+            Phase::CheckingExpired { .. } => "confirm.checking_expired",
+            Phase::Forwarded { .. } => "confirm.forwarded",
+            Phase::Holding { .. } => "confirm.holding",
+            Phase::Recording { .. } => "confirm.recording",
+            Phase::Finished => "confirm.finished",
+        }
+    }
+}
+
+/// The ack of complete/release: count it and let the held answer go. If the
+/// store did not take it, the agent still gets the upstream's answer and the
+/// row stays IN_FLIGHT for the reconciler.
+fn on_recorded(call: Record, answer: &CalloutAnswer) -> Step {
+    let mut step = Step::go_on();
+    match answer.json::<AckResponse>() {
+        Some(ack) => {
+            step.effects.push(Effect::Count(if call == Record::Release {
+                Counter::Released
+            } else {
+                Counter::Completed
+            }));
+            if ack.outcome != crate::protocol::Ack::Ok {
+                step.effects.push(Effect::Warn(format!("{call:?} answered {:?}", ack.outcome)));
+            }
+        }
+        None => step.effects.push(Effect::Count(Counter::SidecarErrors)),
+    }
+    step.with(Effect::ResumeResponse)
+}
+
+pub(super) fn operation_path(nonce: &str) -> String {
+    format!("/v1/operations/{nonce}")
+}
+
+fn post<T: serde::Serialize>(path: &str, body: &T) -> Callout {
+    // Serializing these plain structs cannot fail; an empty body would be a 400 from idemd, never a guess.
+    Callout { method: "POST", path: path.to_string(), body: Some(serde_json::to_vec(body).unwrap_or_default()) }
+}
+
+/// The route's `result_ref` resolved in a recorded body.
+pub(super) fn stored_ref(result: Option<&StoredResult>, pointer: Option<&str>) -> Option<String> {
+    let body = crate::protocol::decode_body(&result?.body_b64)?;
+    reply::result_ref(&body, pointer?)
+}

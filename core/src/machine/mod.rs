@@ -1,0 +1,543 @@
+//! The per-request decision machine, sans I/O (DESIGN §4, §7).
+//!
+//! A host (the proxy-wasm filter, or any other) turns its callbacks into the
+//! events below and carries out the [`Effect`]s each one returns; it never
+//! decides anything itself. Every role (preview, confirm, status) is an enum of
+//! phases, so a state that makes no sense cannot be represented, and an event
+//! that arrives in the wrong phase is an [`Unexpected`] value for the host to
+//! log — never a panic.
+//!
+//! Reads that only some roles need (the request body, the upstream's full
+//! header map) are asked for with [`Flow::NeedBody`] and the role's
+//! [`Machine::response_needs_headers`], so an unannotated or preview request
+//! does not pay for them.
+
+mod confirm;
+mod preview;
+mod status;
+#[cfg(test)]
+mod tests;
+
+use crate::canonical::{self, BodyError, CanonError};
+use crate::fingerprint::{self, Claims, Expect, VerifyError};
+use crate::policy::{PluginConfig, Role, RoutePolicy};
+use crate::reply::{self, Reply, ReplyContext, ReplyKind};
+use std::fmt;
+use std::rc::Rc;
+
+pub use self::confirm::Confirm;
+pub use self::preview::Preview;
+pub use self::status::Status;
+
+/// The header an agent may carry the fingerprint in (instead of the body).
+pub const FINGERPRINT_HEADER: &str = "agent-fingerprint";
+/// The body field (and query parameter) it may come in.
+pub const FINGERPRINT_FIELD: &str = "fingerprint";
+/// The header that carries the operation key to the upstream, and that a
+/// client may never choose on a guarded route.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// What the host must give the machine that it cannot compute itself.
+pub trait Env {
+    /// Unix seconds by the host's clock (0 if unknown: everything looks expired, which fails safe).
+    fn now_s(&self) -> u64;
+    /// 16 random bytes for a nonce; `None` if the host has no randomness.
+    fn random16(&mut self) -> Option<[u8; 16]>;
+}
+
+/// The request facts an annotated route needs, read once by the host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestHead {
+    /// See [`trace_id`].
+    pub trace_id: String,
+    /// The caller's identity from the configured source; `None` if absent or blank.
+    pub subject: Option<String>,
+    pub content_length: Option<u64>,
+    /// The `agent-fingerprint` header.
+    pub fingerprint: Option<String>,
+    /// `:path`, for a fingerprint in the query string (status routes).
+    pub path: String,
+}
+
+/// The upstream's answer head, as the host sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// 0 if the host cannot tell.
+    pub status: u16,
+    pub content_type: Option<String>,
+    /// Envoy's `response.code_details` (`via_upstream`, or why Envoy answered itself).
+    pub code_details: Option<String>,
+    /// Envoy's `x-envoy-attempt-count` (1 when absent).
+    pub attempts: u32,
+    /// Every header, only when [`Machine::response_needs_headers`] asked for them.
+    pub headers: Vec<(String, String)>,
+}
+
+/// The answer to a [`Callout`]. A callout that failed, timed out or could not
+/// even be dispatched arrives with `status: None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CalloutAnswer {
+    pub status: Option<u16>,
+    pub body: Vec<u8>,
+}
+
+impl CalloutAnswer {
+    pub fn failed() -> CalloutAnswer {
+        CalloutAnswer { status: None, body: Vec::new() }
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        self.status?;
+        serde_json::from_slice(&self.body).ok()
+    }
+}
+
+/// A call to idemd. The host adds the cluster, authority, credential, trace id
+/// and timeout from the plugin configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Callout {
+    pub method: &'static str,
+    pub path: String,
+    /// JSON; `None` for a GET.
+    pub body: Option<Vec<u8>>,
+}
+
+/// The filter's Envoy counters (`wasmcustom.idem.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    Minted,
+    Verified,
+    RejectedMissing,
+    RejectedInvalid,
+    RejectedExpired,
+    RejectedForbidden,
+    RejectedParams,
+    RejectedBody,
+    RejectedSubject,
+    Acquired,
+    Replayed,
+    InProgress,
+    NeedsReview,
+    Completed,
+    Released,
+    UnknownOutcome,
+    SidecarErrors,
+    SecurityEvents,
+    StatusLookups,
+    ExpiredLookups,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 20] = [
+        Counter::Minted,
+        Counter::Verified,
+        Counter::RejectedMissing,
+        Counter::RejectedInvalid,
+        Counter::RejectedExpired,
+        Counter::RejectedForbidden,
+        Counter::RejectedParams,
+        Counter::RejectedBody,
+        Counter::RejectedSubject,
+        Counter::Acquired,
+        Counter::Replayed,
+        Counter::InProgress,
+        Counter::NeedsReview,
+        Counter::Completed,
+        Counter::Released,
+        Counter::UnknownOutcome,
+        Counter::SidecarErrors,
+        Counter::SecurityEvents,
+        Counter::StatusLookups,
+        Counter::ExpiredLookups,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Minted => "idem.minted",
+            Counter::Verified => "idem.verified",
+            Counter::RejectedMissing => "idem.rejected.fingerprint_missing",
+            Counter::RejectedInvalid => "idem.rejected.fingerprint_invalid",
+            Counter::RejectedExpired => "idem.rejected.fingerprint_expired",
+            Counter::RejectedForbidden => "idem.rejected.forbidden",
+            Counter::RejectedParams => "idem.rejected.params_changed",
+            Counter::RejectedBody => "idem.rejected.bad_body",
+            Counter::RejectedSubject => "idem.rejected.unauthenticated",
+            Counter::Acquired => "idem.acquired",
+            Counter::Replayed => "idem.replayed",
+            Counter::InProgress => "idem.in_progress",
+            Counter::NeedsReview => "idem.needs_review",
+            Counter::Completed => "idem.completed",
+            Counter::Released => "idem.released",
+            Counter::UnknownOutcome => "idem.unknown_outcome",
+            Counter::SidecarErrors => "idem.sidecar_errors",
+            Counter::SecurityEvents => "idem.security_events",
+            Counter::StatusLookups => "idem.status_lookups",
+            Counter::ExpiredLookups => "idem.expired_lookups",
+        }
+    }
+}
+
+/// One thing the host must do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    Count(Counter),
+    /// Param tampering or cross-subject use: a structured warning with the
+    /// trace id, scope and nonce — never the secret, never the body.
+    SecurityEvent {
+        kind: &'static str,
+        nonce: String,
+    },
+    Warn(String),
+    SetRequestHeader(&'static str, String),
+    RemoveRequestHeader(&'static str),
+    SetResponseHeader(String, String),
+    RemoveResponseHeader(&'static str),
+    /// Replace the buffered response body (its size is the host's to know).
+    ReplaceResponseBody(Vec<u8>),
+    /// Answer locally; nothing more of this stream reaches either side.
+    Reply(Reply),
+    /// Dispatch, and feed the answer to [`Machine::on_callout`].
+    Call(Callout),
+    ResumeRequest,
+    ResumeResponse,
+}
+
+/// What the host returns to its proxy for the current callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Pause,
+    /// Pause, read the complete body of this direction (the size the host was
+    /// told at end of stream) and hand it to the matching `*_body` event.
+    NeedBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub effects: Vec<Effect>,
+    pub flow: Flow,
+}
+
+impl Step {
+    pub fn go_on() -> Step {
+        Step { effects: Vec::new(), flow: Flow::Continue }
+    }
+
+    pub fn pause() -> Step {
+        Step { effects: Vec::new(), flow: Flow::Pause }
+    }
+
+    fn need_body() -> Step {
+        Step { effects: Vec::new(), flow: Flow::NeedBody }
+    }
+
+    fn with(mut self, effect: Effect) -> Step {
+        self.effects.push(effect);
+        self
+    }
+
+    fn then(mut self, mut other: Step) -> Step {
+        self.effects.append(&mut other.effects);
+        self.flow = other.flow;
+        self
+    }
+
+    /// The local reply this step sends, if any (tests and hosts use it).
+    pub fn reply(&self) -> Option<&Reply> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::Reply(r) => Some(r),
+            _ => None,
+        })
+    }
+}
+
+/// An event the machine cannot take in its current phase. The host logs it
+/// and lets the stream continue; the machine's state is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unexpected {
+    pub event: &'static str,
+    pub phase: &'static str,
+}
+
+impl fmt::Display for Unexpected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "event {} in phase {}", self.event, self.phase)
+    }
+}
+
+impl std::error::Error for Unexpected {}
+
+pub type Outcome = Result<Step, Unexpected>;
+
+/// What every role needs to answer: the configuration, the route's policy,
+/// and the request's trace id.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub config: Rc<PluginConfig>,
+    pub policy: Rc<RoutePolicy>,
+    pub trace_id: String,
+}
+
+impl Ctx {
+    fn render(&self, kind: ReplyKind, ctx: ReplyContext) -> Reply {
+        reply::render(kind, self.config.language, &ReplyContext { trace_id: &self.trace_id, ..ctx })
+    }
+
+    /// A reply that needs nothing but the defaults.
+    fn simple(&self, kind: ReplyKind) -> Step {
+        let ctx = ReplyContext { retry_after_ms: self.config.defaults.retry_after_ms, ..Default::default() };
+        Step::pause().with(Effect::Reply(self.render(kind, ctx)))
+    }
+
+    fn reply(&self, kind: ReplyKind, ctx: ReplyContext) -> Step {
+        Step::pause().with(Effect::Reply(self.render(kind, ctx)))
+    }
+
+    fn security_event(&self, kind: &'static str, nonce: &str) -> Vec<Effect> {
+        vec![Effect::Count(Counter::SecurityEvents), Effect::SecurityEvent { kind, nonce: nonce.to_string() }]
+    }
+
+    fn body_error(&self, e: &BodyError) -> Step {
+        let kind = match e {
+            BodyError::TooLarge { .. } => ReplyKind::BodyTooLarge,
+            BodyError::Invalid(_) | BodyError::NotAnObject => ReplyKind::InvalidJson,
+        };
+        self.simple(kind).with(Effect::Count(Counter::RejectedBody))
+    }
+
+    fn field_error(&self, e: &CanonError) -> Step {
+        let detail = e.to_string();
+        self.reply(ReplyKind::InvalidField, ReplyContext { detail: Some(&detail), ..Default::default() })
+            .with(Effect::Count(Counter::RejectedBody))
+    }
+
+    /// Verify a fingerprint against this route and caller (everything but
+    /// expiry, which each role weighs itself). `Err` is the refusal to send.
+    fn verify(&self, token: Option<&str>, subject_hash: &str, param_hash: Option<&str>) -> Result<Claims, Step> {
+        let Some(token) = token else {
+            return Err(self.simple(ReplyKind::FingerprintMissing).with(Effect::Count(Counter::RejectedMissing)));
+        };
+        let expect = Expect { subject_hash, scope: &self.policy.scope, param_hash };
+        fingerprint::verify(&self.config.keyring, token.trim(), &expect).map_err(|e| match e {
+            VerifyError::SubjectMismatch => {
+                let mut step = self.simple(ReplyKind::Forbidden).with(Effect::Count(Counter::RejectedForbidden));
+                // The token is someone else's: its nonce is theirs to know; the trace id finds the line.
+                step.effects.extend(self.security_event("cross_subject", "-"));
+                step
+            }
+            VerifyError::ParamMismatch { nonce } => {
+                let mut step = self.simple(ReplyKind::ParamsChanged).with(Effect::Count(Counter::RejectedParams));
+                step.effects.extend(self.security_event("params_changed", &nonce));
+                step
+            }
+            _ => self.simple(ReplyKind::FingerprintInvalid).with(Effect::Count(Counter::RejectedInvalid)),
+        })
+    }
+
+    /// The route's status tool and polling interval, for `in_progress`.
+    fn polling(&self) -> (Option<&str>, u64) {
+        (self.policy.status_tool.as_deref(), self.policy.poll_after_ms)
+    }
+}
+
+/// One stream's machine. `Pass` is every stream the filter does not guard.
+#[derive(Debug)]
+pub enum Machine {
+    Pass,
+    Preview(Preview),
+    Confirm(Confirm),
+    Status(Status),
+}
+
+impl Machine {
+    /// Start a machine for a request on an annotated route; `head` is read by
+    /// the host only for such routes.
+    pub fn start(ctx: Ctx, head: &RequestHead, end_of_stream: bool, env: &mut dyn Env) -> (Machine, Step) {
+        let Some(subject) = head.subject.as_deref() else {
+            let step = ctx.simple(ReplyKind::SubjectMissing).with(Effect::Count(Counter::RejectedSubject));
+            return (Machine::Pass, step);
+        };
+        let subject_hash = fingerprint::subject_hash(subject);
+        let limit = ctx.config.max_body_bytes;
+        if head.content_length.is_some_and(|l| l > limit as u64) {
+            let step = ctx.body_error(&BodyError::TooLarge { limit });
+            return (Machine::Pass, step);
+        }
+        let mut machine = match ctx.policy.role {
+            Role::Preview => Machine::Preview(Preview::new(ctx, subject_hash)),
+            Role::Confirm => Machine::Confirm(Confirm::new(ctx, subject_hash, head.fingerprint.clone())),
+            Role::Status => {
+                let token = head.fingerprint.clone().or_else(|| query_param(&head.path, FINGERPRINT_FIELD));
+                Machine::Status(Status::new(ctx, subject_hash, token))
+            }
+        };
+        // A client-chosen Idempotency-Key never reaches a guarded upstream: only the nonce may.
+        let first = match machine {
+            Machine::Confirm(_) => Step::pause().with(Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)),
+            _ => Step::pause(),
+        };
+        let next = if end_of_stream {
+            match machine.on_request_body(&[], env) {
+                Ok(step) => step,
+                Err(e) => Step::go_on().with(Effect::Warn(e.to_string())),
+            }
+        } else {
+            // Hold the headers until the body is complete and checked.
+            Step::pause()
+        };
+        (machine, first.then(next))
+    }
+
+    pub fn role(&self) -> Option<Role> {
+        match self {
+            Machine::Pass => None,
+            Machine::Preview(_) => Some(Role::Preview),
+            Machine::Confirm(_) => Some(Role::Confirm),
+            Machine::Status(_) => Some(Role::Status),
+        }
+    }
+
+    /// A role whose stream has ended (replied, or passing through) becomes `Pass`.
+    fn settle(self) -> Machine {
+        let finished = match &self {
+            Machine::Pass => false,
+            Machine::Preview(p) => p.finished(),
+            Machine::Confirm(c) => c.finished(),
+            Machine::Status(s) => s.finished(),
+        };
+        if finished {
+            Machine::Pass
+        } else {
+            self
+        }
+    }
+
+    fn with_role(&mut self, f: impl FnOnce(&mut Machine) -> Outcome) -> Outcome {
+        let out = f(self);
+        let current = std::mem::replace(self, Machine::Pass);
+        *self = current.settle();
+        out
+    }
+
+    /// A chunk of the request body arrived; `size` is all that is buffered so far.
+    pub fn on_request_data(&mut self, size: usize, end_of_stream: bool) -> Step {
+        let limit = match self {
+            Machine::Pass => return Step::go_on(),
+            Machine::Preview(p) => p.body_limit(),
+            Machine::Confirm(c) => c.body_limit(),
+            Machine::Status(s) => s.body_limit(),
+        };
+        let Some((ctx, limit)) = limit else { return Step::go_on() };
+        if size > limit {
+            let step = ctx.body_error(&BodyError::TooLarge { limit });
+            *self = Machine::Pass;
+            return step;
+        }
+        if end_of_stream {
+            Step::need_body()
+        } else {
+            Step::pause()
+        }
+    }
+
+    /// The complete request body (after [`Flow::NeedBody`]).
+    pub fn on_request_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
+        self.with_role(|m| match m {
+            Machine::Pass => Err(Unexpected { event: "request_body", phase: "pass" }),
+            Machine::Preview(p) => p.on_request_body(body),
+            Machine::Confirm(c) => c.on_request_body(body, env),
+            Machine::Status(s) => s.on_request_body(body),
+        })
+    }
+
+    pub fn on_callout(&mut self, answer: &CalloutAnswer, env: &mut dyn Env) -> Outcome {
+        self.with_role(|m| match m {
+            Machine::Pass | Machine::Preview(_) => Err(Unexpected { event: "callout", phase: "no call pending" }),
+            Machine::Confirm(c) => c.on_callout(answer),
+            Machine::Status(s) => s.on_callout(answer, env),
+        })
+    }
+
+    /// Whether [`ResponseHead::headers`] must be filled (a confirm records them).
+    pub fn response_needs_headers(&self) -> bool {
+        matches!(self, Machine::Confirm(c) if c.forwarded())
+    }
+
+    pub fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool, env: &mut dyn Env) -> Outcome {
+        self.with_role(|m| match m {
+            Machine::Pass | Machine::Status(_) => Ok(Step::go_on()),
+            Machine::Preview(p) => Ok(p.on_response_head(head, end_of_stream, env)),
+            Machine::Confirm(c) => c.on_response_head(head, end_of_stream),
+        })
+    }
+
+    /// A chunk of the response body; `size` is all that is buffered so far.
+    pub fn on_response_data(&mut self, size: usize, end_of_stream: bool) -> Outcome {
+        self.with_role(|m| match m {
+            Machine::Pass | Machine::Status(_) => Ok(Step::go_on()),
+            Machine::Preview(p) => Ok(p.on_response_data(end_of_stream)),
+            Machine::Confirm(c) => c.on_response_data(size, end_of_stream),
+        })
+    }
+
+    /// The complete response body (after [`Flow::NeedBody`]).
+    pub fn on_response_body(&mut self, body: &[u8]) -> Outcome {
+        self.with_role(|m| match m {
+            Machine::Pass | Machine::Status(_) => Err(Unexpected { event: "response_body", phase: "pass" }),
+            Machine::Preview(p) => p.on_response_body(body),
+            Machine::Confirm(c) => c.on_response_body(body),
+        })
+    }
+}
+
+/// The answer on a guarded route whose annotation does not parse: the route
+/// must not run unprotected, and nothing is known about the operation.
+pub fn misconfigured(config: &PluginConfig, trace_id: &str) -> Reply {
+    let ctx = ReplyContext { trace_id, retry_after_ms: config.defaults.retry_after_ms, ..Default::default() };
+    reply::render(ReplyKind::StatusUnavailable, config.language, &ctx)
+}
+
+/// The trace id an operator finds in Envoy's access log: `x-request-id`, else
+/// the trace id of a W3C `traceparent` (version-traceid-parentid-flags).
+pub fn trace_id(x_request_id: Option<&str>, traceparent: Option<&str>) -> String {
+    if let Some(id) = x_request_id.filter(|id| !id.is_empty()) {
+        return clip(id, 128).to_string();
+    }
+    traceparent.and_then(|tp| tp.split('-').nth(1)).map(|id| clip(id, 128).to_string()).unwrap_or_default()
+}
+
+/// At most `max` bytes, on a character boundary.
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    s.get(..end).unwrap_or_default()
+}
+
+/// A raw query parameter from a request path (`/status?fingerprint=...`).
+/// Fingerprints are base64url and need no percent-decoding.
+pub fn query_param(path: &str, name: &str) -> Option<String> {
+    let query = path.split_once('?')?.1;
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    query.split('&').filter_map(|pair| pair.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v.to_owned())
+}
+
+/// The upstream's `Retry-After` in milliseconds (delta-seconds form only).
+pub fn retry_after_ms(headers: &[(String, String)]) -> Option<u64> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))
+        .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        .map(|s| s.saturating_mul(1000))
+}
+
+/// The fingerprint of a confirm or status body: the header wins, else the
+/// body's `fingerprint` string.
+fn body_fingerprint(json: &serde_json::Value) -> Option<String> {
+    json.get(FINGERPRINT_FIELD).and_then(|v| v.as_str()).map(str::to_owned)
+}
+
+fn parse_body(ctx: &Ctx, body: &[u8]) -> Result<serde_json::Value, Step> {
+    canonical::parse_json_body(body, ctx.config.max_body_bytes).map_err(|e| ctx.body_error(&e))
+}

@@ -1,0 +1,141 @@
+//! Preview: hash the bound fields of the request, and mint a fingerprint into
+//! a successful JSON answer. No I/O: previews outnumber confirms, and most are
+//! never confirmed (DESIGN §3).
+
+use super::{parse_body, Counter, Ctx, Effect, Env, Flow, Outcome, ResponseHead, Step, Unexpected};
+use crate::canonical;
+use crate::fingerprint;
+use serde_json::Value;
+
+pub const FINGERPRINT_EXPIRES_HEADER: &str = "agent-fingerprint-expires-at";
+
+#[derive(Debug)]
+pub struct Preview {
+    ctx: Ctx,
+    subject_hash: String,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+enum Phase {
+    AwaitBody,
+    /// Forwarded; the bound fields hash to this.
+    Forwarded {
+        param_hash: String,
+    },
+    /// Minted into the headers; the body gets it too once complete.
+    Minted {
+        token: String,
+        exp: u64,
+    },
+    Finished,
+}
+
+impl Preview {
+    pub(super) fn new(ctx: Ctx, subject_hash: String) -> Preview {
+        Preview { ctx, subject_hash, phase: Phase::AwaitBody }
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished)
+    }
+
+    pub(super) fn body_limit(&self) -> Option<(&Ctx, usize)> {
+        matches!(self.phase, Phase::AwaitBody).then_some((&self.ctx, self.ctx.config.max_body_bytes))
+    }
+
+    pub(super) fn on_request_body(&mut self, body: &[u8]) -> Outcome {
+        if !matches!(self.phase, Phase::AwaitBody) {
+            return Err(Unexpected { event: "request_body", phase: self.phase_name() });
+        }
+        let json = match parse_body(&self.ctx, body) {
+            Ok(v) => v,
+            Err(step) => return Ok(self.finish(step)),
+        };
+        match canonical::param_hash(&json, &self.ctx.policy.bound) {
+            Ok(param_hash) => {
+                self.phase = Phase::Forwarded { param_hash };
+                Ok(Step::go_on())
+            }
+            Err(e) => {
+                let step = self.ctx.field_error(&e);
+                Ok(self.finish(step))
+            }
+        }
+    }
+
+    /// Mint at response time, and only for a successful JSON answer: a failed
+    /// preview must not hand out something to confirm.
+    pub(super) fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool, env: &mut dyn Env) -> Step {
+        let Phase::Forwarded { param_hash } = &self.phase else {
+            return Step::go_on();
+        };
+        let is_json = head.content_type.as_deref().is_some_and(|c| c.contains("json"));
+        if !(200..300).contains(&head.status) || !is_json {
+            return self.finish(Step::go_on());
+        }
+        let Some(nonce) = env.random16() else {
+            let warn = Effect::Warn("no randomness for a nonce; preview passes without a fingerprint".into());
+            return self.finish(Step::go_on().with(warn));
+        };
+        let policy = &self.ctx.policy;
+        let exp = env.now_s().saturating_add(policy.fingerprint_ttl_s);
+        let token =
+            fingerprint::mint(&self.ctx.config.keyring, nonce, exp, &self.subject_hash, &policy.scope, param_hash);
+        let mut step = Step::go_on()
+            .with(Effect::Count(Counter::Minted))
+            .with(Effect::SetResponseHeader(super::FINGERPRINT_HEADER.into(), token.clone()))
+            .with(Effect::SetResponseHeader(FINGERPRINT_EXPIRES_HEADER.into(), exp.to_string()));
+        if end_of_stream {
+            return self.finish(step);
+        }
+        // The body grows: its old length is wrong.
+        step.effects.push(Effect::RemoveResponseHeader("content-length"));
+        step.flow = Flow::Pause;
+        self.phase = Phase::Minted { token, exp };
+        step
+    }
+
+    pub(super) fn on_response_data(&mut self, end_of_stream: bool) -> Step {
+        match (&self.phase, end_of_stream) {
+            (Phase::Minted { .. }, false) => Step::pause(),
+            (Phase::Minted { .. }, true) => Step::need_body(),
+            _ => Step::go_on(),
+        }
+    }
+
+    pub(super) fn on_response_body(&mut self, body: &[u8]) -> Outcome {
+        let Phase::Minted { token, exp } = &self.phase else {
+            return Err(Unexpected { event: "response_body", phase: self.phase_name() });
+        };
+        let step = match splice(body, token, *exp, self.ctx.config.max_response_bytes) {
+            Some(out) => Step::go_on().with(Effect::ReplaceResponseBody(out)),
+            // A body we cannot extend still carries the fingerprint in the header.
+            None => Step::go_on(),
+        };
+        Ok(self.finish(step))
+    }
+
+    fn finish(&mut self, step: Step) -> Step {
+        self.phase = Phase::Finished;
+        step
+    }
+
+    fn phase_name(&self) -> &'static str {
+        match self.phase {
+            Phase::AwaitBody => "preview.await_body",
+            Phase::Forwarded { .. } => "preview.forwarded",
+            Phase::Minted { .. } => "preview.minted",
+            Phase::Finished => "preview.finished",
+        }
+    }
+}
+
+/// The upstream's JSON object with `fingerprint` and `fingerprint_expires_at`
+/// added; `None` if it is not a JSON object.
+fn splice(body: &[u8], token: &str, exp: u64, limit: usize) -> Option<Vec<u8>> {
+    let Ok(Value::Object(mut obj)) = canonical::parse_json_body(body, limit) else { return None };
+    obj.insert(super::FINGERPRINT_FIELD.into(), Value::String(token.to_string()));
+    obj.insert("fingerprint_expires_at".into(), Value::from(exp));
+    serde_json::to_vec(&obj).ok()
+}

@@ -1,0 +1,119 @@
+//! Status: what became of the operation a fingerprint names. Signature and
+//! subject are checked; expiry is not (an agent may poll long after), but it
+//! decides what "never confirmed" means: still possible, or too late.
+
+use super::confirm::{operation_path, stored_ref};
+use super::{body_fingerprint, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Outcome, Step, Unexpected};
+use crate::fingerprint::Claims;
+use crate::protocol::{OpState, OperationView, StoredResult};
+use crate::reply::{ReplyContext, ReplyKind};
+
+#[derive(Debug)]
+pub struct Status {
+    ctx: Ctx,
+    subject_hash: String,
+    phase: Phase,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// The fingerprint from the header or the query string, if any.
+    AwaitBody {
+        token: Option<String>,
+    },
+    LookingUp {
+        claims: Claims,
+    },
+    Finished,
+}
+
+impl Status {
+    pub(super) fn new(ctx: Ctx, subject_hash: String, token: Option<String>) -> Status {
+        Status { ctx, subject_hash, phase: Phase::AwaitBody { token } }
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished)
+    }
+
+    pub(super) fn body_limit(&self) -> Option<(&Ctx, usize)> {
+        matches!(self.phase, Phase::AwaitBody { .. }).then_some((&self.ctx, self.ctx.config.max_body_bytes))
+    }
+
+    fn phase_name(&self) -> &'static str {
+        match self.phase {
+            Phase::AwaitBody { .. } => "status.await_body",
+            Phase::LookingUp { .. } => "status.looking_up",
+            Phase::Finished => "status.finished",
+        }
+    }
+
+    pub(super) fn on_request_body(&mut self, body: &[u8]) -> Outcome {
+        let Phase::AwaitBody { token } = &self.phase else {
+            return Err(Unexpected { event: "request_body", phase: self.phase_name() });
+        };
+        // A GET has no body; a POST may carry the fingerprint in it.
+        let token = token.clone().or_else(|| serde_json::from_slice(body).ok().as_ref().and_then(body_fingerprint));
+        let claims = match self.ctx.verify(token.as_deref(), &self.subject_hash, None) {
+            Ok(c) => c,
+            Err(refusal) => {
+                self.phase = Phase::Finished;
+                return Ok(refusal);
+            }
+        };
+        let call = Callout { method: "GET", path: operation_path(&claims.nonce), body: None };
+        self.phase = Phase::LookingUp { claims };
+        Ok(Step::pause().with(Effect::Count(Counter::StatusLookups)).with(Effect::Call(call)))
+    }
+
+    pub(super) fn on_callout(&mut self, answer: &CalloutAnswer, env: &mut dyn Env) -> Outcome {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        let Phase::LookingUp { claims } = phase else {
+            self.phase = phase;
+            return Err(Unexpected { event: "callout", phase: self.phase_name() });
+        };
+        let view = answer.json::<OperationView>();
+        Ok(match (answer.status, view) {
+            (Some(404), _) if claims.expired(env.now_s()) => {
+                // Never executed and can no longer be: a new preview is the only way on.
+                self.ctx.simple(ReplyKind::FingerprintExpired)
+            }
+            (Some(404), _) => {
+                let ctx = ReplyContext { fingerprint_expires_at: Some(claims.exp), ..Default::default() };
+                self.ctx.reply(ReplyKind::NotYetExecuted, ctx)
+            }
+            (Some(200), Some(view)) => match view.state {
+                OpState::Done => self.outcome(ReplyKind::AlreadyCompleted, view.result.as_ref()),
+                OpState::Failed => self.outcome(ReplyKind::AlreadyFailed, view.result.as_ref()),
+                OpState::InFlight => {
+                    let (poll_with, poll_after_ms) = self.ctx.polling();
+                    let ctx =
+                        ReplyContext { poll_with, poll_after_ms, operation: Some(&claims.nonce), ..Default::default() };
+                    self.ctx.reply(ReplyKind::InProgress, ctx)
+                }
+                OpState::NeedsReview => {
+                    let ctx = ReplyContext {
+                        poll_with: self.ctx.policy.status_tool.as_deref(),
+                        operation: Some(&claims.nonce),
+                        ..Default::default()
+                    };
+                    self.ctx.reply(ReplyKind::NeedsReview, ctx)
+                }
+            },
+            _ => {
+                let ctx = ReplyContext {
+                    retry_after_ms: self.ctx.config.defaults.retry_after_ms,
+                    operation: Some(&claims.nonce),
+                    status_query: true,
+                    ..Default::default()
+                };
+                self.ctx.reply(ReplyKind::StatusUnavailable, ctx).with(Effect::Count(Counter::SidecarErrors))
+            }
+        })
+    }
+
+    fn outcome(&self, kind: ReplyKind, result: Option<&StoredResult>) -> Step {
+        let result_ref = stored_ref(result, self.ctx.policy.result_ref.as_deref());
+        self.ctx.reply(kind, ReplyContext { result, result_ref, status_query: true, ..Default::default() })
+    }
+}

@@ -1,0 +1,552 @@
+//! Every transition of the machine, including the impossible ones.
+
+use super::*;
+use crate::fingerprint::{mint, subject_hash, Key, Keyring};
+use crate::policy::{parse_plugin_config, parse_route_policy, LeafValue, RouteDefaults};
+use crate::protocol::{encode_body, AcquireRequest, CompleteRequest, ReleaseRequest};
+use serde_json::{json, Value};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef";
+const NONCE: [u8; 16] = [0x11; 16];
+const KEY: &str = "11111111111111111111111111111111";
+const OWNER: &str = "22222222222222222222222222222222";
+
+struct FixedEnv {
+    now: u64,
+}
+
+impl Env for FixedEnv {
+    fn now_s(&self) -> u64 {
+        self.now
+    }
+    fn random16(&mut self) -> Option<[u8; 16]> {
+        Some(NONCE)
+    }
+}
+
+fn config() -> Result<Rc<PluginConfig>, Box<dyn std::error::Error>> {
+    let text = format!(
+        r#"{{"sidecar_cluster":"idemd","keys":[{{"kid":"k1","secret":"{SECRET}"}}],"active_kid":"k1","subject":{{"header":"x-agent-subject"}},"max_response_bytes":64}}"#
+    );
+    Ok(Rc::new(parse_plugin_config(text.as_bytes(), &|_| None)?))
+}
+
+fn policy(role: &str, replay: &str) -> Result<Rc<RoutePolicy>, Box<dyn std::error::Error>> {
+    let leaves = [
+        ("role", role),
+        ("scope", "pay"),
+        ("bind", "/amount:decimal, /currency"),
+        ("status_tool", "get_status"),
+        ("result_ref", "/id"),
+        ("replay", replay),
+    ];
+    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
+    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
+    Ok(Rc::new(p))
+}
+
+fn ctx(role: &str) -> Result<Ctx, Box<dyn std::error::Error>> {
+    Ok(Ctx { config: config()?, policy: policy(role, "envelope")?, trace_id: "trace-1".into() })
+}
+
+fn keyring() -> Result<Keyring, String> {
+    Keyring::new(vec![Key { kid: "k1".into(), secret: SECRET.as_bytes().to_vec() }], "k1")
+}
+
+/// A fingerprint for alice over `{"amount": 10, "currency": "EUR"}`, valid until `exp`.
+fn token(exp: u64) -> Result<String, Box<dyn std::error::Error>> {
+    let body = json!({"amount": 10, "currency": "EUR"});
+    let bound = policy("confirm", "envelope")?.bound.clone();
+    let p = canonical::param_hash(&body, &bound)?;
+    Ok(mint(&keyring()?, NONCE, exp, &subject_hash("alice"), "pay", &p))
+}
+
+fn head(fp: Option<String>) -> RequestHead {
+    RequestHead {
+        trace_id: "trace-1".into(),
+        subject: Some("alice".into()),
+        content_length: None,
+        fingerprint: fp,
+        path: "/confirm".into(),
+    }
+}
+
+fn body(amount: Value) -> Vec<u8> {
+    json!({"amount": amount, "currency": "EUR", "memo": "asap"}).to_string().into_bytes()
+}
+
+fn reply_json(step: &Step) -> Result<Value, Box<dyn std::error::Error>> {
+    let r = step.reply().ok_or("no reply")?;
+    Ok(serde_json::from_slice(&r.body)?)
+}
+
+fn reply_status(step: &Step) -> Result<(u16, String), Box<dyn std::error::Error>> {
+    let r = step.reply().ok_or("no reply")?;
+    let v: Value = serde_json::from_slice(&r.body)?;
+    Ok((r.http_status, v["status"].as_str().unwrap_or_default().to_string()))
+}
+
+fn call(step: &Step) -> Option<&Callout> {
+    step.effects.iter().find_map(|e| match e {
+        Effect::Call(c) => Some(c),
+        _ => None,
+    })
+}
+
+fn counted(step: &Step, c: Counter) -> bool {
+    step.effects.contains(&Effect::Count(c))
+}
+
+fn answer(status: u16, body: Value) -> CalloutAnswer {
+    CalloutAnswer { status: Some(status), body: body.to_string().into_bytes() }
+}
+
+/// A confirm that has sent its acquire.
+fn acquiring(env: &mut FixedEnv) -> Result<(Machine, Step), Box<dyn std::error::Error>> {
+    let (mut m, first) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, env);
+    assert_eq!(first.flow, Flow::Pause);
+    assert!(first.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)));
+    assert_eq!(m.on_request_data(10, true), Step::need_body());
+    let step = m.on_request_body(&body(json!("10.00")), env)?;
+    Ok((m, step))
+}
+
+fn forwarded(env: &mut FixedEnv) -> Result<Machine, Box<dyn std::error::Error>> {
+    let (mut m, _) = acquiring(env)?;
+    let step = m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), env)?;
+    assert!(step.effects.contains(&Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, KEY.into())));
+    assert!(step.effects.contains(&Effect::ResumeRequest));
+    assert!(m.response_needs_headers());
+    Ok(m)
+}
+
+fn upstream(status: u16, details: &str) -> ResponseHead {
+    ResponseHead {
+        status,
+        content_type: Some("application/json".into()),
+        code_details: Some(details.into()),
+        attempts: 1,
+        headers: vec![("content-type".into(), "application/json".into()), ("retry-after".into(), "7".into())],
+    }
+}
+
+// ---- confirm ---------------------------------------------------------------
+
+#[test]
+fn confirm_acquires_with_the_verified_claims() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let (_, step) = acquiring(&mut env)?;
+    let c = call(&step).ok_or("no call")?;
+    assert_eq!((c.method, c.path.as_str()), ("POST", "/v1/acquire"));
+    let req: AcquireRequest = serde_json::from_slice(c.body.as_deref().unwrap_or_default())?;
+    assert_eq!(req.key, KEY);
+    assert_eq!(req.scope, "pay");
+    assert_eq!(req.trace_id, "trace-1");
+    assert_eq!(req.lease_ms, 60_000);
+    assert!(counted(&step, Counter::Verified));
+    Ok(())
+}
+
+#[test]
+fn confirm_done_path_completes_then_releases_the_answer() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let mut m = forwarded(&mut env)?;
+    let step = m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
+    assert_eq!(step.flow, Flow::Pause);
+    assert!(step.effects.contains(&Effect::RemoveResponseHeader("content-length")));
+    assert!(step.effects.contains(&Effect::SetResponseHeader("idempotency-key".into(), KEY.into())));
+    assert_eq!(m.on_response_data(5, false)?, Step::pause());
+    assert_eq!(m.on_response_data(12, true)?, Step::need_body());
+    let step = m.on_response_body(br#"{"id":"T-1"}"#)?;
+    let c = call(&step).ok_or("no complete")?;
+    assert_eq!(c.path, "/v1/complete");
+    let req: CompleteRequest = serde_json::from_slice(c.body.as_deref().unwrap_or_default())?;
+    assert_eq!((req.key.as_str(), req.owner.as_str(), req.result.status), (KEY, OWNER, 201));
+    assert_eq!(crate::protocol::decode_body(&req.result.body_b64), Some(br#"{"id":"T-1"}"#.to_vec()));
+    let step = m.on_callout(&answer(200, json!({"outcome": "OK"})), &mut env)?;
+    assert!(step.effects.contains(&Effect::ResumeResponse));
+    assert!(counted(&step, Counter::Completed));
+    assert!(matches!(m, Machine::Pass));
+    Ok(())
+}
+
+#[test]
+fn confirm_release_rewrites_to_not_executed_with_the_upstream_retry_after() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let mut m = forwarded(&mut env)?;
+    m.on_response_head(&upstream(503, "via_upstream"), false, &mut env)?;
+    m.on_response_data(2, true)?;
+    let step = m.on_response_body(b"{}")?;
+    assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/release"));
+    let req: ReleaseRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert_eq!(req.owner, OWNER);
+    assert!(step.effects.contains(&Effect::SetResponseHeader(":status".into(), "503".into())));
+    assert!(step.effects.contains(&Effect::SetResponseHeader("retry-after".into(), "7".into())));
+    let body = step.effects.iter().find_map(|e| match e {
+        Effect::ReplaceResponseBody(b) => Some(b.clone()),
+        _ => None,
+    });
+    let v: Value = serde_json::from_slice(&body.ok_or("no body")?)?;
+    assert_eq!(v["status"], "not_executed");
+    let step = m.on_callout(&answer(200, json!({"outcome": "OK"})), &mut env)?;
+    assert!(counted(&step, Counter::Released) && step.effects.contains(&Effect::ResumeResponse));
+    Ok(())
+}
+
+#[test]
+fn confirm_unknown_outcome_stays_in_flight_and_tells_the_model_to_poll() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let mut m = forwarded(&mut env)?;
+    m.on_response_head(&upstream(504, "upstream_response_timeout"), false, &mut env)?;
+    m.on_response_data(2, true)?;
+    let step = m.on_response_body(b"{}")?;
+    assert!(call(&step).is_none(), "nothing is recorded: the reconciler decides");
+    assert!(counted(&step, Counter::UnknownOutcome));
+    assert_eq!(step.flow, Flow::Continue);
+    assert!(step.effects.contains(&Effect::SetResponseHeader(":status".into(), "202".into())));
+    assert!(matches!(m, Machine::Pass));
+    Ok(())
+}
+
+#[test]
+fn confirm_answer_without_body_is_recorded_at_the_head() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let mut m = forwarded(&mut env)?;
+    let step = m.on_response_head(&upstream(204, "via_upstream"), true, &mut env)?;
+    assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/complete"));
+    assert_eq!(step.flow, Flow::Pause);
+    Ok(())
+}
+
+#[test]
+fn confirm_answer_too_large_is_recorded_without_its_body() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let mut m = forwarded(&mut env)?;
+    m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
+    let step = m.on_response_data(65, false)?;
+    let c = call(&step).ok_or("no complete")?;
+    let req: CompleteRequest = serde_json::from_slice(c.body.as_deref().unwrap_or_default())?;
+    assert_eq!(req.result.body_b64, "");
+    assert!(step.effects.iter().any(|e| matches!(e, Effect::Warn(_))));
+    // Later chunks pass while the ack is awaited.
+    assert_eq!(m.on_response_data(200, true)?, Step::go_on());
+    Ok(())
+}
+
+#[test]
+fn confirm_complete_not_acked_still_releases_the_answer() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let mut m = forwarded(&mut env)?;
+    m.on_response_head(&upstream(201, "via_upstream"), true, &mut env)?;
+    let step = m.on_callout(&CalloutAnswer::failed(), &mut env)?;
+    assert!(counted(&step, Counter::SidecarErrors));
+    assert!(step.effects.contains(&Effect::ResumeResponse));
+    Ok(())
+}
+
+#[test]
+fn confirm_acquire_answers_become_replies() -> TestResult {
+    let done = json!({"outcome": "DONE", "result": {"status": 201, "headers": [["location", "/t/1"]], "body_b64": encode_body(br#"{"id":"T-9"}"#)}});
+    let cases = [
+        (done, 201, "already_completed", Counter::Replayed),
+        (
+            json!({"outcome": "FAILED", "result": {"status": 402, "body_b64": ""}}),
+            402,
+            "already_failed",
+            Counter::Replayed,
+        ),
+        (json!({"outcome": "IN_FLIGHT", "owner": OWNER}), 202, "in_progress", Counter::InProgress),
+        (json!({"outcome": "NEEDS_REVIEW"}), 202, "needs_review", Counter::NeedsReview),
+        (json!({"outcome": "PARAM_MISMATCH"}), 422, "params_changed", Counter::SecurityEvents),
+        (json!({"outcome": "STORE_UNAVAILABLE"}), 503, "status_unavailable", Counter::SidecarErrors),
+        (json!({"outcome": "ACQUIRED"}), 503, "status_unavailable", Counter::SidecarErrors),
+    ];
+    for (body, http, status, counter) in cases {
+        let mut env = FixedEnv { now: 999 };
+        let (mut m, _) = acquiring(&mut env)?;
+        let step = m.on_callout(&answer(200, body.clone()), &mut env)?;
+        assert_eq!(reply_status(&step)?, (http, status.to_string()), "{body}");
+        assert!(counted(&step, counter), "{body}: {counter:?}");
+        assert!(!step.effects.contains(&Effect::ResumeRequest), "{body}");
+        assert!(matches!(m, Machine::Pass));
+    }
+    Ok(())
+}
+
+#[test]
+fn replays_carry_the_result_and_its_reference_and_in_progress_the_operation() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let (mut m, _) = acquiring(&mut env)?;
+    let done = json!({"outcome": "DONE", "result": {"status": 201, "body_b64": encode_body(br#"{"id":"T-9"}"#)}});
+    let v = reply_json(&m.on_callout(&answer(200, done), &mut env)?)?;
+    assert_eq!((v["result"]["id"].as_str(), v["result_ref"].as_str()), (Some("T-9"), Some("T-9")));
+    let (mut m, _) = acquiring(&mut env)?;
+    let v = reply_json(&m.on_callout(&answer(200, json!({"outcome": "IN_FLIGHT"})), &mut env)?)?;
+    assert_eq!((v["operation"].as_str(), v["poll_with"].as_str()), (Some(KEY), Some("get_status")));
+    let (mut m, _) = acquiring(&mut env)?;
+    let v = reply_json(&m.on_callout(&answer(200, json!({"outcome": "NEEDS_REVIEW"})), &mut env)?)?;
+    assert_eq!(v["operation"].as_str(), Some(KEY));
+    assert!(v["instruction"].as_str().unwrap_or_default().contains(KEY));
+    Ok(())
+}
+
+#[test]
+fn replay_original_mode_sends_the_stored_answer() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let c = Ctx { policy: policy("confirm", "original")?, ..ctx("confirm")? };
+    let (mut m, _) = Machine::start(c, &head(Some(token(1000)?)), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    let done = json!({"outcome": "DONE", "result": {"status": 201, "headers": [["content-type", "application/json"]], "body_b64": encode_body(br#"{"id":"T-9"}"#)}});
+    let step = m.on_callout(&answer(200, done), &mut env)?;
+    let r = step.reply().ok_or("no reply")?;
+    assert_eq!((r.http_status, r.body.as_slice()), (201, br#"{"id":"T-9"}"#.as_slice()));
+    assert!(r.headers.contains(&("idempotent-replayed".into(), "true".into())));
+    Ok(())
+}
+
+#[test]
+fn acquire_callout_failure_never_claims_nothing_ran() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let (mut m, _) = acquiring(&mut env)?;
+    let step = m.on_callout(&CalloutAnswer::failed(), &mut env)?;
+    assert_eq!(reply_status(&step)?, (503, "status_unavailable".into()));
+    let v = reply_json(&step)?;
+    assert_eq!(v["retryable"], true);
+    assert_eq!(v["operation"].as_str(), Some(KEY));
+    Ok(())
+}
+
+// ---- confirm after expiry --------------------------------------------------
+
+fn expired(now: u64) -> Result<(Machine, Step, FixedEnv), Box<dyn std::error::Error>> {
+    let mut env = FixedEnv { now };
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
+    let step = m.on_request_body(&body(json!(10)), &mut env)?;
+    Ok((m, step, env))
+}
+
+#[test]
+fn expiry_boundary_is_exact() -> TestResult {
+    let (_, step, _) = expired(999)?;
+    assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    let (_, step, _) = expired(1000)?;
+    let c = call(&step).ok_or("no lookup")?;
+    assert_eq!((c.method, c.path.clone()), ("GET", format!("/v1/operations/{KEY}")));
+    assert!(counted(&step, Counter::ExpiredLookups));
+    Ok(())
+}
+
+#[test]
+fn expired_confirm_answers_from_what_exists() -> TestResult {
+    let done = json!({"key": KEY, "state": "DONE", "scope": "pay", "subject_hash": "x", "param_hash": "y", "created_at_ms": 1, "updated_at_ms": 2,
+        "result": {"status": 201, "body_b64": encode_body(br#"{"id":"T-1"}"#)}});
+    let mut failed = done.clone();
+    failed["state"] = json!("FAILED");
+    failed["result"]["status"] = json!(402);
+    let mut in_flight = done.clone();
+    in_flight["state"] = json!("IN_FLIGHT");
+    let mut review = done.clone();
+    review["state"] = json!("NEEDS_REVIEW");
+    let cases = [
+        (answer(200, done), 201, "already_completed"),
+        (answer(200, failed), 402, "already_failed"),
+        (answer(200, in_flight), 202, "in_progress"),
+        (answer(200, review), 202, "needs_review"),
+        (answer(404, json!({"error": "not_found"})), 410, "fingerprint_expired"),
+        (answer(503, json!({"error": "store_unavailable"})), 503, "status_unavailable"),
+        (CalloutAnswer::failed(), 503, "status_unavailable"),
+        (answer(200, json!({"garbled": true})), 503, "status_unavailable"),
+    ];
+    for (a, http, status) in cases {
+        let (mut m, _, mut env) = expired(5000)?;
+        let step = m.on_callout(&a, &mut env)?;
+        assert_eq!(reply_status(&step)?, (http, status.to_string()), "{a:?}");
+        assert!(!step.effects.contains(&Effect::ResumeRequest));
+        if status == "status_unavailable" {
+            let v = reply_json(&step)?;
+            assert!(!v["meaning"].as_str().unwrap_or_default().contains("Nothing was executed"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn expired_and_tampered_is_params_changed_without_a_lookup() -> TestResult {
+    let mut env = FixedEnv { now: 5000 };
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
+    let step = m.on_request_body(&body(json!(11)), &mut env)?;
+    assert_eq!(reply_status(&step)?, (422, "params_changed".into()));
+    assert!(call(&step).is_none());
+    assert!(step.effects.contains(&Effect::SecurityEvent { kind: "params_changed", nonce: KEY.into() }));
+    Ok(())
+}
+
+// ---- refusals --------------------------------------------------------------
+
+#[test]
+fn refusals_before_anything_is_called() -> TestResult {
+    let good = token(1000)?;
+    let forged = format!("{}x", &good[..good.len() - 1]);
+    let cases: Vec<(Option<String>, Vec<u8>, u16, &str)> = vec![
+        (None, body(json!(10)), 428, "fingerprint_missing"),
+        (Some(forged), body(json!(10)), 400, "fingerprint_invalid"),
+        (Some(good.clone()), body(json!(10.01)), 422, "params_changed"),
+        (Some(good.clone()), body(json!(true)), 400, "invalid_field"),
+        (Some(good.clone()), b"{not json".to_vec(), 400, "invalid_json"),
+        (Some(good.clone()), br#"{"amount":10,"amount":11}"#.to_vec(), 400, "invalid_json"),
+    ];
+    for (fp, b, http, status) in cases {
+        let mut env = FixedEnv { now: 999 };
+        let (mut m, _) = Machine::start(ctx("confirm")?, &head(fp.clone()), false, &mut env);
+        let step = m.on_request_body(&b, &mut env)?;
+        assert_eq!(reply_status(&step)?, (http, status.to_string()), "{fp:?} {}", String::from_utf8_lossy(&b));
+        assert!(call(&step).is_none());
+        assert!(matches!(m, Machine::Pass));
+    }
+    Ok(())
+}
+
+#[test]
+fn another_subject_is_forbidden_and_a_security_event() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let h = RequestHead { subject: Some("mallory".into()), ..head(Some(token(1000)?)) };
+    let (mut m, _) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+    let step = m.on_request_body(&body(json!(10)), &mut env)?;
+    assert_eq!(reply_status(&step)?, (403, "forbidden".into()));
+    assert!(counted(&step, Counter::SecurityEvents));
+    Ok(())
+}
+
+#[test]
+fn no_subject_or_declared_oversize_is_refused_at_the_head() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let h = RequestHead { subject: None, ..head(None) };
+    let (m, step) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+    assert_eq!(reply_status(&step)?, (401, "unauthenticated".into()));
+    assert!(matches!(m, Machine::Pass));
+    let h = RequestHead { content_length: Some(65_537), ..head(None) };
+    let (_, step) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+    assert_eq!(reply_status(&step)?, (413, "body_too_large".into()));
+    Ok(())
+}
+
+#[test]
+fn body_in_several_chunks_is_held_then_read_once() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
+    assert_eq!(m.on_request_data(10, false), Step::pause());
+    assert_eq!(m.on_request_data(20, false), Step::pause());
+    assert_eq!(m.on_request_data(30, true), Step::need_body());
+    let step = m.on_request_data(65_537, false);
+    assert_eq!(reply_status(&step)?, (413, "body_too_large".into()));
+    assert!(matches!(m, Machine::Pass));
+    Ok(())
+}
+
+// ---- impossible events -----------------------------------------------------
+
+#[test]
+fn events_in_the_wrong_phase_are_errors_and_change_nothing() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
+    assert!(m.on_callout(&CalloutAnswer::failed(), &mut env).is_err());
+    assert!(m.on_response_body(b"{}").is_err());
+    assert!(m.on_response_head(&upstream(201, "via_upstream"), false, &mut env).is_err());
+    // Still waiting for its body.
+    assert_eq!(call(&m.on_request_body(&body(json!(10)), &mut env)?).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    assert!(m.on_request_body(&body(json!(10)), &mut env).is_err());
+    let mut pass = Machine::Pass;
+    assert!(pass.on_request_body(b"{}", &mut env).is_err());
+    assert!(pass.on_callout(&CalloutAnswer::failed(), &mut env).is_err());
+    assert_eq!(pass.on_request_data(10, true), Step::go_on());
+    assert_eq!(pass.on_response_head(&upstream(200, "via_upstream"), true, &mut env)?, Step::go_on());
+    let mut preview = Machine::start(ctx("preview")?, &head(None), false, &mut env).0;
+    assert!(preview.on_callout(&CalloutAnswer::failed(), &mut env).is_err());
+    Ok(())
+}
+
+// ---- preview ---------------------------------------------------------------
+
+#[test]
+fn preview_mints_into_a_successful_json_answer() -> TestResult {
+    let mut env = FixedEnv { now: 100 };
+    let (mut m, step) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
+    assert!(!step.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)));
+    assert_eq!(m.on_request_body(&body(json!(10)), &mut env)?, Step::go_on());
+    let step = m.on_response_head(&upstream(200, "via_upstream"), false, &mut env)?;
+    assert!(counted(&step, Counter::Minted));
+    assert_eq!(step.flow, Flow::Pause);
+    assert_eq!(m.on_response_data(5, false)?, Step::pause());
+    assert_eq!(m.on_response_data(10, true)?, Step::need_body());
+    let step = m.on_response_body(br#"{"quote":1}"#)?;
+    let out = step.effects.iter().find_map(|e| match e {
+        Effect::ReplaceResponseBody(b) => Some(b.clone()),
+        _ => None,
+    });
+    let v: Value = serde_json::from_slice(&out.ok_or("no body")?)?;
+    assert_eq!(v["quote"], 1);
+    assert_eq!(v["fingerprint_expires_at"], 100 + 900);
+    // The minted token confirms with these very fields.
+    let fp = v["fingerprint"].as_str().ok_or("no fingerprint")?.to_string();
+    let (mut c, _) = Machine::start(ctx("confirm")?, &head(Some(fp)), false, &mut env);
+    assert_eq!(call(&c.on_request_body(&body(json!("10.0")), &mut env)?).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    Ok(())
+}
+
+#[test]
+fn preview_failure_or_non_json_mints_nothing() -> TestResult {
+    for (status, ct) in [(500, "application/json"), (200, "text/html")] {
+        let mut env = FixedEnv { now: 100 };
+        let (mut m, _) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
+        m.on_request_body(&body(json!(10)), &mut env)?;
+        let h = ResponseHead { status, content_type: Some(ct.into()), ..Default::default() };
+        let step = m.on_response_head(&h, false, &mut env)?;
+        assert_eq!(step, Step::go_on());
+        assert!(matches!(m, Machine::Pass));
+    }
+    Ok(())
+}
+
+// ---- status ----------------------------------------------------------------
+
+#[test]
+fn status_reports_what_exists_and_what_never_ran() -> TestResult {
+    let fp = token(1000)?;
+    let done = json!({"key": KEY, "state": "DONE", "scope": "pay", "subject_hash": "x", "param_hash": "y", "created_at_ms": 1, "updated_at_ms": 2,
+        "result": {"status": 201, "body_b64": encode_body(br#"{"id":"T-1"}"#)}});
+    let cases = [
+        (999, answer(200, done), 200, "already_completed"),
+        (999, answer(404, json!({})), 200, "not_executed"),
+        (1000, answer(404, json!({})), 410, "fingerprint_expired"),
+        (999, CalloutAnswer::failed(), 503, "status_unavailable"),
+    ];
+    for (now, a, http, status) in cases {
+        let mut env = FixedEnv { now };
+        let h = RequestHead { path: format!("/status?x=1&fingerprint={fp}"), ..head(None) };
+        let (mut m, step) = Machine::start(ctx("status")?, &h, true, &mut env);
+        let c = call(&step).ok_or("no lookup")?;
+        assert_eq!(c.path, format!("/v1/operations/{KEY}"));
+        let step = m.on_callout(&a, &mut env)?;
+        assert_eq!(reply_status(&step)?, (http, status.to_string()), "{now} {a:?}");
+    }
+    Ok(())
+}
+
+// ---- helpers ---------------------------------------------------------------
+
+#[test]
+fn trace_ids_and_query_parameters() {
+    assert_eq!(trace_id(Some("abc"), Some("00-t-p-01")), "abc");
+    assert_eq!(
+        trace_id(None, Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(trace_id(Some(""), None), "");
+    assert_eq!(trace_id(Some(&"é".repeat(100)), None).len(), 128);
+    assert_eq!(query_param("/s?a=1&fingerprint=x.y#frag", "fingerprint").as_deref(), Some("x.y"));
+    assert_eq!(query_param("/s", "fingerprint"), None);
+    assert_eq!(retry_after_ms(&[("Retry-After".into(), " 3 ".into())]), Some(3000));
+    assert_eq!(retry_after_ms(&[("retry-after".into(), "Wed, 21 Oct 2015".into())]), None);
+}

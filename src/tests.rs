@@ -1,0 +1,376 @@
+//! The adapter driven through a fake host: what it reads, what it calls, in
+//! which order — without Envoy. The real-Envoy suite (tests/) covers the rest.
+
+#![allow(clippy::type_complexity)]
+
+use crate::host::{Host, Level};
+use crate::metrics::Metrics;
+use crate::root::Shared;
+use crate::routes::RouteCache;
+use crate::stream::{Action, Stream};
+use idem_core::machine::{CalloutAnswer, Counter, Env};
+use idem_core::policy::parse_plugin_config;
+use serde_json::{json, Value};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(Default)]
+struct Fake {
+    request_headers: Vec<(String, String)>,
+    response_headers: Vec<(String, String)>,
+    properties: HashMap<String, Vec<u8>>,
+    property_reads: Cell<usize>,
+    header_reads: Cell<usize>,
+    request_body: Vec<u8>,
+    response_body: Vec<u8>,
+    calls: Vec<(Vec<(String, String)>, Option<Vec<u8>>)>,
+    refuse_dispatch: bool,
+    answer: CalloutAnswer,
+    replies: Vec<(u16, Vec<(String, String)>, Vec<u8>)>,
+    resumed_request: usize,
+    resumed_response: usize,
+    counters: Vec<Counter>,
+    logs: Vec<String>,
+    now: u64,
+}
+
+impl Fake {
+    fn annotate(&mut self, leaves: &[(&str, &str)]) {
+        for (k, v) in leaves {
+            self.properties
+                .insert(format!("xds.route_metadata.filter_metadata.agent_idempotency.{k}"), v.as_bytes().to_vec());
+        }
+    }
+
+    fn header(list: &[(String, String)], name: &str) -> Option<String> {
+        list.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone())
+    }
+
+    fn last_call_header(&self, name: &str) -> Option<String> {
+        self.calls.last().and_then(|(h, _)| Fake::header(h, name))
+    }
+
+    fn last_reply_json(&self) -> Value {
+        self.replies.last().and_then(|(_, _, b)| serde_json::from_slice(b).ok()).unwrap_or(Value::Null)
+    }
+}
+
+impl Env for Fake {
+    fn now_s(&self) -> u64 {
+        self.now
+    }
+    fn random16(&mut self) -> Option<[u8; 16]> {
+        Some([0xab; 16])
+    }
+}
+
+impl Host for Fake {
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.header_reads.set(self.header_reads.get() + 1);
+        Fake::header(&self.request_headers, name)
+    }
+    fn set_request_header(&mut self, name: &str, value: &str) {
+        self.request_headers.push((name.into(), value.into()));
+    }
+    fn remove_request_header(&mut self, name: &str) {
+        self.request_headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        Fake::header(&self.response_headers, name)
+    }
+    fn response_headers(&self) -> Vec<(String, String)> {
+        self.response_headers.clone()
+    }
+    fn set_response_header(&mut self, name: &str, value: &str) {
+        self.remove_response_header(name);
+        self.response_headers.push((name.into(), value.into()));
+    }
+    fn remove_response_header(&mut self, name: &str) {
+        self.response_headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.property_reads.set(self.property_reads.get() + 1);
+        self.properties.get(&path.join(".")).cloned()
+    }
+    fn request_body(&self, size: usize) -> Vec<u8> {
+        self.request_body.iter().take(size).copied().collect()
+    }
+    fn response_body(&self, size: usize) -> Vec<u8> {
+        self.response_body.iter().take(size).copied().collect()
+    }
+    fn replace_response_body(&mut self, old_size: usize, body: &[u8]) {
+        assert_eq!(old_size, self.response_body.len(), "the whole buffered body is replaced");
+        self.response_body = body.to_vec();
+    }
+    fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
+        self.replies.push((status, headers.to_vec(), body.to_vec()));
+    }
+    fn resume_request(&mut self) {
+        self.resumed_request += 1;
+    }
+    fn resume_response(&mut self) {
+        self.resumed_response += 1;
+    }
+    fn dispatch(&mut self, cluster: &str, headers: &[(&str, &str)], body: Option<&[u8]>, _t: Duration) -> Option<u32> {
+        assert_eq!(cluster, "idem_sidecar");
+        if self.refuse_dispatch {
+            return None;
+        }
+        self.calls
+            .push((headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), body.map(<[u8]>::to_vec)));
+        u32::try_from(self.calls.len()).ok()
+    }
+    fn call_answer(&self, num_headers: usize, _body_size: usize) -> CalloutAnswer {
+        if num_headers == 0 {
+            return CalloutAnswer::failed();
+        }
+        self.answer.clone()
+    }
+    fn count(&mut self, counter: Counter) {
+        self.counters.push(counter);
+    }
+    fn log(&self, _level: Level, message: &str) {
+        // Logs are checked through the counters; keep the text for failing-test output.
+        let _ = message;
+    }
+}
+
+fn shared() -> Result<Rc<Shared>, Box<dyn std::error::Error>> {
+    let text = r#"{"sidecar_cluster":"idem_sidecar","keys":[{"kid":"k1","secret":"0123456789abcdef0123456789abcdef"}],
+        "active_kid":"k1","subject":{"header":"x-agent-subject"},"max_response_bytes":100,
+        "sidecar_token":{"secret":"test-token-0123456789"}}"#;
+    let config = parse_plugin_config(text.as_bytes(), &|_| None)?;
+    Ok(Rc::new(Shared { config: Rc::new(config), metrics: Rc::new(Metrics::default()), routes: RouteCache::default() }))
+}
+
+const CONFIRM: &[(&str, &str)] =
+    &[("role", "confirm"), ("scope", "pay"), ("bind", "/amount:decimal, /currency"), ("status_tool", "get_status")];
+const PREVIEW: &[(&str, &str)] = &[("role", "preview"), ("scope", "pay"), ("bind", "/amount:decimal, /currency")];
+
+fn request(fake: &mut Fake, body: &Value, extra: &[(&str, &str)]) {
+    fake.request_headers = vec![
+        (":path".into(), "/x".into()),
+        ("x-agent-subject".into(), "alice".into()),
+        ("x-request-id".into(), "trace-7".into()),
+    ];
+    fake.request_headers.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    fake.request_body = body.to_string().into_bytes();
+}
+
+fn respond(s: &mut Stream<Fake>, status: u16, body: &[u8]) {
+    let h = s.host_mut();
+    h.response_headers = vec![
+        (":status".into(), status.to_string()),
+        ("content-type".into(), "application/json".into()),
+        ("content-length".into(), body.len().to_string()),
+    ];
+    h.response_body = body.to_vec();
+    h.properties.insert("response.code_details".into(), b"via_upstream".to_vec());
+}
+
+/// Preview through the adapter; returns the fingerprint it minted into the body.
+fn preview(shared: &Rc<Shared>) -> Result<String, Box<dyn std::error::Error>> {
+    let mut fake = Fake { now: 100, ..Default::default() };
+    fake.annotate(PREVIEW);
+    request(&mut fake, &json!({"amount": 10, "currency": "EUR"}), &[]);
+    let mut s = Stream::new(Rc::clone(shared), fake);
+    assert_eq!(s.on_request_headers(false), Action::Pause);
+    let size = s.host().request_body.len();
+    assert_eq!(s.on_request_body(size, true), Action::Continue);
+    respond(&mut s, 200, br#"{"quote":"ok"}"#);
+    assert_eq!(s.on_response_headers(false), Action::Pause);
+    assert_eq!(Fake::header(&s.host().response_headers, "content-length"), None);
+    let n = s.host().response_body.len();
+    assert_eq!(s.on_response_body(n, true), Action::Continue);
+    let body: Value = serde_json::from_slice(&s.host().response_body)?;
+    assert_eq!(body["quote"], "ok");
+    assert_eq!(Fake::header(&s.host().response_headers, "agent-fingerprint").as_deref(), body["fingerprint"].as_str());
+    assert!(s.host().calls.is_empty(), "a preview does no I/O");
+    Ok(body["fingerprint"].as_str().ok_or("no fingerprint")?.to_string())
+}
+
+/// A confirm stream whose request body has been seen (acquire pending).
+fn confirm(shared: &Rc<Shared>, fp: &str, now: u64) -> Stream<Fake> {
+    let mut fake = Fake { now, ..Default::default() };
+    fake.annotate(CONFIRM);
+    request(
+        &mut fake,
+        &json!({"amount": "10.00", "currency": "EUR", "memo": "x"}),
+        &[("agent-fingerprint", fp), ("idempotency-key", "client-chosen")],
+    );
+    let mut s = Stream::new(Rc::clone(shared), fake);
+    assert_eq!(s.on_request_headers(false), Action::Pause);
+    s
+}
+
+/// Feed an answer for the pending call.
+fn answer(s: &mut Stream<Fake>, status: u16, body: Value) {
+    let token = u32::try_from(s.host().calls.len()).unwrap_or(0);
+    s.host_mut().answer = CalloutAnswer { status: Some(status), body: body.to_string().into_bytes() };
+    s.on_callout_answer(token, 1, 0);
+}
+
+#[test]
+fn unannotated_route_costs_one_property_read() -> TestResult {
+    let mut fake = Fake::default();
+    request(&mut fake, &json!({}), &[]);
+    let mut s = Stream::new(shared()?, fake);
+    assert_eq!(s.on_request_headers(false), Action::Continue);
+    assert_eq!(s.on_request_body(2, true), Action::Continue);
+    assert_eq!(s.on_response_headers(false), Action::Continue);
+    assert_eq!(s.on_response_body(2, true), Action::Continue);
+    assert_eq!(s.host().property_reads.get(), 1);
+    assert_eq!(s.host().header_reads.get(), 0);
+    assert!(s.host().counters.is_empty());
+    Ok(())
+}
+
+#[test]
+fn confirm_end_to_end_through_the_adapter() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    let mut s = confirm(&shared, &fp, 200);
+    assert_eq!(Fake::header(&s.host().request_headers, "idempotency-key"), None, "a client key never goes upstream");
+    // The body arrives in three chunks; it is read once, at the end.
+    assert_eq!(s.on_request_body(10, false), Action::Pause);
+    assert_eq!(s.on_request_body(20, false), Action::Pause);
+    let size = s.host().request_body.len();
+    assert_eq!(s.on_request_body(size, true), Action::Pause);
+    assert_eq!(s.host().calls.len(), 1);
+    assert_eq!(s.host().last_call_header(":path").as_deref(), Some("/v1/acquire"));
+    assert_eq!(s.host().last_call_header("authorization").as_deref(), Some("Bearer test-token-0123456789"));
+    assert_eq!(s.host().last_call_header("x-request-id").as_deref(), Some("trace-7"));
+
+    answer(&mut s, 200, json!({"outcome": "ACQUIRED", "owner": "22222222222222222222222222222222"}));
+    assert_eq!(s.host().resumed_request, 1);
+    let key = Fake::header(&s.host().request_headers, "idempotency-key").ok_or("no key")?;
+    assert_eq!(key, "ab".repeat(16));
+
+    respond(&mut s, 201, br#"{"id":"T-1"}"#);
+    assert_eq!(s.on_response_headers(false), Action::Pause);
+    let n = s.host().response_body.len();
+    assert_eq!(s.on_response_body(n, true), Action::Pause);
+    assert_eq!(s.host().last_call_header(":path").as_deref(), Some("/v1/complete"));
+    let (_, body) = s.host().calls.last().ok_or("no call")?;
+    let sent: Value = serde_json::from_slice(body.as_deref().unwrap_or_default())?;
+    assert_eq!(
+        (sent["key"].as_str(), sent["state"].as_str(), sent["trace_id"].as_str()),
+        (Some(key.as_str()), Some("DONE"), Some("trace-7"))
+    );
+    assert_eq!(s.host().resumed_response, 0, "held until the record is acked");
+    answer(&mut s, 200, json!({"outcome": "OK"}));
+    assert_eq!(s.host().resumed_response, 1);
+    assert_eq!(s.host().response_body, br#"{"id":"T-1"}"#, "the agent gets the upstream's answer");
+    assert_eq!(s.host().counters, vec![Counter::Verified, Counter::Acquired, Counter::Completed]);
+    Ok(())
+}
+
+#[test]
+fn a_callout_that_cannot_be_dispatched_is_answered_at_once() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    let mut s = confirm(&shared, &fp, 200);
+    s.host_mut().refuse_dispatch = true;
+    let size = s.host().request_body.len();
+    assert_eq!(s.on_request_body(size, true), Action::Pause);
+    let (status, _, _) = s.host().replies.last().ok_or("no reply")?.clone();
+    assert_eq!(status, 503);
+    assert_eq!(s.host().last_reply_json()["status"], "status_unavailable");
+    assert_eq!(s.host().resumed_request, 0);
+    assert!(s.host().counters.contains(&Counter::SidecarErrors));
+    Ok(())
+}
+
+#[test]
+fn a_failed_callout_answer_is_not_a_claim_that_nothing_ran() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    let mut s = confirm(&shared, &fp, 200);
+    let size = s.host().request_body.len();
+    s.on_request_body(size, true);
+    s.on_callout_answer(1, 0, 0);
+    assert_eq!(s.host().last_reply_json()["status"], "status_unavailable");
+    assert_eq!(s.host().resumed_request, 0);
+    // A stale token (another stream's, or late) changes nothing.
+    s.on_callout_answer(99, 1, 0);
+    assert_eq!(s.host().replies.len(), 1);
+    Ok(())
+}
+
+#[test]
+fn an_answer_too_large_to_record_passes_after_a_headers_only_record() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    let mut s = confirm(&shared, &fp, 200);
+    let size = s.host().request_body.len();
+    s.on_request_body(size, true);
+    answer(&mut s, 200, json!({"outcome": "ACQUIRED", "owner": "22222222222222222222222222222222"}));
+    respond(&mut s, 201, &[b'x'; 150]);
+    assert_eq!(s.on_response_headers(false), Action::Pause);
+    assert_eq!(s.on_response_body(150, false), Action::Pause);
+    let (_, body) = s.host().calls.last().ok_or("no call")?;
+    let sent: Value = serde_json::from_slice(body.as_deref().unwrap_or_default())?;
+    assert_eq!(sent["result"]["body_b64"], "");
+    answer(&mut s, 200, json!({"outcome": "OK"}));
+    assert_eq!(s.host().resumed_response, 1);
+    assert_eq!(s.on_response_body(150, true), Action::Continue);
+    Ok(())
+}
+
+#[test]
+fn expired_confirm_asks_before_it_answers() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    let mut s = confirm(&shared, &fp, 100 + 900);
+    let size = s.host().request_body.len();
+    s.on_request_body(size, true);
+    assert_eq!(s.host().last_call_header(":method").as_deref(), Some("GET"));
+    assert_eq!(s.host().last_call_header(":path"), Some(format!("/v1/operations/{}", "ab".repeat(16))));
+    answer(&mut s, 404, json!({"error": "not_found"}));
+    assert_eq!(s.host().last_reply_json()["status"], "fingerprint_expired");
+    Ok(())
+}
+
+#[test]
+fn route_policies_are_keyed_by_annotation_not_by_name() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    // Same route name, one unannotated: it passes, and the confirm route is still guarded.
+    let mut plain = Fake::default();
+    plain.properties.insert("xds.route_name".into(), b"default".to_vec());
+    request(&mut plain, &json!({}), &[]);
+    let mut s = Stream::new(Rc::clone(&shared), plain);
+    assert_eq!(s.on_request_headers(false), Action::Continue);
+    let mut guarded = confirm(&shared, &fp, 200);
+    guarded.host_mut().properties.insert("xds.route_name".into(), b"default".to_vec());
+    let size = guarded.host().request_body.len();
+    assert_eq!(guarded.on_request_body(size, true), Action::Pause);
+    assert_eq!(guarded.host().last_call_header(":path").as_deref(), Some("/v1/acquire"));
+    // A route re-annotated (another scope) gets its own policy at once: the old fingerprint no longer fits.
+    let mut moved = Fake { now: 200, ..Default::default() };
+    moved.annotate(CONFIRM);
+    moved.annotate(&[("scope", "refunds")]);
+    request(&mut moved, &json!({"amount": 10, "currency": "EUR"}), &[("agent-fingerprint", &fp)]);
+    let mut s = Stream::new(Rc::clone(&shared), moved);
+    assert_eq!(s.on_request_headers(false), Action::Pause);
+    let size = s.host().request_body.len();
+    s.on_request_body(size, true);
+    assert_eq!(s.host().last_reply_json()["status"], "fingerprint_invalid");
+    assert_eq!(shared.routes.len(), 3);
+    Ok(())
+}
+
+#[test]
+fn a_broken_annotation_never_runs_unguarded() -> TestResult {
+    let mut fake = Fake::default();
+    fake.annotate(&[("role", "confirm"), ("scope", "pay")]);
+    request(&mut fake, &json!({}), &[]);
+    let mut s = Stream::new(shared()?, fake);
+    assert_eq!(s.on_request_headers(false), Action::Pause);
+    assert_eq!(s.host().replies.first().map(|r| r.0), Some(503));
+    Ok(())
+}
