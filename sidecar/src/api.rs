@@ -6,6 +6,7 @@
 //! | `POST /v1/complete`          | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
 //! | `POST /v1/release`           | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
 //! | `GET /v1/operations/{key}`   | 200 `OperationView`; 404 `{"error":"not_found"}`; 503; 400      |
+//! | any `/v1/*` without a token  | 401 `{"error":"unauthorized"}`; nothing read or changed         |
 //! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down; each store's state       |
 //! | `GET /metrics`               | Prometheus (OpenMetrics text)                                   |
 //!
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::Instrument;
 
+use crate::auth::{require_token, AuthState, Tokens};
 use crate::store::Store;
 
 /// Replayed bodies travel base64 inside JSON; this bounds what one stored
@@ -35,12 +37,17 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// The longest lease a route may ask for (and what keeps `now + lease` in i64).
 pub const MAX_LEASE_MS: u64 = 30 * 24 * 3600 * 1000;
 
-pub fn router(store: Arc<Store>) -> Router {
-    Router::new()
+/// The API; `/v1/*` answers only callers with one of `tokens` (see `auth`).
+pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
+    let auth = AuthState { tokens: Arc::new(tokens), store: Arc::clone(&store) };
+    let guarded = Router::new()
         .route("/v1/acquire", post(acquire))
         .route("/v1/complete", post(complete))
         .route("/v1/release", post(release))
         .route("/v1/operations/{key}", get(operation))
+        .route_layer(axum::middleware::from_fn_with_state(auth, require_token));
+    Router::new()
+        .merge(guarded)
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -200,6 +207,7 @@ mod tests {
             subject_hash: "b".repeat(32),
             scope: "payments.transfer".into(),
             lease_ms: 1,
+            trace_id: String::new(),
         };
         assert_eq!(check_acquire(&ok), Ok(()));
         assert!(check_acquire(&AcquireRequest { param_hash: String::new(), ..ok.clone() }).is_err());

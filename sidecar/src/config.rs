@@ -39,6 +39,17 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:9090")]
     pub listen: SocketAddr,
 
+    /// Bearer tokens the filter must present on every API call (comma-separated;
+    /// give two while rotating). The filter's plugin config names the same
+    /// token in `sidecar_token`. `/healthz` and `/metrics` need none.
+    #[arg(long, env = "IDEM_AUTH_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    pub auth_tokens: Vec<String>,
+
+    /// Serve the API to anyone who can reach it (development only; idemd warns
+    /// on every start). Without it, idemd refuses to start with no token.
+    #[arg(long, env = "IDEM_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
     #[command(flatten)]
     pub stores: StoreArgs,
 

@@ -51,6 +51,7 @@ pub struct Metrics {
     reconcile: Family<DecisionLabels, Counter>,
     needs_review: Gauge,
     reaped: Counter,
+    auth_rejected: Counter,
 }
 
 impl Default for Metrics {
@@ -72,6 +73,7 @@ impl Metrics {
         let reconcile = Family::<DecisionLabels, Counter>::default();
         let needs_review = Gauge::default();
         let reaped = Counter::default();
+        let auth_rejected = Counter::default();
 
         // Counters get their `_total` suffix from the OpenMetrics encoder.
         registry.register("idem_acquire", "Acquire answers by outcome", acquire.clone());
@@ -104,6 +106,11 @@ impl Metrics {
             needs_review.clone(),
         );
         registry.register("idem_reaped", "Terminal rows deleted after the retention", reaped.clone());
+        registry.register(
+            "idem_auth_rejected",
+            "API calls refused for a missing or wrong credential (nothing was read or changed)",
+            auth_rejected.clone(),
+        );
 
         Self {
             registry,
@@ -117,7 +124,12 @@ impl Metrics {
             reconcile,
             needs_review,
             reaped,
+            auth_rejected,
         }
+    }
+
+    pub fn auth_rejected(&self) {
+        self.auth_rejected.inc();
     }
 
     pub fn acquire(&self, outcome: &'static str) {

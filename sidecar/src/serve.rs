@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tracing::info;
 
+use crate::auth::Tokens;
 use crate::config::{redact_url, ReconcileArgs, ServeArgs, StoreArgs, TtlArgs};
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
@@ -73,8 +74,33 @@ pub async fn open_store(stores: &StoreArgs, ttl: &TtlArgs) -> Result<Store, Fail
     Ok(Store::new(sql, redis, settings, Arc::new(Metrics::new())))
 }
 
+/// The API's credentials, or why idemd must not start.
+pub fn tokens(args: &ServeArgs) -> Result<Tokens, Failure> {
+    let given: Vec<String> = args.auth_tokens.iter().filter(|t| !t.trim().is_empty()).cloned().collect();
+    match (given.is_empty(), args.insecure_no_auth) {
+        (true, false) => Err(Failure::Config(
+            "no API token: set IDEM_AUTH_TOKENS (or --auth-tokens) and the same token in the filter's \
+             sidecar_token; an idemd without one would let anyone read results and take over leases. \
+             For local development only, --insecure-no-auth serves without a token."
+                .into(),
+        )),
+        (false, true) => {
+            Err(Failure::Config("--insecure-no-auth and --auth-tokens contradict each other: choose one".into()))
+        }
+        (true, true) => {
+            tracing::warn!(
+                "--insecure-no-auth: the API answers anyone who can reach it; never run like this in production"
+            );
+            eprintln!("WARNING: idemd --insecure-no-auth: the API answers anyone who can reach it");
+            Ok(Tokens::default())
+        }
+        (false, false) => Tokens::new(&given).map_err(Failure::Config),
+    }
+}
+
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let endpoints = args.validate().map_err(|broken| Failure::Config(broken.join("\n")))?;
+    let tokens = tokens(&args)?;
     let store = Arc::new(open_store(&args.stores, &args.ttl).await?);
     if args.reconcile.no_reconcile {
         info!("--no-reconcile: serving the API only (no reconciler, no reaper)");
@@ -94,7 +120,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, crate::api::router(store))
+    axum::serve(listener, crate::api::router(store, tokens))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Failure::Runtime(format!("server: {e}")))
@@ -111,7 +137,11 @@ fn start_background(
     let scopes: Vec<String> = endpoints.keys().cloned().collect();
     let status = StatusClient::new(endpoints, args.status_timeout()).map_err(Failure::Runtime)?;
     let settings = ReconcileSettings {
-        rules: Rules { grace_ms: args.reconcile_grace_ms, retry_budget: args.reconcile_retry_budget },
+        rules: Rules {
+            grace_ms: args.reconcile_grace_ms,
+            retry_budget: args.reconcile_retry_budget,
+            readings: Arc::new(args.readings().map_err(|broken| Failure::Config(broken.join("\n")))?),
+        },
         batch: args.reconcile_batch,
         // One lookup plus the claim before it and the decision after it.
         claim_ms: args.status_timeout_ms.saturating_add(stores.sql_timeout_ms.saturating_mul(2)).saturating_add(1_000),

@@ -51,8 +51,11 @@ fn both_rules_from_environment_variables() {
 
 #[test]
 fn unknown_database_scheme_is_a_configuration_error() {
-    let out =
-        idemd().args(["serve", "--listen", "127.0.0.1:0", "--database-url", "oracle://x/y"]).output().expect("run");
+    let out = idemd()
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url", "oracle://x/y"])
+        .env("IDEM_AUTH_TOKENS", "cli-test-token-0123456789")
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported database URL"));
 }
@@ -64,6 +67,7 @@ fn serve_prints_where_it_listens_and_answers_healthz() {
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env("IDEM_DATABASE_URL", format!("sqlite://{}/sub/idem.db?mode=rwc", dir.path().display()))
         .env("IDEM_REDIS_CLUSTER", "false")
+        .env("IDEM_AUTH_TOKENS", "cli-test-token-0123456789")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -91,6 +95,39 @@ fn serve_prints_where_it_listens_and_answers_healthz() {
     assert_eq!(health, serde_json::json!({"status": "ok", "redis": "off", "sql": "up"}));
     assert!(dir.path().join("sub/idem.db").exists(), "the SQLite directory is created");
     drop(guard);
+}
+
+/// DESIGN §6: an idemd without a credential would answer anyone.
+#[test]
+fn serve_without_a_token_refuses_to_start_unless_told_it_is_insecure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = format!("sqlite://{}/idem.db?mode=rwc", dir.path().display());
+    let out = idemd().args(["serve", "--listen", "127.0.0.1:0", "--database-url", &db]).output().expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no API token: set IDEM_AUTH_TOKENS"), "{err}");
+    let out = idemd()
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &db, "--auth-tokens", "short"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16 printable"), "{:?}", out);
+
+    let mut child = idemd()
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &db, "--insecure-no-auth"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    let mut warning = String::new();
+    BufReader::new(stderr).read_line(&mut warning).expect("read");
+    let _guard = KillOnDrop(child);
+    assert!(line.starts_with("idemd listening on"), "{line}");
+    assert!(warning.contains("--insecure-no-auth"), "{warning}");
 }
 
 struct KillOnDrop(std::process::Child);
@@ -164,6 +201,7 @@ mod ops_cli {
                 subject_hash: "u".into(),
                 scope: "payments.manual".into(),
                 lease_ms: 0,
+                trace_id: "trace-cli-1".into(),
             };
             assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
             let rec = store.sql().get(&key).await.expect("get").expect("row");
@@ -175,6 +213,7 @@ mod ops_cli {
                 actor: "reconciler:test",
                 action: "reconcile_needs_review",
                 why: "no endpoint",
+                trace_id: "",
             };
             assert!(store.sql().mark_needs_review(&rec, &token, now, &audit).await.expect("review"));
         });
@@ -201,8 +240,11 @@ mod ops_cli {
         assert_eq!(o.status.code(), Some(2), "--done needs --result-file: {}", text(&o));
         let o = ops(&db, &["resolve", &key, "--done", "--release", "--why", "x"]);
         assert_eq!(o.status.code(), Some(2), "one decision at a time: {}", text(&o));
-        let o = ops(&db, &["show", "NOT-A-KEY"]);
+        let o = ops(&db, &["show", "not a key"]);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let o = ops(&db, &["show", "NOT-A-KEY"]);
+        assert_eq!(o.status.code(), Some(3), "an unknown trace id: {}", text(&o));
+        assert!(text(&o).contains("no operation with trace id NOT-A-KEY"), "{}", text(&o));
         let o = ops(&db, &["show", &idemd::store::new_owner()]);
         assert_eq!(o.status.code(), Some(3), "unknown key: {}", text(&o));
 
@@ -248,5 +290,10 @@ mod ops_cli {
         assert!(lines[1].contains("reconciler:test") && lines[1].contains("IN_FLIGHT -> NEEDS_REVIEW"));
         assert!(lines[2].contains("operator:bob") && lines[2].contains("resolve_done"));
         assert!(lines[2].contains("NEEDS_REVIEW -> DONE") && lines[2].ends_with("found t_7 in the ledger"));
+        // The trace id a reply carried finds the same operation, and the filter's line names it.
+        assert!(lines[0].ends_with("[trace trace-cli-1]"), "{t}");
+        let by_trace = ops(&db, &["show", "trace-cli-1"]);
+        assert_eq!(by_trace.status.code(), Some(0), "{}", text(&by_trace));
+        assert_eq!(text(&by_trace), t);
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{acq, new_key, rich_result, Backend, CutProxy, Fixture};
 use idem_core::protocol::{Ack, AckResponse, AcquireOutcome, AcquireResponse, OpState, OperationView};
+use idemd::auth::Tokens;
 use idemd::store::Store;
 use serde_json::{json, Value};
 
@@ -19,13 +20,32 @@ struct Server {
     _task: tokio::task::JoinHandle<()>,
 }
 
+const TOKEN: &str = "filter-token-0123456789";
+
+/// idemd's API as `serve` runs it: every `/v1/*` call needs the token.
 async fn serve(store: Arc<Store>) -> Server {
+    serve_with(store, &[TOKEN]).await
+}
+
+async fn serve_with(store: Arc<Store>, tokens: &[&str]) -> Server {
+    let tokens = Tokens::new(&tokens.iter().map(|t| t.to_string()).collect::<Vec<_>>()).expect("tokens");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr: SocketAddr = listener.local_addr().expect("addr");
     let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, idemd::api::router(store)).await;
+        let _ = axum::serve(listener, idemd::api::router(store, tokens)).await;
     });
     Server { base: format!("http://{addr}"), _task: task }
+}
+
+/// A client that presents `token`, as the filter does.
+fn client_with(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse().expect("header"));
+    reqwest::Client::builder().default_headers(headers).build().expect("client")
+}
+
+fn authed() -> reqwest::Client {
+    client_with(TOKEN)
 }
 
 async fn fixture() -> Option<Fixture> {
@@ -43,7 +63,7 @@ async fn post(client: &reqwest::Client, url: String, body: Value) -> (u16, Value
 async fn acquire_complete_release_and_operations_over_http() {
     let Some(fx) = fixture().await else { return };
     let srv = serve(fx.store().await).await;
-    let c = reqwest::Client::new();
+    let c = authed();
     let key = new_key();
     let req = serde_json::to_value(acq(&key)).expect("json");
 
@@ -103,7 +123,7 @@ async fn acquire_complete_release_and_operations_over_http() {
 async fn bad_input_is_400() {
     let Some(fx) = fixture().await else { return };
     let srv = serve(fx.store().await).await;
-    let c = reqwest::Client::new();
+    let c = authed();
     let key = new_key();
     let cases: Vec<(&str, String)> = vec![
         ("/v1/acquire", "{not json".into()),
@@ -171,7 +191,7 @@ async fn healthz_and_metrics() {
     let Some(fx) = fixture().await else { return };
     let with_redis = fx.redis.is_some();
     let srv = serve(fx.store().await).await;
-    let c = reqwest::Client::new();
+    let c = authed();
 
     let r = c.get(format!("{}/healthz", srv.base)).send().await.expect("get");
     assert_eq!(r.status().as_u16(), 200);
@@ -216,7 +236,10 @@ async fn concurrent_acquires_over_many_connections() {
         let (key, start) = (key.clone(), start.clone());
         tasks.spawn(async move {
             // A client per task: no connection is shared.
-            let c = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {TOKEN}").parse().expect("header"));
+            let c =
+                reqwest::Client::builder().pool_max_idle_per_host(0).default_headers(headers).build().expect("client");
             start.wait().await;
             let r = c.post(url).json(&acq(&key)).send().await.expect("send");
             assert_eq!(r.status().as_u16(), 200);
@@ -249,7 +272,7 @@ async fn store_unavailable_is_503() {
     let Some(fx) = Fixture::with_redis(Backend::Postgres, None).await else { return };
     let fx = fx.with_sql_url(proxied);
     let srv = serve(fx.store().await).await;
-    let c = reqwest::Client::new();
+    let c = authed();
     let key = new_key();
     let (_, body) = post(&c, format!("{}/v1/acquire", srv.base), serde_json::to_value(acq(&key)).expect("json")).await;
     let owner = body["owner"].as_str().expect("owner").to_string();
@@ -281,4 +304,57 @@ async fn store_unavailable_is_503() {
     })
     .await;
     assert!(ok, "complete works again once SQL is back");
+}
+
+/// DESIGN §6: idemd answers only its filter. Without a token, with a wrong one,
+/// or with a token rotated out, every `/v1/*` call is 401 and changes nothing;
+/// the probes stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strangers_get_401_and_change_nothing() {
+    let Some(fx) = fixture().await else { return };
+    let store = fx.store().await;
+    // Rotation: old and new accepted together, then the old one removed.
+    let both = serve_with(Arc::clone(&store), &["old-token-0123456789", "new-token-0123456789"]).await;
+    let key = new_key();
+    let req = serde_json::to_value(acq(&key)).expect("json");
+    let (status, _) =
+        post(&client_with("old-token-0123456789"), format!("{}/v1/acquire", both.base), req.clone()).await;
+    assert_eq!(status, 200);
+    let key2 = new_key();
+    let req2 = serde_json::to_value(acq(&key2)).expect("json");
+    let rotated = serve_with(Arc::clone(&store), &["new-token-0123456789"]).await;
+    let strangers = [
+        ("none", reqwest::Client::new()),
+        ("wrong", client_with("wrong-token-0123456789")),
+        ("rotated out", client_with("old-token-0123456789")),
+    ];
+    for (who, c) in &strangers {
+        let (status, body) = post(c, format!("{}/v1/acquire", rotated.base), req2.clone()).await;
+        assert_eq!((status, body["error"].as_str()), (401, Some("unauthorized")), "{who}");
+        let (status, _) = post(
+            c,
+            format!("{}/v1/complete", rotated.base),
+            json!({"key": key, "owner": key, "state": "DONE", "result": {"status": 201}}),
+        )
+        .await;
+        assert_eq!(status, 401, "{who}");
+        let (status, _) = post(c, format!("{}/v1/release", rotated.base), json!({"key": key, "owner": key})).await;
+        assert_eq!(status, 401, "{who}");
+        let r = c.get(format!("{}/v1/operations/{key}", rotated.base)).send().await.expect("get");
+        assert_eq!(r.status().as_u16(), 401, "{who}");
+        assert_eq!(r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()), Some("Bearer"));
+    }
+    // Nothing changed: the stranger's acquire made no row, the first operation is still in flight.
+    assert!(store.operation(&key2).await.expect("store").is_none());
+    assert_eq!(store.operation(&key).await.expect("store").map(|v| v.state), Some(OpState::InFlight));
+    let new = client_with("new-token-0123456789");
+    let r = new.get(format!("{}/v1/operations/{key}", rotated.base)).send().await.expect("get");
+    assert_eq!(r.status().as_u16(), 200);
+    // Probes and scrapers need no token; the refusals are counted.
+    let plain = reqwest::Client::new();
+    let r = plain.get(format!("{}/healthz", rotated.base)).send().await.expect("healthz");
+    assert_eq!(r.status().as_u16(), 200);
+    let metrics =
+        plain.get(format!("{}/metrics", rotated.base)).send().await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("idem_auth_rejected_total 12"), "{metrics}");
 }

@@ -104,7 +104,7 @@ async fn by_key(
 const SCOPE: &str = common::SCOPE;
 
 fn rules(grace_ms: u64, retry_budget: u32) -> Rules {
-    Rules { grace_ms, retry_budget }
+    Rules { grace_ms, retry_budget, readings: Default::default() }
 }
 
 /// A reconciler over `store`; `up` answers for SCOPE when given.
@@ -222,6 +222,7 @@ async fn not_found_waits_for_the_grace_then_releases(fx: &Fixture) {
             owner: late_owner.clone(),
             state: TerminalState::Done,
             result: done,
+            trace_id: String::new(),
         })
         .await;
     assert_eq!(ack.outcome, Ack::Ok);
@@ -269,10 +270,41 @@ async fn lookup_failures_retry_then_need_review(fx: &Fixture) {
     let history = store.sql().history(erroring).await.expect("history");
     let acts: Vec<&str> = history.iter().map(|h| h.action.as_str()).collect();
     assert_eq!(acts, ["acquire", "reconcile_retry", "reconcile_retry", "reconcile_needs_review"]);
-    assert!(history[3].why.contains("failed 3 times") && history[3].why.contains("answered 500"), "{history:?}");
+    assert!(history[3].why.contains("after 3 attempts") && history[3].why.contains("answered 500"), "{history:?}");
     let slow_why = &store.sql().history(slow).await.expect("history")[3].why;
     assert!(slow_why.contains("no answer within 300 ms"), "{slow_why}");
     assert!(metric(&store, "idem_needs_review 2"), "{}", store.metrics().encode());
+}
+
+/// An upstream with its own schema, declared per scope: `{"state":"SETTLED"}`
+/// is DONE and replays with the route's 201; `{"state":"REJECTED"}` is FAILED
+/// with 422; `{"state":"PENDING"}` is no evidence yet.
+async fn a_declared_reading_decides_and_replays_with_the_declared_status(fx: &Fixture) {
+    let up = Upstream::start().await;
+    let (store, rows) = stale(fx, 3).await;
+    let (settled, rejected, pending) = (&rows[0].0, &rows[1].0, &rows[2].0);
+    up.set(settled, Reply::Found(r#"{"id":"t_50","state":"SETTLED"}"#));
+    up.set(rejected, Reply::Found(r#"{"id":"t_51","state":"REJECTED","reason":"limit"}"#));
+    up.set(pending, Reply::Found(r#"{"id":"t_52","state":"PENDING"}"#));
+    let reading = idemd::reconcile::decide::Reading::parse(
+        "pointer=/state;done=SETTLED|EXECUTED;failed=REJECTED;done_status=201;failed_status=422",
+    )
+    .expect("reading");
+    let readings = [(SCOPE.to_string(), reading)].into_iter().collect();
+    let rules = Rules { readings: Arc::new(readings), ..rules(60_000, 3) };
+    let report = reconciler(&store, Some(&up), rules, "t12").pass().await.expect("pass");
+    assert_eq!(report, PassReport { done: 1, failed: 1, retry: 1, ..Default::default() }, "{report:?}");
+    let done = store.acquire(&acq(settled)).await;
+    assert_eq!(done.outcome, AcquireOutcome::Done);
+    assert_eq!(done.result.expect("result").status, 201, "replays like the original 201");
+    let failed = store.acquire(&acq(rejected)).await;
+    assert_eq!(failed.outcome, AcquireOutcome::Failed);
+    let failed = failed.result.expect("result");
+    assert_eq!(failed.status, 422);
+    assert!(decode_body(&failed.body_b64).is_some_and(|b| b.starts_with(br#"{"id":"t_51""#)));
+    assert_eq!(state_of(&store, pending).await, Some(OpState::InFlight), "PENDING is not evidence");
+    let why = &store.sql().history(pending).await.expect("history")[1].why;
+    assert!(why.contains("/state = \"PENDING\", neither done nor failed"), "{why}");
 }
 
 /// A scope without a status endpoint cannot be asked: NEEDS_REVIEW at once.
@@ -358,6 +390,7 @@ async fn late_complete_during_a_claim_is_not_owner(fx: &Fixture) {
             owner,
             state: TerminalState::Done,
             result: simple_result("late"),
+            trace_id: String::new(),
         })
         .await;
     assert_eq!(ack.outcome, Ack::NotOwner);
@@ -375,13 +408,20 @@ async fn reaper_deletes_old_terminal_rows_only(fx: &Fixture) {
         let key = new_key();
         let owner = store.acquire(&acq(&key)).await.owner.expect("owner");
         let state = if i % 2 == 0 { TerminalState::Done } else { TerminalState::Failed };
-        let req = CompleteRequest { key: key.clone(), owner, state, result: simple_result("old") };
+        let req =
+            CompleteRequest { key: key.clone(), owner, state, result: simple_result("old"), trace_id: String::new() };
         assert_eq!(store.complete(&req).await.outcome, Ack::Ok);
         old_terminal.push(key);
     }
     let fresh = new_key();
     let owner = store.acquire(&acq(&fresh)).await.owner.expect("owner");
-    let req = CompleteRequest { key: fresh.clone(), owner, state: TerminalState::Done, result: simple_result("new") };
+    let req = CompleteRequest {
+        key: fresh.clone(),
+        owner,
+        state: TerminalState::Done,
+        result: simple_result("new"),
+        trace_id: String::new(),
+    };
     assert_eq!(store.complete(&req).await.outcome, Ack::Ok);
     let (in_flight, review) = (new_key(), new_key());
     store.acquire(&acq(&in_flight)).await;
@@ -389,7 +429,7 @@ async fn reaper_deletes_old_terminal_rows_only(fx: &Fixture) {
     fx.set_state(&review, "NEEDS_REVIEW").await;
     let released = new_key();
     let owner = store.acquire(&acq(&released)).await.owner.expect("owner");
-    store.release(&idem_core::protocol::ReleaseRequest { key: released.clone(), owner }).await;
+    store.release(&idem_core::protocol::ReleaseRequest { key: released.clone(), owner, trace_id: String::new() }).await;
 
     // Age everything but `fresh` by a day.
     let aged: Vec<String> =
@@ -506,6 +546,7 @@ macro_rules! backend_suite {
             reconcile_tests!($sql, $redis;
                 found_becomes_done_with_the_record,
                 upstream_failure_becomes_failed,
+                a_declared_reading_decides_and_replays_with_the_declared_status,
                 not_found_waits_for_the_grace_then_releases,
                 lookup_failures_retry_then_need_review,
                 no_endpoint_needs_review_at_once,

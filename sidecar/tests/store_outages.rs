@@ -18,6 +18,7 @@ async fn complete(store: &Store, key: &str, owner: &str, tag: &str) -> Ack {
             owner: owner.into(),
             state: TerminalState::Done,
             result: simple_result(tag),
+            trace_id: String::new(),
         })
         .await
         .outcome
@@ -111,7 +112,7 @@ async fn redis_stopped_mid_test_keeps_exact_semantics(sql: Backend) {
     // release and acquire again.
     let k3 = new_key();
     let o3 = acquired(&store, &k3).await;
-    let released = store.release(&ReleaseRequest { key: k3.clone(), owner: o3.clone() }).await;
+    let released = store.release(&ReleaseRequest { key: k3.clone(), owner: o3.clone(), trace_id: String::new() }).await;
     assert_eq!(released.outcome, Ack::Ok);
     let o3b = acquired(&store, &k3).await;
     assert_ne!(o3, o3b);
@@ -195,7 +196,8 @@ async fn sql_down_answers_store_unavailable(sql: Backend, with_redis: bool) {
         assert_eq!(store.acquire(&acq(&k1)).await.outcome, AcquireOutcome::StoreUnavailable);
     }
     assert_eq!(complete(&store, &k_busy, &o_busy, "busy").await, Ack::StoreUnavailable);
-    let released = store.release(&ReleaseRequest { key: k_busy.clone(), owner: o_busy.clone() }).await;
+    let released =
+        store.release(&ReleaseRequest { key: k_busy.clone(), owner: o_busy.clone(), trace_id: String::new() }).await;
     assert_eq!(released.outcome, Ack::StoreUnavailable);
     assert!(store.operation(&k1).await.is_err());
     assert_eq!(store.health().await.sql, "down");

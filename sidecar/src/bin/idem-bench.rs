@@ -255,6 +255,8 @@ async fn open_store(args: &Args, sql_url: &str, redis: bool) -> Option<Arc<Store
     Some(Arc::new(Store::new(sql, redis, settings, Arc::new(Metrics::new()))))
 }
 
+const BENCH_TOKEN: &str = "idem-bench-token-0123456789";
+
 fn request(key: String) -> AcquireRequest {
     AcquireRequest {
         key,
@@ -262,6 +264,7 @@ fn request(key: String) -> AcquireRequest {
         subject_hash: "9f86d081884c7d659a2feaa0c55ad015".into(),
         scope: "payments.transfer".into(),
         lease_ms: 0,
+        trace_id: String::new(),
     }
 }
 
@@ -275,7 +278,15 @@ async fn store_case(name: &str, args: &Args, store: Arc<Store>, keys: Arc<Keys>)
                 return false;
             }
             let Some(owner) = a.owner else { return false };
-            let c = store.complete(&CompleteRequest { key, owner, state: TerminalState::Done, result: result() }).await;
+            let c = store
+                .complete(&CompleteRequest {
+                    key,
+                    owner,
+                    state: TerminalState::Done,
+                    result: result(),
+                    trace_id: String::new(),
+                })
+                .await;
             c.outcome == Ack::Ok
         }
     })
@@ -290,9 +301,21 @@ async fn http_case(name: &str, args: &Args, store: Arc<Store>, keys: Arc<Keys>) 
         let _ = tcp.set_nodelay(true);
     });
     let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, idemd::api::router(store)).await;
+        let _ = axum::serve(
+            listener,
+            idemd::api::router(store, idemd::auth::Tokens::new(&[BENCH_TOKEN.to_string()]).unwrap_or_default()),
+        )
+        .await;
     });
-    let client = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency).tcp_nodelay(true).build().ok()?;
+    // The API as it runs in production: with a token on every call.
+    let mut auth = reqwest::header::HeaderMap::new();
+    auth.insert(reqwest::header::AUTHORIZATION, format!("Bearer {BENCH_TOKEN}").parse().ok()?);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .tcp_nodelay(true)
+        .default_headers(auth)
+        .build()
+        .ok()?;
     let base = format!("http://{addr}");
     let m = run(name, args, move || {
         let (client, keys, base) = (client.clone(), keys.clone(), base.clone());
@@ -303,7 +326,8 @@ async fn http_case(name: &str, args: &Args, store: Arc<Store>, keys: Arc<Keys>) 
             };
             let Ok(a) = r.json::<idem_core::protocol::AcquireResponse>().await else { return false };
             let Some(owner) = a.owner else { return false };
-            let body = CompleteRequest { key, owner, state: TerminalState::Done, result: result() };
+            let body =
+                CompleteRequest { key, owner, state: TerminalState::Done, result: result(), trace_id: String::new() };
             match client.post(format!("{base}/v1/complete")).json(&body).send().await {
                 Ok(r) => r.status().is_success(),
                 Err(_) => false,

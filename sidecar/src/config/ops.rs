@@ -49,7 +49,9 @@ pub enum OpsCommand {
     },
     /// One operation: its row and its whole audit history.
     Show {
-        /// The nonce (32 lowercase hex characters; the downstream's Idempotency-Key).
+        /// The operation key (the nonce: 32 lowercase hex characters, the
+        /// downstream's Idempotency-Key, the `operation` of a reply), or the
+        /// `trace_id` of a reply the filter sent about it.
         key: String,
         #[arg(long)]
         json: bool,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::TtlArgs;
+use crate::reconcile::decide::Reading;
 
 #[derive(Debug, Clone, Args)]
 pub struct ReconcileArgs {
@@ -20,6 +21,14 @@ pub struct ReconcileArgs {
     /// A scope without one goes to NEEDS_REVIEW when its lease runs out.
     #[arg(long = "status-endpoint", env = "IDEM_STATUS_ENDPOINTS", value_delimiter = ',', value_name = "SCOPE=URL")]
     pub status_endpoints: Vec<String>,
+
+    /// How a scope's status record reads, as SCOPE=SPEC with SPEC
+    /// `pointer=/state;done=EXECUTED|SETTLED;failed=REJECTED;done_status=201;failed_status=422`
+    /// (every part optional). Without one: `/status` of "failed" is FAILED,
+    /// anything else DONE, both replayed with HTTP 200. Repeatable; in the
+    /// environment, comma-separated.
+    #[arg(long = "status-reading", env = "IDEM_STATUS_READINGS", value_delimiter = ',', value_name = "SCOPE=SPEC")]
+    pub status_readings: Vec<String>,
 
     /// Budget for one status lookup (connect, answer and body).
     #[arg(long, env = "IDEM_STATUS_TIMEOUT_MS", default_value_t = 5_000)]
@@ -82,6 +91,16 @@ impl ReconcileArgs {
                 Err(why) => broken.push(format!("--status-endpoint {spec:?}: {why}")),
             }
         }
+        match self.readings() {
+            Ok(readings) => {
+                for scope in readings.keys().filter(|s| !endpoints.contains_key(*s)) {
+                    broken.push(format!(
+                        "--status-reading: scope {scope:?} has a reading but no --status-endpoint to read"
+                    ));
+                }
+            }
+            Err(mut why) => broken.append(&mut why),
+        }
         for (name, value) in [
             ("--status-timeout-ms", self.status_timeout_ms),
             ("--reconcile-interval-ms", self.reconcile_interval_ms),
@@ -118,6 +137,31 @@ impl ReconcileArgs {
         }
         if broken.is_empty() {
             Ok(endpoints)
+        } else {
+            Err(broken)
+        }
+    }
+
+    /// Scope → how its status record reads; every broken declaration named.
+    pub fn readings(&self) -> Result<BTreeMap<String, Reading>, Vec<String>> {
+        let mut broken = Vec::new();
+        let mut readings = BTreeMap::new();
+        for spec in &self.status_readings {
+            let parsed = spec
+                .split_once('=')
+                .ok_or_else(|| "expected SCOPE=SPEC".to_string())
+                .and_then(|(scope, rest)| Ok((scope.trim().to_string(), Reading::parse(rest)?)));
+            match parsed {
+                Ok((scope, reading)) => {
+                    if readings.insert(scope.clone(), reading).is_some() {
+                        broken.push(format!("--status-reading: scope {scope:?} is declared twice"));
+                    }
+                }
+                Err(why) => broken.push(format!("--status-reading {spec:?}: {why}")),
+            }
+        }
+        if broken.is_empty() {
+            Ok(readings)
         } else {
             Err(broken)
         }
@@ -188,6 +232,7 @@ mod tests {
     fn args() -> ReconcileArgs {
         ReconcileArgs {
             status_endpoints: vec!["payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}".into()],
+            status_readings: vec![],
             status_timeout_ms: 5_000,
             reconcile_interval_ms: 5_000,
             reconcile_grace_ms: 30_000,
@@ -274,5 +319,27 @@ mod tests {
         assert!(ReconcileArgs { instance_id: Some("pod-7".into()), ..args() }.validate(&ttl()).is_ok());
         assert!(ReconcileArgs { instance_id: Some("a b".into()), ..args() }.validate(&ttl()).is_err());
         assert!(args().instance().ends_with(&format!("/{}", std::process::id())));
+    }
+
+    #[test]
+    fn status_readings_are_checked_naming_the_scope() {
+        let ok = ReconcileArgs {
+            status_readings: vec!["payments.transfer=pointer=/state;done_status=201".into()],
+            ..args()
+        };
+        assert!(ok.validate(&ttl()).is_ok());
+        assert_eq!(ok.readings().unwrap()["payments.transfer"].done_status, 201);
+        let bad = ReconcileArgs {
+            status_readings: vec!["payments.transfer=done_status=2001".into(), "other=failed=X".into()],
+            ..args()
+        };
+        let err = bad.validate(&ttl()).unwrap_err();
+        assert!(err[0].starts_with("--status-reading \"payments.transfer=done_status=2001\": done_status:"), "{err:?}");
+        assert!(bad.readings().is_err());
+        let orphan = ReconcileArgs { status_readings: vec!["other=failed=X".into()], ..args() };
+        assert_eq!(
+            orphan.validate(&ttl()).unwrap_err(),
+            vec!["--status-reading: scope \"other\" has a reading but no --status-endpoint to read"]
+        );
     }
 }

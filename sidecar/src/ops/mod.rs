@@ -73,7 +73,12 @@ pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
     // Check what can be checked before touching the database.
     let actor = operator(&args)?;
     if let OpsCommand::Show { key, .. } = &args.command {
-        check_key(key)?;
+        // An operation key, or a trace id from an agent's reply (printable, bounded).
+        if !crate::api::is_token(key)
+            && (key.is_empty() || key.len() > 128 || !key.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            check_key(key)?;
+        }
     }
     let resolution = match &args.command {
         OpsCommand::Resolve(r) => Some(Planned::from_args(r)?),
@@ -90,7 +95,23 @@ pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
                 Ok(print::table(&rows))
             }
         }
-        OpsCommand::Show { key, json } => {
+        OpsCommand::Show { key: reference, json } => {
+            let key = if crate::api::is_token(&reference) {
+                reference
+            } else {
+                let keys = sql.keys_by_trace(&reference).await.map_err(unreachable)?;
+                match keys.as_slice() {
+                    [one] => one.clone(),
+                    [] => return Err(OpsError::Refused(format!("no operation with trace id {reference}"))),
+                    many => {
+                        return Err(OpsError::Refused(format!(
+                            "trace id {reference} names {} operations: {}; show one by its key",
+                            many.len(),
+                            many.join(", ")
+                        )))
+                    }
+                }
+            };
             let rec = sql.get(&key).await.map_err(unreachable)?;
             let history = sql.history(&key).await.map_err(unreachable)?;
             if rec.is_none() && history.is_empty() {
@@ -224,7 +245,7 @@ async fn resolve(
         Some((state, result_json)) => Resolution::Terminal { state: *state, result_json },
         None => Resolution::Release,
     };
-    let audit = Audit { actor, action: planned.action, why: &planned.why };
+    let audit = Audit { actor, action: planned.action, why: &planned.why, trace_id: "" };
     if !sql.resolve(&rec, resolution, &audit).await.map_err(unreachable)? {
         let now = sql.get(&r.key).await.map_err(unreachable)?;
         let now = now.map(|n| state_name(n.state)).unwrap_or("gone");

@@ -86,13 +86,14 @@ pub fn show(key: &str, rec: Option<&Record>, history: &[AuditLine]) -> String {
     }
     for h in history {
         out.push_str(&format!(
-            "  {}  {:<36}  {:<24}  {:>12} -> {:<12}  {}\n",
+            "  {}  {:<36}  {:<24}  {:>12} -> {:<12}  {}{}\n",
             utc(h.at_ms),
             h.actor,
             h.action,
             h.from_state.as_deref().unwrap_or("(none)"),
             h.to_state.as_deref().unwrap_or("(none)"),
-            h.why
+            h.why,
+            h.trace_id.as_deref().map(|t| format!("  [trace {t}]")).unwrap_or_default()
         ));
     }
     out

@@ -59,31 +59,141 @@ impl Decision {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Rules {
     /// A 404 proves "never executed" only this long after the lease ended.
     pub grace_ms: u64,
     /// Failed lookups before NEEDS_REVIEW.
     pub retry_budget: u32,
+    /// How each scope's status record reads; scopes not listed read [`Reading::default`].
+    pub readings: std::sync::Arc<std::collections::BTreeMap<String, Reading>>,
+}
+
+/// How one scope's status-by-key record says what happened
+/// (`--status-reading SCOPE=SPEC`), and how a reconciled result replays.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// JSON pointer to the field that holds the state.
+    pub pointer: String,
+    /// Values that mean "executed"; `None`: anything not in `failed`.
+    pub done: Option<Vec<String>>,
+    /// Values that mean "refused, did not take effect".
+    pub failed: Vec<String>,
+    /// The HTTP status a replay of a reconciled DONE carries (the route's success status).
+    pub done_status: u16,
+    /// The HTTP status a replay of a reconciled FAILED carries.
+    pub failed_status: u16,
+}
+
+/// Without a declaration: `/status` of `"failed"` is FAILED, anything else
+/// DONE, replayed as 200 (what the status endpoint answered).
+impl Default for Reading {
+    fn default() -> Self {
+        Reading {
+            pointer: "/status".into(),
+            done: None,
+            failed: vec!["failed".into()],
+            done_status: 200,
+            failed_status: 200,
+        }
+    }
+}
+
+impl Reading {
+    /// `pointer=/state;done=EXECUTED|SETTLED;failed=REJECTED;done_status=201;failed_status=422`:
+    /// every part optional, the defaults as in [`Reading::default`].
+    pub fn parse(spec: &str) -> Result<Reading, String> {
+        let mut r = Reading::default();
+        for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part.split_once('=').ok_or_else(|| format!("{part:?}: expected key=value"))?;
+            let values = || -> Result<Vec<String>, String> {
+                let v: Vec<String> = value.split('|').map(|v| v.trim().to_string()).collect();
+                if v.iter().any(|x| x.is_empty() || x.len() > 64) {
+                    return Err(format!("{key}: values are 1 to 64 characters, separated by |"));
+                }
+                Ok(v)
+            };
+            let status = || -> Result<u16, String> {
+                match value.trim().parse::<u16>() {
+                    Ok(s) if (200..=599).contains(&s) => Ok(s),
+                    _ => Err(format!("{key}: expected an HTTP status from 200 to 599, got {value:?}")),
+                }
+            };
+            match key.trim() {
+                "pointer" => {
+                    let p = value.trim();
+                    if !p.starts_with('/') || p.len() > 256 {
+                        return Err(format!("pointer: {p:?} is not a JSON pointer such as /state"));
+                    }
+                    r.pointer = p.to_string();
+                }
+                "done" => r.done = Some(values()?),
+                "failed" => r.failed = values()?,
+                "done_status" => r.done_status = status()?,
+                "failed_status" => r.failed_status = status()?,
+                other => {
+                    return Err(format!("{other:?} is not one of pointer, done, failed, done_status, failed_status"))
+                }
+            }
+        }
+        if let Some(done) = &r.done {
+            if let Some(both) = done.iter().find(|d| r.failed.contains(d)) {
+                return Err(format!("{both:?} is listed as both done and failed"));
+            }
+        }
+        Ok(r)
+    }
+
+    /// What the record says: `Some(true)` executed, `Some(false)` refused,
+    /// `None` neither (still pending, or a value nobody declared).
+    fn read(&self, body: &[u8]) -> (Option<bool>, String) {
+        let value = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| {
+            v.pointer(&self.pointer).and_then(|x| match x {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                serde_json::Value::Bool(b) => Some(b.to_string()),
+                _ => None,
+            })
+        });
+        let shown = value.clone().map_or_else(|| "absent".to_string(), |v| format!("{v:?}"));
+        let verdict = match (&value, &self.done) {
+            (Some(v), _) if self.failed.contains(v) => Some(false),
+            (_, None) => Some(true),
+            (Some(v), Some(done)) if done.contains(v) => Some(true),
+            _ => None,
+        };
+        (verdict, shown)
+    }
 }
 
 /// The decision and the evidence for the audit trail. `lookup` is `None`
 /// when the row's scope has no status endpoint.
-pub fn decide(rec: &Record, lookup: Option<&Lookup>, now_ms: i64, rules: Rules) -> (Decision, String) {
+pub fn decide(rec: &Record, lookup: Option<&Lookup>, now_ms: i64, rules: &Rules) -> (Decision, String) {
     let Some(lookup) = lookup else {
         return (Decision::NeedsReview, format!("no status endpoint is configured for scope {}", rec.scope));
     };
     match lookup {
         Lookup::Found { content_type, body } => {
-            let result = StoredResult {
-                status: 200,
+            let reading = rules.readings.get(&rec.scope).cloned().unwrap_or_default();
+            let result = |status: u16| StoredResult {
+                status,
                 headers: content_type.iter().map(|c| ("content-type".to_string(), c.clone())).collect(),
                 body_b64: encode_body(body),
             };
-            if says_failed(body) {
-                (Decision::Failed(result), "status endpoint answered 200 with status \"failed\"".to_string())
-            } else {
-                (Decision::Done(result), "status endpoint answered 200: the upstream executed it".to_string())
+            match reading.read(body) {
+                (Some(true), v) => (
+                    Decision::Done(result(reading.done_status)),
+                    format!("status endpoint answered 200 with {} = {v}: the upstream executed it", reading.pointer),
+                ),
+                (Some(false), v) => (
+                    Decision::Failed(result(reading.failed_status)),
+                    format!("status endpoint answered 200 with {} = {v}: the upstream refused it", reading.pointer),
+                ),
+                (None, v) => retry_or_review(
+                    rec,
+                    rules,
+                    &format!("status endpoint answered 200 with {} = {v}, neither done nor failed", reading.pointer),
+                ),
             }
         }
         Lookup::NotFound => {
@@ -107,27 +217,21 @@ pub fn decide(rec: &Record, lookup: Option<&Lookup>, now_ms: i64, rules: Rules) 
                 )
             }
         }
-        Lookup::Failed(what) => {
-            let attempt = rec.reconcile_attempts.saturating_add(1);
-            if attempt >= i64::from(rules.retry_budget) {
-                (
-                    Decision::NeedsReview,
-                    format!("status lookup failed {attempt} times (budget {}); last: {what}", rules.retry_budget),
-                )
-            } else {
-                (Decision::Retry, format!("status lookup failed (attempt {attempt} of {}): {what}", rules.retry_budget))
-            }
-        }
+        Lookup::Failed(what) => retry_or_review(rec, rules, &format!("status lookup failed: {what}")),
     }
 }
 
-/// The upstream's own word that the operation failed: a top-level
-/// `"status": "failed"` in its record.
-fn says_failed(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v.get("status").and_then(|s| s.as_str().map(|s| s == "failed")))
-        .unwrap_or(false)
+/// No evidence this time: one attempt of the retry budget is used.
+fn retry_or_review(rec: &Record, rules: &Rules, what: &str) -> (Decision, String) {
+    let attempt = rec.reconcile_attempts.saturating_add(1);
+    if attempt >= i64::from(rules.retry_budget) {
+        (
+            Decision::NeedsReview,
+            format!("no answer after {attempt} attempts (budget {}); last: {what}", rules.retry_budget),
+        )
+    } else {
+        (Decision::Retry, format!("attempt {attempt} of {}: {what}", rules.retry_budget))
+    }
 }
 
 #[cfg(test)]
@@ -151,13 +255,15 @@ mod tests {
         }
     }
 
-    const RULES: Rules = Rules { grace_ms: 1_000, retry_budget: 3 };
+    fn rules() -> Rules {
+        Rules { grace_ms: 1_000, retry_budget: 3, readings: Default::default() }
+    }
 
     #[test]
     fn found_is_done_with_the_record_as_the_result() {
         let body = br#"{"transfer_id":"t_1","status":"executed"}"#.to_vec();
         let l = Lookup::Found { content_type: Some("application/json".into()), body: body.clone() };
-        let (d, why) = decide(&rec(0, 0), Some(&l), 10, RULES);
+        let (d, why) = decide(&rec(0, 0), Some(&l), 10, &rules());
         let Decision::Done(r) = d else { panic!("{d:?}") };
         assert_eq!(r.status, 200);
         assert_eq!(r.headers, vec![("content-type".to_string(), "application/json".to_string())]);
@@ -168,20 +274,20 @@ mod tests {
     #[test]
     fn found_with_status_failed_is_failed() {
         let l = Lookup::Found { content_type: None, body: br#"{"status":"failed","error":"x"}"#.to_vec() };
-        assert_eq!(decide(&rec(0, 0), Some(&l), 10, RULES).0.metric(), "failed");
+        assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "failed");
         // Only the top level counts, and only the exact word.
         let l =
             Lookup::Found { content_type: None, body: br#"{"inner":{"status":"failed"},"status":"FAILED"}"#.to_vec() };
-        assert_eq!(decide(&rec(0, 0), Some(&l), 10, RULES).0.metric(), "done");
+        assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "done");
         let l = Lookup::Found { content_type: None, body: b"not json".to_vec() };
-        assert_eq!(decide(&rec(0, 0), Some(&l), 10, RULES).0.metric(), "done");
+        assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "done");
     }
 
     #[test]
     fn not_found_releases_only_after_the_grace() {
         let r = rec(5_000, 0);
-        assert_eq!(decide(&r, Some(&Lookup::NotFound), 5_999, RULES).0, Decision::SkipGrace);
-        let (d, why) = decide(&r, Some(&Lookup::NotFound), 6_000, RULES);
+        assert_eq!(decide(&r, Some(&Lookup::NotFound), 5_999, &rules()).0, Decision::SkipGrace);
+        let (d, why) = decide(&r, Some(&Lookup::NotFound), 6_000, &rules());
         assert_eq!(d, Decision::Release);
         assert!(why.contains("404 1000 ms after the lease ended"), "{why}");
     }
@@ -189,19 +295,62 @@ mod tests {
     #[test]
     fn failures_retry_until_the_budget_then_need_review() {
         let l = Lookup::Failed("answered 500".into());
-        let (d, why) = decide(&rec(0, 0), Some(&l), 10, RULES);
+        let (d, why) = decide(&rec(0, 0), Some(&l), 10, &rules());
         assert_eq!(d, Decision::Retry);
-        assert_eq!(why, "status lookup failed (attempt 1 of 3): answered 500");
-        assert_eq!(decide(&rec(0, 1), Some(&l), 10, RULES).0, Decision::Retry);
-        let (d, why) = decide(&rec(0, 2), Some(&l), 10, RULES);
+        assert_eq!(why, "attempt 1 of 3: status lookup failed: answered 500");
+        assert_eq!(decide(&rec(0, 1), Some(&l), 10, &rules()).0, Decision::Retry);
+        let (d, why) = decide(&rec(0, 2), Some(&l), 10, &rules());
         assert_eq!(d, Decision::NeedsReview);
-        assert_eq!(why, "status lookup failed 3 times (budget 3); last: answered 500");
+        assert_eq!(why, "no answer after 3 attempts (budget 3); last: status lookup failed: answered 500");
     }
 
     #[test]
     fn no_endpoint_needs_review_at_once() {
-        let (d, why) = decide(&rec(0, 0), None, 10, RULES);
+        let (d, why) = decide(&rec(0, 0), None, 10, &rules());
         assert_eq!(d, Decision::NeedsReview);
         assert_eq!(why, "no status endpoint is configured for scope payments.transfer");
+    }
+
+    fn declared(spec: &str) -> Rules {
+        let reading = Reading::parse(spec).unwrap();
+        let readings = [("payments.transfer".to_string(), reading)].into_iter().collect();
+        Rules { readings: std::sync::Arc::new(readings), ..rules() }
+    }
+
+    #[test]
+    fn a_declared_reading_decides_and_sets_the_replay_status() {
+        let r = declared("pointer=/state;done=EXECUTED|SETTLED;failed=REJECTED;done_status=201;failed_status=422");
+        let found = |body: &str| Lookup::Found { content_type: None, body: body.as_bytes().to_vec() };
+        let (d, why) = decide(&rec(0, 0), Some(&found(r#"{"state":"SETTLED"}"#)), 10, &r);
+        let Decision::Done(result) = d else { panic!("{d:?}") };
+        assert_eq!(result.status, 201);
+        assert!(why.contains("/state = \"SETTLED\""), "{why}");
+        let (d, _) = decide(&rec(0, 0), Some(&found(r#"{"state":"REJECTED"}"#)), 10, &r);
+        let Decision::Failed(result) = d else { panic!("{d:?}") };
+        assert_eq!(result.status, 422);
+        // Neither: no evidence, like a failed lookup; the budget ends in review.
+        let (d, why) = decide(&rec(0, 0), Some(&found(r#"{"state":"PENDING"}"#)), 10, &r);
+        assert_eq!(d, Decision::Retry, "{why}");
+        assert_eq!(decide(&rec(0, 2), Some(&found(r#"{"other":1}"#)), 10, &r).0, Decision::NeedsReview);
+        // Another scope keeps the default reading.
+        let mut other = rec(0, 0);
+        other.scope = "payments.refund".into();
+        assert_eq!(decide(&other, Some(&found(r#"{"state":"PENDING"}"#)), 10, &r).0.metric(), "done");
+    }
+
+    #[test]
+    fn readings_that_do_not_parse_say_why() {
+        for (spec, want) in [
+            ("pointer=state", "pointer: \"state\" is not a JSON pointer"),
+            ("done_status=99", "done_status: expected an HTTP status"),
+            ("done=A|;failed=B", "done: values are 1 to 64"),
+            ("done=A;failed=A", "\"A\" is listed as both"),
+            ("colour=red", "\"colour\" is not one of"),
+            ("done", "\"done\": expected key=value"),
+        ] {
+            let got = Reading::parse(spec).unwrap_err();
+            assert!(got.starts_with(want), "{spec}: {got}");
+        }
+        assert_eq!(Reading::parse("").unwrap(), Reading::default());
     }
 }

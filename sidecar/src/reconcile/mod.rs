@@ -170,7 +170,7 @@ impl Reconciler {
             Some(template) => Some(self.status.lookup(template, &rec.key).await),
             None => None,
         };
-        let (decision, why) = decide(&rec, lookup.as_ref(), now_ms(), self.settings.rules);
+        let (decision, why) = decide(&rec, lookup.as_ref(), now_ms(), &self.settings.rules);
         match self.apply(&rec, &token, &decision, clip(&why, MAX_WHY)).await {
             Ok(true) => {
                 self.store.metrics().reconciled(decision.metric());
@@ -194,7 +194,7 @@ impl Reconciler {
     /// then Redis. `false`: the claim was lost.
     async fn apply(&self, rec: &Record, token: &str, decision: &Decision, why: &str) -> Result<bool, SqlError> {
         let sql = self.store.sql();
-        let audit = Audit { actor: &self.actor, action: decision.action(), why };
+        let audit = Audit { actor: &self.actor, action: decision.action(), why, trace_id: "" };
         let now = now_ms();
         match decision {
             Decision::Done(result) | Decision::Failed(result) => {

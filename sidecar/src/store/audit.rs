@@ -19,6 +19,8 @@ pub struct Audit<'a> {
     /// A short verb: `acquire`, `complete`, `reconcile_done`, `resolve_release`, …
     pub action: &'a str,
     pub why: &'a str,
+    /// The filter's trace id for the call behind the change ("" for none).
+    pub trace_id: &'a str,
 }
 
 /// One line of the trail as stored.
@@ -30,6 +32,8 @@ pub struct AuditLine {
     pub from_state: Option<String>,
     pub to_state: Option<String>,
     pub why: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// The bounds of the columns, so a long reason is cut rather than refused by
@@ -42,7 +46,7 @@ impl SqlStore {
     pub async fn history(&self, key: &str) -> Result<Vec<AuditLine>, SqlError> {
         let sql = render(
             self.backend(),
-            "SELECT at_ms, actor, action, from_state, to_state, why FROM idem_audit WHERE idem_key = ?k ORDER BY id",
+            "SELECT at_ms, actor, action, from_state, to_state, why, trace_id FROM idem_audit WHERE idem_key = ?k ORDER BY id",
         );
         self.bounded(async {
             on_pool!(&self.pool, p => {
@@ -56,7 +60,28 @@ impl SqlStore {
                         from_state: row.try_get("from_state")?,
                         to_state: row.try_get("to_state")?,
                         why: row.try_get("why")?,
+                        trace_id: row.try_get("trace_id")?,
                     });
+                }
+                Ok(out)
+            })
+        })
+        .await
+    }
+
+    /// The operations whose audit trail names `trace_id` (a reply's reference).
+    pub async fn keys_by_trace(&self, trace_id: &str) -> Result<Vec<String>, SqlError> {
+        let sql = render(
+            self.backend(),
+            "SELECT DISTINCT idem_key FROM idem_audit WHERE trace_id = ? ORDER BY idem_key LIMIT 20",
+        );
+        self.bounded(async {
+            on_pool!(&self.pool, p => {
+                let rows = sqlx::query(&sql).bind(trace_id).fetch_all(p).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    let key: String = row.try_get("idem_key")?;
+                    out.push(key.trim_end().to_string());
                 }
                 Ok(out)
             })

@@ -217,7 +217,12 @@ impl Store {
                 now_ms: now,
             };
             let started = Instant::now();
-            let audit = Audit { actor: FILTER, action: "acquire", why: "confirm acquired: forwarding to the upstream" };
+            let audit = Audit {
+                actor: FILTER,
+                action: "acquire",
+                why: "confirm acquired: forwarding to the upstream",
+                trace_id: &req.trace_id,
+            };
             let inserted = self.sql_done("insert", started, self.sql.insert_in_flight(&row, &audit).await);
             match inserted {
                 Ok(true) => {
@@ -276,7 +281,8 @@ impl Store {
                 let audit = Audit {
                     actor: "idemd",
                     action: "release",
-                    why: "the acquire's insert timed out and the caller was told nothing ran",
+                    why: "the acquire's insert timed out; the caller was told to retry (STORE_UNAVAILABLE)",
+                    trace_id: "",
                 };
                 if let Ok(true) = sql.release(&key, &owner, &audit).await {
                     debug!(%key, "removed the row of a timed-out insert");
@@ -397,7 +403,7 @@ impl Store {
         };
         let state = terminal_name(req.state);
         let why = format!("upstream answered {}", req.result.status);
-        let audit = Audit { actor: FILTER, action: "complete", why: &why };
+        let audit = Audit { actor: FILTER, action: "complete", why: &why, trace_id: &req.trace_id };
         let started = Instant::now();
         let updated = self.sql_done(
             "complete",
@@ -446,7 +452,12 @@ impl Store {
 
     async fn release_inner(&self, req: &ReleaseRequest) -> Ack {
         let started = Instant::now();
-        let audit = Audit { actor: FILTER, action: "release", why: "the request never reached the upstream" };
+        let audit = Audit {
+            actor: FILTER,
+            action: "release",
+            why: "the request never reached the upstream",
+            trace_id: &req.trace_id,
+        };
         match self.sql_done("release", started, self.sql.release(&req.key, &req.owner, &audit).await) {
             Ok(true) => {}
             Ok(false) => return Ack::NotOwner,
@@ -676,7 +687,14 @@ mod tests {
     }
 
     fn req(p: &str, u: &str, s: &str) -> AcquireRequest {
-        AcquireRequest { key: "k".into(), param_hash: p.into(), subject_hash: u.into(), scope: s.into(), lease_ms: 0 }
+        AcquireRequest {
+            key: "k".into(),
+            param_hash: p.into(),
+            subject_hash: u.into(),
+            scope: s.into(),
+            lease_ms: 0,
+            trace_id: String::new(),
+        }
     }
 
     #[test]

@@ -222,7 +222,7 @@ struct Queries {
 pub(super) const COLUMNS: &str = "idem_key, state, param_hash, subject_hash, scope, owner, result, lease_until, \
      created_at, updated_at, reconcile_attempts";
 
-const AUDIT_COLUMNS: &str = "idem_key, at_ms, actor, action, from_state, to_state, why";
+const AUDIT_COLUMNS: &str = "idem_key, at_ms, actor, action, from_state, to_state, why, trace_id";
 
 impl Queries {
     fn new(backend: Backend) -> Self {
@@ -249,7 +249,10 @@ impl Queries {
                 backend,
                 "DELETE FROM idem_record WHERE idem_key = ?k AND owner = ? AND state = 'IN_FLIGHT'",
             ),
-            audit: render(backend, &format!("INSERT INTO idem_audit ({AUDIT_COLUMNS}) VALUES (?k, ?, ?, ?, ?, ?, ?)")),
+            audit: render(
+                backend,
+                &format!("INSERT INTO idem_audit ({AUDIT_COLUMNS}) VALUES (?k, ?, ?, ?, ?, ?, ?, ?)"),
+            ),
         }
     }
 }
@@ -263,7 +266,7 @@ pub(super) fn audited(backend: Backend, template: &str) -> String {
             backend,
             &format!(
                 "WITH changed AS ({template} RETURNING idem_key) \
-                 INSERT INTO idem_audit ({AUDIT_COLUMNS}) SELECT idem_key, ?, ?, ?, ?, ?, ? FROM changed"
+                 INSERT INTO idem_audit ({AUDIT_COLUMNS}) SELECT idem_key, ?, ?, ?, ?, ?, ?, ? FROM changed"
             ),
         ),
         Backend::MySql | Backend::Sqlite => render(backend, template),
@@ -323,6 +326,13 @@ const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../../migrations/postgres/0002_reconcile_audit.sql"),
         mysql: include_str!("../../migrations/mysql/0002_reconcile_audit.sql"),
         sqlite: include_str!("../../migrations/sqlite/0002_reconcile_audit.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "idem_audit.trace_id",
+        postgres: include_str!("../../migrations/postgres/0003_audit_trace_id.sql"),
+        mysql: include_str!("../../migrations/mysql/0003_audit_trace_id.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0003_audit_trace_id.sql"),
     },
 ];
 
@@ -465,6 +475,7 @@ impl SqlStore {
             Bind::OptText(c.from),
             Bind::OptText(c.to),
             Bind::Text(c.audit.why),
+            Bind::OptText(Some(c.audit.trace_id).filter(|t| !t.is_empty())),
         ];
         let audit_sql = self.q.audit.as_str();
         self.bounded(async {

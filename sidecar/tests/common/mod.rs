@@ -355,6 +355,7 @@ pub fn acq(key: &str) -> AcquireRequest {
         subject_hash: SUBJECT.into(),
         scope: SCOPE.into(),
         lease_ms: 0,
+        trace_id: "test-trace".into(),
     }
 }
 

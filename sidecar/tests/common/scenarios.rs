@@ -21,13 +21,19 @@ async fn acquired(store: &Store, key: &str) -> String {
 
 async fn complete(store: &Store, key: &str, owner: &str, state: TerminalState, result: &StoredResult) -> Ack {
     store
-        .complete(&CompleteRequest { key: key.into(), owner: owner.into(), state, result: result.clone() })
+        .complete(&CompleteRequest {
+            key: key.into(),
+            owner: owner.into(),
+            state,
+            result: result.clone(),
+            trace_id: String::new(),
+        })
         .await
         .outcome
 }
 
 async fn release(store: &Store, key: &str, owner: &str) -> Ack {
-    store.release(&ReleaseRequest { key: key.into(), owner: owner.into() }).await.outcome
+    store.release(&ReleaseRequest { key: key.into(), owner: owner.into(), trace_id: String::new() }).await.outcome
 }
 
 /// 200 concurrent acquires of one key, spread over four replicas with their
