@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p data
 
+# idemd answers only callers with its token; the filter reads the same one from Envoy's
+# environment (plugin config "sidecar_token": {"secret_env": "IDEM_SIDECAR_TOKEN"}).
+export IDEM_SIDECAR_TOKEN="${IDEM_SIDECAR_TOKEN:-dev-$(head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
+export IDEM_AUTH_TOKENS="$IDEM_SIDECAR_TOKEN"
+
 pids=()
 stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; echo; echo "stopped."; }
 trap stop INT TERM EXIT
@@ -13,7 +18,8 @@ trap stop INT TERM EXIT
 target/debug/demo --listen 127.0.0.1:8080 --db sqlite://./data/demo.db & pids+=($!)
 # The reconciler asks the demo's status-by-key endpoint about operations whose executor went silent.
 target/debug/idemd serve --listen 127.0.0.1:9090 \
-  --status-endpoint 'payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}' & pids+=($!)
+  --status-endpoint 'payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}' \
+  --status-reading 'payments.transfer=pointer=/status;done=executed;failed=failed;done_status=201' & pids+=($!)
 .venv/bin/envoy -c envoy/envoy.yaml --disable-hot-restart --log-level warn --component-log-level wasm:info & pids+=($!)
 
 for url in http://127.0.0.1:8080/healthz http://127.0.0.1:9090/healthz http://127.0.0.1:9901/ready; do

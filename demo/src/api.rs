@@ -29,10 +29,7 @@ struct App {
 }
 
 pub fn router(store: Store, config: Config) -> Router {
-    let app = App {
-        store,
-        config: Arc::new(config),
-    };
+    let app = App { store, config: Arc::new(config) };
     Router::new()
         .route("/healthz", get(|| async { Json(json!({ "ok": true })) }))
         .route("/v1/transfers/preview", post(preview))
@@ -103,10 +100,7 @@ async fn confirm_detached(app: App, headers: HeaderMap, body: Bytes) -> Outcome 
 }
 
 async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outcome, sqlx::Error> {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .filter(|k| !k.is_empty());
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
     let now = transfer::unix_now() as i64;
     let attempt = app.store.count_attempt(key, now).await?;
 
@@ -116,10 +110,7 @@ async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outc
     // Without a key, anyone reaching the service around the gateway could
     // execute the same transfer twice.
     let Some(key) = key else {
-        return Ok(reply(
-            StatusCode::PRECONDITION_REQUIRED,
-            json!({ "error": "idempotency_key_required" }),
-        ));
+        return Ok(reply(StatusCode::PRECONDITION_REQUIRED, json!({ "error": "idempotency_key_required" })));
     };
     if let Some(status) = faults.fail {
         return Ok(Outcome::Reply(injected_failure(status)));
@@ -134,10 +125,7 @@ async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outc
         Err(detail) => return Ok(Outcome::Reply(invalid_request(detail))),
     };
     if req.over_limit() {
-        return Ok(reply(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            json!({ "error": "limit_exceeded" }),
-        ));
+        return Ok(reply(StatusCode::UNPROCESSABLE_ENTITY, json!({ "error": "limit_exceeded" })));
     }
 
     let transfer_id = transfer::new_id("t_");
@@ -154,11 +142,7 @@ async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outc
     .to_string();
     // Under --no-dedup each attempt gets its own row key, so the UNIQUE
     // constraint never fires and every retry really executes.
-    let idem_key = if app.config.dedup {
-        key.to_string()
-    } else {
-        format!("{key}#{attempt}")
-    };
+    let idem_key = if app.config.dedup { key.to_string() } else { format!("{key}#{attempt}") };
     let amount = match &req.amount {
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -227,16 +211,9 @@ impl Faults {
         if !enabled {
             return Faults::default();
         }
-        let get = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-        };
+        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
         Faults {
-            delay: get("x-demo-delay-ms")
-                .and_then(|v| v.parse().ok())
-                .map(Duration::from_millis),
+            delay: get("x-demo-delay-ms").and_then(|v| v.parse().ok()).map(Duration::from_millis),
             // Any 4xx/5xx, so tests can also exercise how the gateway
             // classifies definite failures (400, 409, 429, ...).
             fail: get("x-demo-fail")

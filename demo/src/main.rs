@@ -13,11 +13,7 @@ use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "demo",
-    version,
-    about = "Demo transfers service (stand-in upstream)"
-)]
+#[command(name = "demo", version, about = "Demo transfers service (stand-in upstream)")]
 struct Cli {
     /// Address to listen on (port 0 picks a free port; the line printed at
     /// start says which).
@@ -40,22 +36,14 @@ struct Cli {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
 
     let store = store::Store::open(&cli.db).await?;
-    let router = api::router(
-        store,
-        api::Config {
-            dedup: !cli.no_dedup,
-            faults: cli.faults,
-        },
-    );
+    let router = api::router(store, api::Config { dedup: !cli.no_dedup, faults: cli.faults });
     let listener = TcpListener::bind(&cli.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, db = %cli.db, dedup = !cli.no_dedup, faults = cli.faults, "started");

@@ -80,10 +80,8 @@ impl Store {
         let in_memory = db.contains(":memory:") || db.contains("mode=memory");
         // NORMAL in WAL mode survives a process crash (only power loss could
         // drop the last commits), which is the crash the faults simulate.
-        let options = options
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal);
+        let options =
+            options.create_if_missing(true).journal_mode(SqliteJournalMode::Wal).synchronous(SqliteSynchronous::Normal);
         if !in_memory {
             if let Some(dir) = options.get_filename().parent() {
                 if !dir.as_os_str().is_empty() {
@@ -151,40 +149,29 @@ impl Store {
 
     /// The first execution's response body for a caller's key.
     pub async fn by_key(&self, key: &str) -> Result<Option<String>, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT response FROM write_record WHERE request_key = ? ORDER BY id LIMIT 1",
-        )
-        .bind(key)
-        .fetch_optional(&self.pool)
-        .await
+        sqlx::query_scalar("SELECT response FROM write_record WHERE request_key = ? ORDER BY id LIMIT 1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
     }
 
     pub async fn executions(&self) -> Result<Executions, sqlx::Error> {
         let mut by_key = BTreeMap::new();
-        for row in
-            sqlx::query("SELECT request_key, COUNT(*) FROM write_record GROUP BY request_key")
-                .fetch_all(&self.pool)
-                .await?
+        for row in sqlx::query("SELECT request_key, COUNT(*) FROM write_record GROUP BY request_key")
+            .fetch_all(&self.pool)
+            .await?
         {
             by_key.insert(row.try_get(0)?, row.try_get(1)?);
         }
         let mut attempts_by_key = BTreeMap::new();
         let mut attempts = 0;
-        for row in sqlx::query("SELECT idem_key, count FROM attempt")
-            .fetch_all(&self.pool)
-            .await?
-        {
+        for row in sqlx::query("SELECT idem_key, count FROM attempt").fetch_all(&self.pool).await? {
             let (key, count): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
             attempts += count;
             if key != NO_KEY {
                 attempts_by_key.insert(key, count);
             }
         }
-        Ok(Executions {
-            total: by_key.values().sum(),
-            by_key,
-            attempts,
-            attempts_by_key,
-        })
+        Ok(Executions { total: by_key.values().sum(), by_key, attempts, attempts_by_key })
     }
 }

@@ -49,9 +49,7 @@ impl TransferRequest {
     pub fn amount_value(&self) -> Result<f64, String> {
         match &self.amount {
             Value::Number(n) => n.as_f64().ok_or_else(|| "amount is not a number".into()),
-            Value::String(s) if is_decimal(s) => {
-                s.parse().map_err(|_| "amount is not a decimal".into())
-            }
+            Value::String(s) if is_decimal(s) => s.parse().map_err(|_| "amount is not a decimal".into()),
             Value::String(_) => Err("amount string must be a plain decimal like \"12.50\"".into()),
             _ => Err("amount must be a number or a decimal string".into()),
         }
@@ -82,9 +80,7 @@ pub fn new_id(prefix: &str) -> String {
 }
 
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -93,26 +89,15 @@ mod tests {
 
     #[test]
     fn keeps_the_amount_literal() {
-        let req =
-            TransferRequest::parse(br#"{"amount":12.50,"currency":"EUR","payee_id":"p"}"#).unwrap();
+        let req = TransferRequest::parse(br#"{"amount":12.50,"currency":"EUR","payee_id":"p"}"#).unwrap();
         assert_eq!(serde_json::to_string(&req.amount).unwrap(), "12.50");
-        let req = TransferRequest::parse(br#"{"amount":"0012.5","currency":"EUR","payee_id":"p"}"#)
-            .unwrap();
+        let req = TransferRequest::parse(br#"{"amount":"0012.5","currency":"EUR","payee_id":"p"}"#).unwrap();
         assert_eq!(req.amount, Value::String("0012.5".into()));
     }
 
     #[test]
     fn rejects_bad_amounts() {
-        for amount in [
-            r#""12,5""#,
-            r#""1e3""#,
-            r#"" 12""#,
-            "0",
-            "-3",
-            "null",
-            r#""""#,
-            "true",
-        ] {
+        for amount in [r#""12,5""#, r#""1e3""#, r#"" 12""#, "0", "-3", "null", r#""""#, "true"] {
             let body = format!(r#"{{"amount":{amount},"currency":"EUR","payee_id":"p"}}"#);
             assert!(TransferRequest::parse(body.as_bytes()).is_err(), "{amount}");
         }
@@ -120,13 +105,9 @@ mod tests {
 
     #[test]
     fn limit_is_inclusive() {
-        let at =
-            TransferRequest::parse(br#"{"amount":"10000.00","currency":"EUR","payee_id":"p"}"#)
-                .unwrap();
+        let at = TransferRequest::parse(br#"{"amount":"10000.00","currency":"EUR","payee_id":"p"}"#).unwrap();
         assert!(!at.over_limit());
-        let over =
-            TransferRequest::parse(br#"{"amount":10000.01,"currency":"EUR","payee_id":"p"}"#)
-                .unwrap();
+        let over = TransferRequest::parse(br#"{"amount":10000.01,"currency":"EUR","payee_id":"p"}"#).unwrap();
         assert!(over.over_limit());
     }
 

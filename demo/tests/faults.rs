@@ -18,10 +18,7 @@ async fn ignored_without_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &[]);
     let started = Instant::now();
-    let (status, _) = demo
-        .confirm(Some("k"), &ALL_FAULTS, &transfer(json("1")))
-        .await
-        .unwrap();
+    let (status, _) = demo.confirm(Some("k"), &ALL_FAULTS, &transfer(json("1"))).await.unwrap();
     assert_eq!(status, 201);
     assert!(started.elapsed() < Duration::from_millis(1500));
     assert_eq!(demo.get("/healthz").await.0, 200, "still running");
@@ -34,10 +31,7 @@ async fn delay() {
     let demo = Demo::start(dir.path(), &["--faults"]);
     let delay = [("x-demo-delay-ms", "300")];
     let started = Instant::now();
-    let (status, _) = demo
-        .confirm(Some("slow"), &delay, &transfer(json("1")))
-        .await
-        .unwrap();
+    let (status, _) = demo.confirm(Some("slow"), &delay, &transfer(json("1"))).await.unwrap();
     assert_eq!(status, 201);
     assert!(started.elapsed() >= Duration::from_millis(300));
 
@@ -58,10 +52,7 @@ async fn delay() {
 async fn a_caller_that_hangs_up_does_not_stop_the_execution() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &["--faults"]);
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(100))
-        .build()
-        .unwrap();
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
     let err = impatient
         .post(demo.url("/v1/transfers"))
         .header("Idempotency-Key", "late")
@@ -79,23 +70,14 @@ async fn a_caller_that_hangs_up_does_not_stop_the_execution() {
 async fn fail_answers_the_status_without_executing() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &["--faults"]);
-    let (status, body) = demo
-        .confirm(Some("f"), &[("x-demo-fail", "503")], &transfer(json("1")))
-        .await
-        .unwrap();
+    let (status, body) = demo.confirm(Some("f"), &[("x-demo-fail", "503")], &transfer(json("1"))).await.unwrap();
     assert_eq!(status, 503);
     assert_eq!(json(&body), json!({ "error": "injected_failure" }));
-    let (status, _) = demo
-        .confirm(Some("f"), &[("x-demo-fail", "500")], &transfer(json("1")))
-        .await
-        .unwrap();
+    let (status, _) = demo.confirm(Some("f"), &[("x-demo-fail", "500")], &transfer(json("1"))).await.unwrap();
     assert_eq!(status, 500);
     assert_eq!(demo.get("/v1/transfers/by-key/f").await.0, 404);
     // Without the header the same key then executes.
-    let (status, _) = demo
-        .confirm(Some("f"), &[], &transfer(json("1")))
-        .await
-        .unwrap();
+    let (status, _) = demo.confirm(Some("f"), &[], &transfer(json("1"))).await.unwrap();
     assert_eq!(status, 201);
     let exec = demo.executions().await;
     assert_eq!(exec["total"], 1);
@@ -107,13 +89,7 @@ async fn crash_after_commit_keeps_the_row() {
     let dir = tempfile::tempdir().unwrap();
     let db = support::db_path(dir.path());
     let mut demo = Demo::start_with(&db, &["--faults"], &[]);
-    let result = demo
-        .confirm(
-            Some("boom"),
-            &[("x-demo-crash-after-commit", "1")],
-            &transfer(json("9.99")),
-        )
-        .await;
+    let result = demo.confirm(Some("boom"), &[("x-demo-crash-after-commit", "1")], &transfer(json("9.99"))).await;
     assert!(result.is_err(), "no answer expected, got {result:?}");
     assert!(demo.wait_exit(Duration::from_secs(5)).success());
 
@@ -123,10 +99,7 @@ async fn crash_after_commit_keeps_the_row() {
     assert_eq!(record["amount"], json("9.99"));
     assert_eq!(record["status"], "executed");
     // A retry after the restart replays instead of executing again.
-    let (status, body) = demo
-        .confirm(Some("boom"), &[], &transfer(json("9.99")))
-        .await
-        .unwrap();
+    let (status, body) = demo.confirm(Some("boom"), &[], &transfer(json("9.99"))).await.unwrap();
     assert_eq!((status, json(&body)), (201, record));
     assert_eq!(
         demo.executions().await,
@@ -141,16 +114,9 @@ async fn reset_first_drops_only_the_first_attempt() {
     let reset = [("x-demo-reset", "first")];
     let first = demo.confirm(Some("r"), &reset, &transfer(json("2"))).await;
     assert!(first.is_err(), "connection error expected, got {first:?}");
-    assert_eq!(
-        demo.get("/v1/transfers/by-key/r").await.0,
-        404,
-        "not executed"
-    );
+    assert_eq!(demo.get("/v1/transfers/by-key/r").await.0, 404, "not executed");
 
-    let (status, _) = demo
-        .confirm(Some("r"), &reset, &transfer(json("2")))
-        .await
-        .unwrap();
+    let (status, _) = demo.confirm(Some("r"), &reset, &transfer(json("2"))).await.unwrap();
     assert_eq!(status, 201);
     let exec = demo.executions().await;
     assert_eq!(exec["total"], 1);

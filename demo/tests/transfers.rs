@@ -16,11 +16,7 @@ async fn healthz() {
 async fn preview_echoes_the_amount_literal() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &[]);
-    for (amount, echoed) in [
-        ("12.50", "12.50"),
-        (r#""0012.50""#, r#""0012.50""#),
-        ("100.000", "100.000"),
-    ] {
+    for (amount, echoed) in [("12.50", "12.50"), (r#""0012.50""#, r#""0012.50""#), ("100.000", "100.000")] {
         let body = format!(r#"{{"amount":{amount},"currency":"EUR","payee_id":"p1","memo":"x"}}"#);
         let resp = demo
             .client
@@ -38,10 +34,7 @@ async fn preview_echoes_the_amount_literal() {
         assert_eq!(quote["fee"], "1.00");
         let id = quote["quote_id"].as_str().unwrap();
         assert!(id.starts_with("q_") && id.len() == 18, "{id}");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let expires = quote["expires_at"].as_u64().unwrap();
         assert!((now + 890..=now + 910).contains(&expires), "{expires}");
     }
@@ -57,13 +50,7 @@ async fn preview_rejects_invalid_requests() {
         r#"{"amount":"12,50","currency":"EUR","payee_id":"p1"}"#,
         r#"{"amount":10,"currency":7,"payee_id":"p1"}"#,
     ] {
-        let resp = demo
-            .client
-            .post(demo.url("/v1/transfers/preview"))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let resp = demo.client.post(demo.url("/v1/transfers/preview")).body(body).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 400, "{body}");
         let err: Value = resp.json().await.unwrap();
         assert_eq!(err["error"], "invalid_request");
@@ -101,10 +88,7 @@ async fn confirm_executes_once_and_is_counted() {
 async fn duplicate_key_replays_the_stored_record() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &[]);
-    let first = demo
-        .confirm(Some("dup"), &[], &transfer(json("100")))
-        .await
-        .unwrap();
+    let first = demo.confirm(Some("dup"), &[], &transfer(json("100"))).await.unwrap();
     // Different memo on the retry: the stored record still wins.
     let mut drifted = transfer(json("100"));
     drifted["memo"] = json!("rent, please ASAP");
@@ -123,11 +107,8 @@ async fn concurrent_duplicates_execute_once() {
     let demo = Demo::start(dir.path(), &[]);
     let mut calls = tokio::task::JoinSet::new();
     for _ in 0..8 {
-        let request = demo
-            .client
-            .post(demo.url("/v1/transfers"))
-            .header("Idempotency-Key", "race")
-            .json(&transfer(json("5")));
+        let request =
+            demo.client.post(demo.url("/v1/transfers")).header("Idempotency-Key", "race").json(&transfer(json("5")));
         calls.spawn(async move {
             let resp = request.send().await.unwrap();
             (resp.status().as_u16(), resp.text().await.unwrap())
@@ -145,14 +126,8 @@ async fn concurrent_duplicates_execute_once() {
 async fn no_dedup_executes_every_confirm() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &["--no-dedup"]);
-    let (s1, b1) = demo
-        .confirm(Some("k"), &[], &transfer(json("7")))
-        .await
-        .unwrap();
-    let (s2, b2) = demo
-        .confirm(Some("k"), &[], &transfer(json("7")))
-        .await
-        .unwrap();
+    let (s1, b1) = demo.confirm(Some("k"), &[], &transfer(json("7"))).await.unwrap();
+    let (s2, b2) = demo.confirm(Some("k"), &[], &transfer(json("7"))).await.unwrap();
     assert_eq!((s1, s2), (201, 201));
     assert_ne!(json(&b1)["transfer_id"], json(&b2)["transfer_id"]);
     assert_eq!(
@@ -171,12 +146,8 @@ async fn no_dedup_from_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let db = support::db_path(dir.path());
     let demo = Demo::start_with(&db, &[], &[("DEMO_NO_DEDUP", "1")]);
-    demo.confirm(Some("k"), &[], &transfer(json("7")))
-        .await
-        .unwrap();
-    demo.confirm(Some("k"), &[], &transfer(json("7")))
-        .await
-        .unwrap();
+    demo.confirm(Some("k"), &[], &transfer(json("7"))).await.unwrap();
+    demo.confirm(Some("k"), &[], &transfer(json("7"))).await.unwrap();
     assert_eq!(demo.executions().await["total"], 2);
 }
 
@@ -187,26 +158,17 @@ async fn confirm_without_key_is_refused() {
     let (status, body) = demo.confirm(None, &[], &transfer(json("7"))).await.unwrap();
     assert_eq!(status, 428);
     assert_eq!(json(&body), json!({ "error": "idempotency_key_required" }));
-    let (status, _) = demo
-        .confirm(Some(""), &[], &transfer(json("7")))
-        .await
-        .unwrap();
+    let (status, _) = demo.confirm(Some(""), &[], &transfer(json("7"))).await.unwrap();
     assert_eq!(status, 428);
     // Counted as attempts, under no key; nothing executed.
-    assert_eq!(
-        demo.executions().await,
-        json!({ "total": 0, "by_key": {}, "attempts": 2, "attempts_by_key": {} })
-    );
+    assert_eq!(demo.executions().await, json!({ "total": 0, "by_key": {}, "attempts": 2, "attempts_by_key": {} }));
 }
 
 #[tokio::test]
 async fn over_the_limit_is_refused_and_not_recorded() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &[]);
-    let (status, body) = demo
-        .confirm(Some("big"), &[], &transfer(json("\"10000.01\"")))
-        .await
-        .unwrap();
+    let (status, body) = demo.confirm(Some("big"), &[], &transfer(json("\"10000.01\""))).await.unwrap();
     assert_eq!(status, 422);
     assert_eq!(json(&body), json!({ "error": "limit_exceeded" }));
     assert_eq!(demo.get("/v1/transfers/by-key/big").await.0, 404);
@@ -214,10 +176,7 @@ async fn over_the_limit_is_refused_and_not_recorded() {
     assert_eq!(exec["total"], 0);
     assert_eq!(exec["attempts_by_key"]["big"], 1);
     // The limit itself is allowed.
-    let (status, _) = demo
-        .confirm(Some("max"), &[], &transfer(json("10000")))
-        .await
-        .unwrap();
+    let (status, _) = demo.confirm(Some("max"), &[], &transfer(json("10000"))).await.unwrap();
     assert_eq!(status, 201);
 }
 
@@ -225,14 +184,7 @@ async fn over_the_limit_is_refused_and_not_recorded() {
 async fn invalid_confirm_is_refused_and_not_recorded() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &[]);
-    let (status, body) = demo
-        .confirm(
-            Some("bad"),
-            &[],
-            &json!({ "amount": "1", "currency": "EUR" }),
-        )
-        .await
-        .unwrap();
+    let (status, body) = demo.confirm(Some("bad"), &[], &json!({ "amount": "1", "currency": "EUR" })).await.unwrap();
     assert_eq!(status, 400);
     assert_eq!(json(&body)["error"], "invalid_request");
     assert_eq!(demo.executions().await["total"], 0);
@@ -242,20 +194,9 @@ async fn invalid_confirm_is_refused_and_not_recorded() {
 async fn status_by_key() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &[]);
-    assert_eq!(
-        demo.get("/v1/transfers/by-key/nope").await,
-        (404, json!({ "error": "not_found" }))
-    );
-    let (_, body) = demo
-        .confirm(Some("abc123"), &[], &transfer(json("3.10")))
-        .await
-        .unwrap();
-    let resp = demo
-        .client
-        .get(demo.url("/v1/transfers/by-key/abc123"))
-        .send()
-        .await
-        .unwrap();
+    assert_eq!(demo.get("/v1/transfers/by-key/nope").await, (404, json!({ "error": "not_found" })));
+    let (_, body) = demo.confirm(Some("abc123"), &[], &transfer(json("3.10"))).await.unwrap();
+    let resp = demo.client.get(demo.url("/v1/transfers/by-key/abc123")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     // Byte for byte the original answer.
     assert_eq!(resp.text().await.unwrap(), body);
@@ -267,16 +208,10 @@ async fn creates_the_database_directory_and_keeps_data_across_restarts() {
     let url = format!("sqlite://{}/nested/deeper/demo.db", dir.path().display());
     let body = {
         let demo = Demo::start_with(&url, &[], &[]);
-        demo.confirm(Some("keep"), &[], &transfer(json("1")))
-            .await
-            .unwrap()
-            .1
+        demo.confirm(Some("keep"), &[], &transfer(json("1"))).await.unwrap().1
     };
     let demo = Demo::start_with(&url, &[], &[]);
-    assert_eq!(
-        demo.get("/v1/transfers/by-key/keep").await,
-        (200, json(&body))
-    );
+    assert_eq!(demo.get("/v1/transfers/by-key/keep").await, (200, json(&body)));
     assert_eq!(
         demo.executions().await,
         json!({ "total": 1, "by_key": { "keep": 1 }, "attempts": 1, "attempts_by_key": { "keep": 1 } })
@@ -301,11 +236,7 @@ fn keep_alive_serves_several_requests_on_one_connection() {
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         let len: usize = head
             .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")
-                    .map(|v| v.trim().parse().unwrap())
-            })
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
             .unwrap();
         let mut body = vec![0; len];
         conn.read_exact(&mut body).unwrap();

@@ -16,6 +16,10 @@ pub type BoxError = Box<dyn std::error::Error>;
 
 pub const SUBJECT: &str = "user-alice";
 
+/// The bearer token every stack's idemd requires and its Envoy presents
+/// (`IDEM_AUTH_TOKENS` / `IDEM_SIDECAR_TOKEN`): the suite runs with auth on.
+pub const SIDECAR_TOKEN: &str = "e2e-sidecar-token-0123456789";
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -221,7 +225,13 @@ impl Stack {
     }
 
     /// POST JSON through Envoy as `subject`.
-    pub async fn post(&self, path: &str, subject: &str, body: &Value, headers: &[(&str, &str)]) -> Result<Answer, BoxError> {
+    pub async fn post(
+        &self,
+        path: &str,
+        subject: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Result<Answer, BoxError> {
         let mut req = self.http.post(self.url(path)).header("x-agent-subject", subject).json(body);
         for (k, v) in headers {
             req = req.header(*k, *v);
@@ -258,7 +268,10 @@ impl Stack {
     /// Preview a transfer and return the fingerprint it minted.
     pub async fn preview(&self, amount: Value) -> Result<(Answer, String), BoxError> {
         let a = self.post("/v1/transfers/preview", SUBJECT, &transfer(amount, "preview memo"), &[]).await?;
-        let fp = a.json["fingerprint"].as_str().ok_or_else(|| format!("no fingerprint in preview answer: {a:?}"))?.to_owned();
+        let fp = a.json["fingerprint"]
+            .as_str()
+            .ok_or_else(|| format!("no fingerprint in preview answer: {a:?}"))?
+            .to_owned();
         Ok((a, fp))
     }
 
@@ -281,6 +294,32 @@ impl Stack {
         }
         Ok(0)
     }
+}
+
+/// Redis + Postgres when both are reachable; None (loud skip) otherwise.
+pub fn real_stores(faults: bool) -> Result<Option<StackOpts>, BoxError> {
+    if !backends::available("redis", "127.0.0.1:6379")? || !backends::available("postgres", "127.0.0.1:5432")? {
+        return Ok(None);
+    }
+    Ok(Some(StackOpts {
+        demo: DemoOpts { no_dedup: true, faults },
+        sidecar: SidecarOpts {
+            redis_url: Some(backends::redis_url()),
+            database_url: Some(backends::postgres_url()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }))
+}
+
+pub fn sqlite_only(faults: bool) -> StackOpts {
+    StackOpts { demo: DemoOpts { no_dedup: true, faults }, ..Default::default() }
+}
+
+/// (executions, attempts) as the demo's ledger counts them.
+pub async fn counts(stack: &Stack) -> Result<(u64, u64), BoxError> {
+    let ex = stack.executions().await?;
+    Ok((ex["total"].as_u64().unwrap_or(u64::MAX), ex["attempts"].as_u64().unwrap_or(u64::MAX)))
 }
 
 pub fn transfer(amount: Value, memo: &str) -> Value {
@@ -342,6 +381,10 @@ pub fn spawn_sidecar(name: &str, opts: &SidecarOpts, port: u16, dir: &Path) -> R
     let db = opts.database_url.clone().unwrap_or_else(|| format!("sqlite://{}/idem.db?mode=rwc", dir.display()));
     cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--database-url").arg(db);
     cmd.env_remove("IDEM_REDIS_URL");
+    let own_auth = opts.extra_args.iter().any(|a| a == "--insecure-no-auth" || a.starts_with("--auth-tokens"));
+    if !own_auth {
+        cmd.env("IDEM_AUTH_TOKENS", SIDECAR_TOKEN);
+    }
     if let Some(r) = &opts.redis_url {
         cmd.arg("--redis-url").arg(r);
     }
@@ -445,7 +488,8 @@ pub fn start_envoy_with(config: &str, ports: &Ports, edits: &[(String, String)],
         .arg("--log-level")
         .arg("warn")
         .arg("--component-log-level")
-        .arg("wasm:info");
+        .arg("wasm:info")
+        .env("IDEM_SIDECAR_TOKEN", SIDECAR_TOKEN);
     Proc::spawn("envoy", &mut cmd, dir)
 }
 
@@ -463,6 +507,8 @@ pub fn validate_envoy_config(config: &str) -> Result<(bool, String), BoxError> {
         .arg("--disable-hot-restart")
         // compose.yaml takes its HMAC key from the environment, as production should.
         .env("IDEM_HMAC_K1", "validate-only-secret-0123456789abcdef-0123")
+        // Every config names idemd's bearer token by environment variable.
+        .env("IDEM_SIDECAR_TOKEN", SIDECAR_TOKEN)
         .output()?;
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     Ok((out.status.success(), text))
@@ -544,7 +590,9 @@ pub mod backends {
             return Ok(true);
         }
         if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
-            return Err(format!("backend {name} at {addr} is required (IDEM_REQUIRE_BACKENDS=1) but unreachable").into());
+            return Err(
+                format!("backend {name} at {addr} is required (IDEM_REQUIRE_BACKENDS=1) but unreachable").into()
+            );
         }
         skipped(&format!("{name}: nothing listens at {addr}"));
         Ok(false)

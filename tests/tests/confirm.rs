@@ -6,35 +6,16 @@ use idem_e2e::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// Redis + Postgres when both are reachable; None (loud skip) otherwise.
-fn real_stores(faults: bool) -> Result<Option<StackOpts>, BoxError> {
-    if !backends::available("redis", "127.0.0.1:6379")? || !backends::available("postgres", "127.0.0.1:5432")? {
-        return Ok(None);
-    }
-    Ok(Some(StackOpts {
-        demo: DemoOpts { no_dedup: true, faults },
-        sidecar: SidecarOpts {
-            redis_url: Some(backends::redis_url()),
-            database_url: Some(backends::postgres_url()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }))
-}
-
-fn sqlite_only(faults: bool) -> StackOpts {
-    StackOpts { demo: DemoOpts { no_dedup: true, faults }, ..Default::default() }
-}
-
-async fn confirm(stack: &Stack, fp: &str, amount: Value, memo: &str, headers: &[(&str, &str)]) -> Result<Answer, BoxError> {
+async fn confirm(
+    stack: &Stack,
+    fp: &str,
+    amount: Value,
+    memo: &str,
+    headers: &[(&str, &str)],
+) -> Result<Answer, BoxError> {
     let mut all = vec![("agent-fingerprint", fp)];
     all.extend_from_slice(headers);
     stack.post("/v1/transfers", SUBJECT, &transfer(amount, memo), &all).await
-}
-
-async fn counts(stack: &Stack) -> Result<(u64, u64), BoxError> {
-    let ex = stack.executions().await?;
-    Ok((ex["total"].as_u64().unwrap_or(u64::MAX), ex["attempts"].as_u64().unwrap_or(u64::MAX)))
 }
 
 async fn fifty_parallel_confirms_execute_once(opts: StackOpts) -> TestResult {
@@ -287,15 +268,19 @@ async fn redis_killed_before_the_confirm_still_executes_once_on_sql() -> TestRes
 }
 
 #[tokio::test]
-async fn sidecar_down_means_not_executed_then_the_same_call_runs_once() -> TestResult {
+async fn sidecar_down_means_outcome_unchecked_then_the_same_call_runs_once() -> TestResult {
     let mut stack = Stack::start(sqlite_only(false)).await?;
     let (_, fp) = stack.preview(json!("70.00")).await?;
     stack.sidecar.kill9();
     let a = confirm(&stack, &fp, json!("70.00"), "m", &[]).await?;
+    // This call ran nothing, but with idemd down nobody can say whether an earlier one did:
+    // the reply says "could not check", never "nothing was executed" (DESIGN §3).
     assert_eq!(a.status, 503);
-    a.assert_prompt("not_executed");
+    a.assert_prompt("status_unavailable");
     assert_eq!(a.json["retryable"], true);
     assert!(a.header("retry-after").is_some());
+    assert!(!a.json["meaning"].as_str().unwrap_or_default().contains("Nothing was executed"), "{a:?}");
+    assert_eq!(a.json["operation"].as_str().map(str::len), Some(32));
     assert_eq!(counts(&stack).await?, (0, 0));
     stack.restart_sidecar().await?;
     let a = confirm(&stack, &fp, json!("70.00"), "m", &[]).await?;
@@ -309,7 +294,12 @@ async fn envoy_retries_keep_the_idempotency_key() -> TestResult {
     let stack = Stack::start(sqlite_only(true)).await?;
     let (_, fp) = stack.preview(json!("80.00")).await?;
     let a = stack
-        .post("/retry/v1/transfers", SUBJECT, &transfer(json!("80.00"), "m"), &[("agent-fingerprint", &fp), ("x-demo-reset", "first")])
+        .post(
+            "/retry/v1/transfers",
+            SUBJECT,
+            &transfer(json!("80.00"), "m"),
+            &[("agent-fingerprint", &fp), ("x-demo-reset", "first")],
+        )
         .await?;
     assert_eq!(a.status, 201, "Envoy retried the reset attempt: {a:?}");
     let key = a.header("idempotency-key").ok_or("no idempotency-key")?.to_owned();
@@ -372,7 +362,9 @@ async fn a_route_decides_what_an_upstream_409_means() -> TestResult {
     // The strict route annotates `outcomes: "409:failed"`: a definite failure, replayed.
     let (_, fp) = stack.preview(json!("12.00")).await?;
     let body = transfer(json!("12.00"), "m");
-    let a = stack.post("/strict/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("x-demo-fail", "409")]).await?;
+    let a = stack
+        .post("/strict/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("x-demo-fail", "409")])
+        .await?;
     assert_eq!(a.status, 409, "{a:?}");
     let again = stack.post("/strict/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp)]).await?;
     assert_eq!(again.status, 409);

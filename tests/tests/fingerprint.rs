@@ -108,7 +108,8 @@ async fn fingerprint_in_the_header_works_too_and_equal_decimals_match() -> TestR
     let stack = Stack::start(StackOpts::default()).await?;
     let (_, fp) = stack.preview(json!(100)).await?;
     // 100 at preview, "100.00" at confirm: the amount is declared decimal.
-    let a = stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.00"), "m"), &[("agent-fingerprint", &fp)]).await?;
+    let a =
+        stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.00"), "m"), &[("agent-fingerprint", &fp)]).await?;
     assert_eq!(a.status, 201, "{a:?}");
     Ok(())
 }
@@ -117,7 +118,8 @@ async fn fingerprint_in_the_header_works_too_and_equal_decimals_match() -> TestR
 async fn changed_amount_is_params_changed_and_nothing_runs() -> TestResult {
     let stack = Stack::start(StackOpts::default()).await?;
     let (_, fp) = stack.preview(json!("100.00")).await?;
-    let a = stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.01"), "m"), &[("agent-fingerprint", &fp)]).await?;
+    let a =
+        stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.01"), "m"), &[("agent-fingerprint", &fp)]).await?;
     assert_eq!(a.status, 422);
     a.assert_prompt("params_changed");
     assert_eq!(stack.stat("wasmcustom.idem.security_events").await?, 1);
@@ -128,7 +130,9 @@ async fn changed_amount_is_params_changed_and_nothing_runs() -> TestResult {
 async fn another_subject_is_forbidden() -> TestResult {
     let stack = Stack::start(StackOpts::default()).await?;
     let (_, fp) = stack.preview(json!("100.00")).await?;
-    let a = stack.post("/v1/transfers", "user-mallory", &transfer(json!("100.00"), "m"), &[("agent-fingerprint", &fp)]).await?;
+    let a = stack
+        .post("/v1/transfers", "user-mallory", &transfer(json!("100.00"), "m"), &[("agent-fingerprint", &fp)])
+        .await?;
     assert_eq!(a.status, 403);
     a.assert_prompt("forbidden");
     assert_eq!(a.json["retryable"], false);
@@ -163,7 +167,9 @@ async fn one_flipped_character_is_invalid() -> TestResult {
     let i = chars.len() / 3;
     chars[i] = if chars[i] == 'A' { 'B' } else { 'A' };
     let forged: String = chars.into_iter().collect();
-    let a = stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.00"), "m"), &[("agent-fingerprint", &forged)]).await?;
+    let a = stack
+        .post("/v1/transfers", SUBJECT, &transfer(json!("100.00"), "m"), &[("agent-fingerprint", &forged)])
+        .await?;
     assert_eq!(a.status, 400);
     a.assert_prompt("fingerprint_invalid");
     assert_nothing_executed(&stack).await
@@ -215,7 +221,8 @@ async fn replies_speak_chinese_when_configured() -> TestResult {
     let edit = ("\"language\": \"en\"".to_string(), "\"language\": \"zh\"".to_string());
     let stack = Stack::start(StackOpts { envoy_edits: vec![edit], ..Default::default() }).await?;
     let (_, fp) = stack.preview(json!("100.00")).await?;
-    let a = stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.01"), "m"), &[("agent-fingerprint", &fp)]).await?;
+    let a =
+        stack.post("/v1/transfers", SUBJECT, &transfer(json!("100.01"), "m"), &[("agent-fingerprint", &fp)]).await?;
     assert_eq!(a.status, 422);
     a.assert_prompt("params_changed");
     let meaning = a.json["meaning"].as_str().unwrap_or_default();

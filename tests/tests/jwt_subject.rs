@@ -67,11 +67,15 @@ async fn fingerprints_bind_to_the_verified_jwt_subject() -> TestResult {
     assert_eq!(p.status, 200, "{p:?}");
     let fp = p.json["fingerprint"].as_str().ok_or("no fingerprint")?.to_owned();
 
-    let stolen = stack.post("/v1/transfers", "user-alice", &body, &[("authorization", &bob), ("agent-fingerprint", &fp)]).await?;
+    let stolen = stack
+        .post("/v1/transfers", "user-alice", &body, &[("authorization", &bob), ("agent-fingerprint", &fp)])
+        .await?;
     assert_eq!(stolen.status, 403, "bob cannot use alice's fingerprint, whatever header he sends: {stolen:?}");
     stolen.assert_prompt("forbidden");
 
-    let own = stack.post("/v1/transfers", "user-bob", &body, &[("authorization", &alice), ("agent-fingerprint", &fp)]).await?;
+    let own = stack
+        .post("/v1/transfers", "user-bob", &body, &[("authorization", &alice), ("agent-fingerprint", &fp)])
+        .await?;
     assert_eq!(own.status, 201, "alice's JWT confirms, the header is ignored: {own:?}");
 
     let anonymous = stack.post("/v1/transfers", "user-alice", &body, &[("agent-fingerprint", &fp)]).await?;

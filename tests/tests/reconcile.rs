@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 /// The demo's by-key endpoint, as scripts/run.sh configures it (the harness
 /// points 127.0.0.1:8080 at this stack's demo).
 const STATUS_ENDPOINT: &str = "payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}";
+/// How the demo's record reads: its `status` says "executed", and a replay
+/// carries the 201 the confirm route answers.
+const STATUS_READING: &str = "payments.transfer=pointer=/status;done=executed;failed=failed;done_status=201";
 
 /// A reconciling sidecar on Redis and `db`: leases of at least 1.5 s, a pass
 /// every 200 ms, a 404 trusted 1 s after the lease ended.
@@ -35,6 +38,8 @@ fn reconciling(db: &str, instance: &str) -> StackOpts {
         "1000",
         "--status-endpoint",
         STATUS_ENDPOINT,
+        "--status-reading",
+        STATUS_READING,
         "--instance-id",
         instance,
     ];
@@ -47,6 +52,24 @@ fn reconciling(db: &str, instance: &str) -> StackOpts {
         },
         ..Default::default()
     }
+}
+
+/// Acquire a fingerprint's operation at idemd itself, as the filter does, and
+/// forward nothing: what an Envoy killed between acquire and forwarding leaves.
+async fn acquire_directly(stack: &Stack, fp: &str, lease_ms: u64) -> TestResult {
+    let claims = fingerprint_claims(fp)?;
+    let acquire = json!({"key": nonce_of(fp)?, "param_hash": claims["p"], "subject_hash": claims["u"], "scope": claims["s"], "lease_ms": lease_ms});
+    let r: Value = stack
+        .http
+        .post(stack.sidecar_url("/v1/acquire"))
+        .bearer_auth(SIDECAR_TOKEN)
+        .json(&acquire)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(r["outcome"], "ACQUIRED", "{r}");
+    Ok(())
 }
 
 /// Redis and a Postgres database of this test's own; None (loud skip) otherwise.
@@ -129,6 +152,8 @@ async fn crash_after_the_downstream_committed_is_reconciled_to_done() -> TestRes
 
     let done = retry_until(&stack, "/fast/v1/transfers", &fp, "already_completed", Duration::from_secs(10)).await?;
     done.assert_prompt("already_completed");
+    assert_eq!(done.status, 201, "a reconciled DONE replays like the original (declared done_status)");
+    assert_eq!(done.json["original_status"], 201);
     assert_eq!(done.json["result"], record, "the result is the demo's own record");
     assert_eq!(done.json["result_ref"], record["transfer_id"]);
     assert_eq!(executions(&stack).await?, (1, 1), "executed once; the retries never reached the demo");
@@ -171,13 +196,10 @@ async fn acquired_but_never_forwarded_is_released_then_runs_once() -> TestResult
     let Some(db) = stores()? else { return Ok(()) };
     let stack = Stack::start(reconciling(&db.url, "never")).await?;
     let (_, fp) = stack.preview(json!("25.00")).await?;
-    let claims = fingerprint_claims(&fp)?;
     let key = nonce_of(&fp)?;
 
     // What an Envoy killed between acquire and forwarding leaves behind.
-    let acquire = json!({"key": key, "param_hash": claims["p"], "subject_hash": claims["u"], "scope": claims["s"], "lease_ms": 2000});
-    let r: Value = stack.http.post(stack.sidecar_url("/v1/acquire")).json(&acquire).send().await?.json().await?;
-    assert_eq!(r["outcome"], "ACQUIRED", "{r}");
+    acquire_directly(&stack, &fp, 2000).await?;
 
     let a = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
     a.assert_prompt("in_progress");
@@ -253,11 +275,8 @@ async fn two_sidecars_reconciling_one_database_decide_each_row_once() -> TestRes
     let mut keys = Vec::new();
     for i in 0..12 {
         let (_, fp) = stack.preview(json!("25.00")).await?;
-        let claims = fingerprint_claims(&fp)?;
         let key = nonce_of(&fp)?;
-        let acquire = json!({"key": key, "param_hash": claims["p"], "subject_hash": claims["u"], "scope": claims["s"], "lease_ms": 0});
-        let r: Value = stack.http.post(stack.sidecar_url("/v1/acquire")).json(&acquire).send().await?.json().await?;
-        assert_eq!(r["outcome"], "ACQUIRED", "{r}");
+        acquire_directly(&stack, &fp, 0).await?;
         if i % 2 == 0 {
             let url = format!("http://127.0.0.1:{}/v1/transfers", stack.ports.demo);
             let done = stack
@@ -276,7 +295,12 @@ async fn two_sidecars_reconciling_one_database_decide_each_row_once() -> TestRes
     for (i, key) in keys.iter().enumerate() {
         let want = if i % 2 == 0 { 200 } else { 404 };
         loop {
-            let r = stack.http.get(stack.sidecar_url(&format!("/v1/operations/{key}"))).send().await?;
+            let r = stack
+                .http
+                .get(stack.sidecar_url(&format!("/v1/operations/{key}")))
+                .bearer_auth(SIDECAR_TOKEN)
+                .send()
+                .await?;
             let status = r.status().as_u16();
             let view: Value = r.json().await?;
             if status == want && (want == 404 || view["state"] == "DONE") {

@@ -37,20 +37,13 @@ impl Demo {
         let mut child = cmd.spawn().expect("spawn demo");
         let stdout = child.stdout.take().expect("stdout");
         let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read banner");
+        BufReader::new(stdout).read_line(&mut line).expect("read banner");
         let addr = line
             .trim()
             .strip_prefix("demo listening on ")
             .unwrap_or_else(|| panic!("unexpected banner {line:?}"))
             .to_string();
-        Demo {
-            child,
-            base: format!("http://{addr}"),
-            addr,
-            client: reqwest::Client::new(),
-        }
+        Demo { child, base: format!("http://{addr}"), addr, client: reqwest::Client::new() }
     }
 
     pub fn url(&self, path: &str) -> String {

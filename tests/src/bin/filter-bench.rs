@@ -22,8 +22,8 @@
 
 use base64::Engine as _;
 use idem_e2e::{
-    backends, bench_plain_listener, free_port, repo_root, start_demo, start_envoy_with, start_sidecar, transfer, wait_ready, wasm, BoxError,
-    DemoOpts, Ports, Proc, SidecarOpts, SUBJECT,
+    backends, bench_plain_listener, free_port, repo_root, start_demo, start_envoy_with, start_sidecar, transfer,
+    wait_ready, wasm, BoxError, DemoOpts, Ports, Proc, SidecarOpts, SUBJECT,
 };
 use serde_json::Value;
 use std::io;
