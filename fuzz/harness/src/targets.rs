@@ -73,17 +73,32 @@ fn verify_any(token: &str) {
     let claims = fp::verify(ring("k1"), token, &exact);
     let wrong_p = if payload.p.starts_with('0') { "1" } else { "0" }.repeat(64);
     let wrong = Expect { param_hash: Some(&wrong_p), ..exact };
-    assert_eq!(fp::verify(ring("k1"), token, &wrong), Err(VerifyError::ParamMismatch { nonce: payload.n.clone() }));
-    let want = Claims {
-        v: 1,
-        kid: payload.k.clone(),
-        nonce: payload.n.clone(),
-        exp: payload.exp,
-        subject_hash: payload.u.clone(),
-        scope: payload.s.clone(),
-        param_hash: payload.p.clone(),
+    assert_param_mismatch(fp::verify(ring("k1"), token, &wrong), &payload.n);
+    assert_claims(claims, &payload);
+}
+
+/// The claims are exactly the payload's (compared as text, so the check does
+/// not depend on the types core gives each claim).
+fn assert_claims(got: Result<Claims, VerifyError>, want: &Payload) {
+    let claims = match got {
+        Ok(c) => c,
+        Err(e) => panic!("a minted token does not verify with its own claims: {e:?}"),
     };
-    assert_eq!(claims, Ok(want), "{token:?}");
+    assert_eq!(claims.v, 1);
+    assert_eq!(claims.kid, want.k);
+    assert_eq!(claims.nonce.to_string(), want.n);
+    assert_eq!(claims.exp, want.exp);
+    assert_eq!(claims.subject_hash, want.u);
+    assert_eq!(claims.scope, want.s);
+    assert_eq!(claims.param_hash, want.p);
+}
+
+/// An authentic token for other bound fields reports its genuine nonce.
+fn assert_param_mismatch(got: Result<Claims, VerifyError>, nonce_hex: &str) {
+    match got {
+        Err(VerifyError::ParamMismatch { nonce }) => assert_eq!(nonce.to_string(), nonce_hex),
+        other => panic!("expected a param mismatch for nonce {nonce_hex}, got {other:?}"),
+    }
 }
 
 fn hash_of_text(text: &str) -> String {
@@ -110,19 +125,13 @@ fn mint_round_trip(u: &mut Unstructured) -> arbitrary::Result<()> {
         assert_eq!(fp::verify(verifier, &token, &expect), Err(VerifyError::TooLong));
         return Ok(());
     }
-    let want = Claims {
-        v: 1,
-        kid: active.into(),
-        nonce: fp::nonce_hex(nonce),
-        exp,
-        subject_hash: sh.clone(),
-        scope: scope.clone(),
-        param_hash: p.clone(),
-    };
+    let want = Payload { k: active.into(), n: hex::encode(nonce), exp, u: sh.clone(), s: scope.clone(), p: p.clone() };
     let claims = fp::verify(verifier, &token, &expect);
-    assert_eq!(claims.as_ref(), Ok(&want), "{token}");
-    // Expired exactly at `exp`, valid one second before.
-    assert!(!want.expired(exp - back) && want.expired(exp) && want.expired(exp.saturating_add(back)));
+    if let Ok(c) = &claims {
+        // Expired exactly at `exp`, valid one second before.
+        assert!(!c.expired(exp - back) && c.expired(exp) && c.expired(exp.saturating_add(back)));
+    }
+    assert_claims(claims, &want);
     let other_subject = fp::subject_hash(&format!("{subject}'"));
     let wrong = Expect { subject_hash: &other_subject, ..expect };
     assert_eq!(fp::verify(verifier, &token, &wrong), Err(VerifyError::SubjectMismatch));
@@ -131,7 +140,7 @@ fn mint_round_trip(u: &mut Unstructured) -> arbitrary::Result<()> {
     assert_eq!(fp::verify(verifier, &token, &wrong), Err(VerifyError::ScopeMismatch));
     let other_p = hash_of_text(&format!("{params}'"));
     let wrong = Expect { param_hash: Some(&other_p), ..expect };
-    assert_eq!(fp::verify(verifier, &token, &wrong), Err(VerifyError::ParamMismatch { nonce: want.nonce.clone() }));
+    assert_param_mismatch(fp::verify(verifier, &token, &wrong), &want.n);
 
     let other_kid = if active == "k1" { "k0" } else { "k1" };
     let retired = Keyring::new(vec![Key { kid: other_kid.into(), secret: vec![7; 32] }], other_kid);
@@ -435,7 +444,10 @@ fn hash_on_generated(u: &mut Unstructured) -> arbitrary::Result<()> {
         assert!(parse_json_body(text.as_bytes(), BODY_LIMIT).is_ok(), "canonical text is not strict JSON: {text}");
     }
     assert_fixed_point(&a);
-    assert_eq!(canonical_value(&a), canonical_value(&b));
+    // The whole documents, too, unless a decimal was respelled as a string.
+    if style.stringify.is_empty() {
+        assert_eq!(canonical_value(&a), canonical_value(&b), "{plain}\n{respelled}");
+    }
     Ok(())
 }
 
@@ -444,6 +456,7 @@ fn hash_on_generated(u: &mut Unstructured) -> arbitrary::Result<()> {
 fn fuzz_env(name: &str) -> Option<String> {
     match name {
         "IDEM_HMAC_K1" => Some("a-secret-from-the-environment-0123456789".into()),
+        "IDEM_SIDECAR_TOKEN" => Some("sidecar-token-0123456789abcdef".into()),
         "IDEM_SHORT" => Some("short".into()),
         "IDEM_EMPTY" => Some(String::new()),
         _ => None,
@@ -563,13 +576,28 @@ pub fn route_policy(data: &[u8]) {
             let outcomes: Vec<String> = p.outcomes.iter().map(|(s, o)| format!("{s}:{}", o.as_str())).collect();
             assert_eq!(policy::parse_bind(&bind.join(", ")).as_ref(), Ok(&p.bound));
             assert_eq!(idem_core::outcome::parse_overrides(&outcomes.join(" ")).as_ref(), Ok(&p.outcomes));
-            let mut normal: Vec<(String, LeafValue)> = vec![
+            // Annotation keys this target does not normalise (ones added to core
+            // later, say) are passed through as they were.
+            const NORMALISED: &[&str] = &[
+                "role",
+                "scope",
+                "bind",
+                "fingerprint_ttl_s",
+                "lease_ms",
+                "poll_after_ms",
+                "status_tool",
+                "result_ref",
+                "outcomes",
+            ];
+            let mut normal: Vec<(String, LeafValue)> =
+                leaves.iter().filter(|(k, _)| !NORMALISED.contains(&k.as_str())).cloned().collect();
+            normal.extend([
                 ("role".into(), LeafValue::Str(p.role.as_str().into())),
                 ("scope".into(), LeafValue::Str(p.scope.clone())),
                 ("fingerprint_ttl_s".into(), LeafValue::Num(p.fingerprint_ttl_s as f64)),
                 ("lease_ms".into(), LeafValue::Str(p.lease_ms.to_string())),
                 ("poll_after_ms".into(), LeafValue::Num(p.poll_after_ms as f64)),
-            ];
+            ]);
             if !bind.is_empty() {
                 normal.push(("bind".into(), LeafValue::Str(bind.join(" "))));
             }

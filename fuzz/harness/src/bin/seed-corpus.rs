@@ -219,6 +219,7 @@ fn protocol_seeds(c: &mut Corpus) {
         r#"{{"status":201,"headers":[["content-type","application/json"],["Location","/v1/t/1"],["set-cookie","s=1"]],"body_b64":"{body}"}}"#
     );
     let key = "07".repeat(16);
+    let owner = "0f".repeat(16);
     let (u, p) = (subject_hash("alice"), "ab".repeat(32));
     for (label, text) in [
         (
@@ -227,17 +228,17 @@ fn protocol_seeds(c: &mut Corpus) {
                 r#"{{"key":"{key}","param_hash":"{p}","subject_hash":"{u}","scope":"payments.transfer","lease_ms":60000,"trace_id":"t1"}}"#
             ),
         ),
-        ("acquired", r#"{"outcome":"ACQUIRED","owner":"o1"}"#.to_string()),
-        ("in-flight", r#"{"outcome":"IN_FLIGHT","owner":"o2"}"#.to_string()),
+        ("acquired", format!(r#"{{"outcome":"ACQUIRED","owner":"{owner}"}}"#)),
+        ("in-flight", format!(r#"{{"outcome":"IN_FLIGHT","owner":"{owner}"}}"#)),
         ("done", format!(r#"{{"outcome":"DONE","result":{result}}}"#)),
         ("failed", r#"{"outcome":"FAILED","result":{"status":409}}"#.to_string()),
-        ("complete", format!(r#"{{"key":"{key}","owner":"o1","state":"DONE","result":{result}}}"#)),
-        ("release", format!(r#"{{"key":"{key}","owner":"o1"}}"#)),
+        ("complete", format!(r#"{{"key":"{key}","owner":"{owner}","state":"DONE","result":{result}}}"#)),
+        ("release", format!(r#"{{"key":"{key}","owner":"{owner}"}}"#)),
         ("ack", r#"{"outcome":"NOT_OWNER"}"#.to_string()),
         (
             "view",
             format!(
-                r#"{{"key":"{key}","state":"NEEDS_REVIEW","scope":"payments.transfer","subject_hash":"{u}","param_hash":"{p}","owner":"o","result":{result},"lease_until_ms":-1,"created_at_ms":1700000000000,"updated_at_ms":9223372036854775807}}"#
+                r#"{{"key":"{key}","state":"NEEDS_REVIEW","scope":"payments.transfer","subject_hash":"{u}","param_hash":"{p}","owner":"{owner}","result":{result},"lease_until_ms":-1,"created_at_ms":1700000000000,"updated_at_ms":9223372036854775807}}"#
             ),
         ),
         ("result", result.clone()),
