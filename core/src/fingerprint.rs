@@ -107,7 +107,7 @@ impl Keyring {
 pub struct Claims {
     pub v: u8,
     pub kid: String,
-    pub nonce: String,
+    pub nonce: crate::protocol::OpKey,
     pub exp: u64,
     pub subject_hash: String,
     pub scope: String,
@@ -274,7 +274,7 @@ pub fn verify(keyring: &Keyring, fingerprint: &str, expect: &Expect) -> Result<C
     Ok(Claims {
         v: payload.v,
         kid: payload.k,
-        nonce: payload.n,
+        nonce: crate::protocol::OpKey::parse(&payload.n).map_err(|_| VerifyError::Malformed)?,
         exp: payload.exp,
         subject_hash: payload.u,
         scope: payload.s,
@@ -328,7 +328,7 @@ mod tests {
             Claims {
                 v: 1,
                 kid: "k1".into(),
-                nonce: "07".repeat(16),
+                nonce: crate::protocol::OpKey::parse(&"07".repeat(16))?,
                 exp: 1000,
                 subject_hash: u.clone(),
                 scope: "payments.transfer".into(),

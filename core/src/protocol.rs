@@ -5,12 +5,160 @@
 //! so the two cannot drift apart.
 
 use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// One spelling per wire token: `as_str` and `FromStr` for a protocol enum, the
+/// same words serde uses, so SQL columns, Redis hashes, metrics labels and JSON
+/// can never disagree.
+macro_rules! wire_names {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($name => Ok($ty::$variant),)+
+                    _ => Err(UnknownName { what: stringify!($ty), name: s.chars().take(32).collect() }),
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+/// 128 bits as 32 lowercase hex characters: checked once, where the value is
+/// built or read off the wire, and never confused with the other kind.
+macro_rules! hex_token {
+    ($(#[$doc:meta])* $ty:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $ty(String);
+
+        impl $ty {
+            pub fn parse(s: &str) -> Result<$ty, BadToken> {
+                if is_hex_token(s) {
+                    Ok($ty(s.to_string()))
+                } else {
+                    Err(BadToken { what: stringify!($ty) })
+                }
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// 16 bytes (a nonce, or fresh randomness) in the canonical spelling.
+            pub fn from_bytes(bytes: [u8; 16]) -> $ty {
+                $ty(hex::encode(bytes))
+            }
+        }
+
+        impl TryFrom<String> for $ty {
+            type Error = BadToken;
+            fn try_from(s: String) -> Result<$ty, BadToken> {
+                $ty::parse(&s)
+            }
+        }
+
+        impl From<$ty> for String {
+            fn from(t: $ty) -> String {
+                t.0
+            }
+        }
+
+        impl std::ops::Deref for $ty {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl PartialEq<str> for $ty {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $ty {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+    };
+}
+
+hex_token!(
+    /// The operation key: the fingerprint's nonce, the SQL primary key, the
+    /// Redis hash tag and the upstream's `Idempotency-Key`.
+    OpKey
+);
+hex_token!(
+    /// Who owns an IN_FLIGHT operation (handed out by ACQUIRED): only its holder
+    /// may complete or release it.
+    OwnerToken
+);
+
+/// 32 lowercase hex characters.
+pub fn is_hex_token(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadToken {
+    pub what: &'static str,
+}
+
+impl fmt::Display for BadToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} must be 32 lowercase hex characters", self.what)
+    }
+}
+
+impl std::error::Error for BadToken {}
+
+/// A wire token that names no variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub name: String,
+}
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} is not a {}", self.name, self.what)
+    }
+}
+
+impl std::error::Error for UnknownName {}
 
 /// `POST /v1/acquire`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcquireRequest {
-    /// The fingerprint nonce: 32 lowercase hex chars.
-    pub key: String,
+    /// The fingerprint nonce.
+    pub key: OpKey,
     pub param_hash: String,
     pub subject_hash: String,
     pub scope: String,
@@ -38,13 +186,23 @@ pub enum AcquireOutcome {
     StoreUnavailable,
 }
 
+wire_names!(AcquireOutcome {
+    Acquired => "ACQUIRED",
+    InFlight => "IN_FLIGHT",
+    Done => "DONE",
+    Failed => "FAILED",
+    NeedsReview => "NEEDS_REVIEW",
+    ParamMismatch => "PARAM_MISMATCH",
+    StoreUnavailable => "STORE_UNAVAILABLE",
+});
+
 /// Answer to `POST /v1/acquire`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcquireResponse {
     pub outcome: AcquireOutcome,
     /// Set on ACQUIRED (the caller's owner token) and on IN_FLIGHT (the holder).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
+    pub owner: Option<OwnerToken>,
     /// Set on DONE and FAILED: what a replay sends back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<StoredResult>,
@@ -92,11 +250,22 @@ pub enum TerminalState {
     Failed,
 }
 
+wire_names!(TerminalState { Done => "DONE", Failed => "FAILED" });
+
+impl TerminalState {
+    pub fn op_state(self) -> OpState {
+        match self {
+            TerminalState::Done => OpState::Done,
+            TerminalState::Failed => OpState::Failed,
+        }
+    }
+}
+
 /// `POST /v1/complete`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompleteRequest {
-    pub key: String,
-    pub owner: String,
+    pub key: OpKey,
+    pub owner: OwnerToken,
     pub state: TerminalState,
     pub result: StoredResult,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -106,8 +275,8 @@ pub struct CompleteRequest {
 /// `POST /v1/release`: the request provably never reached the upstream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseRequest {
-    pub key: String,
-    pub owner: String,
+    pub key: OpKey,
+    pub owner: OwnerToken,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trace_id: String,
 }
@@ -120,6 +289,8 @@ pub enum Ack {
     NotOwner,
     StoreUnavailable,
 }
+
+wire_names!(Ack { Ok => "OK", NotOwner => "NOT_OWNER", StoreUnavailable => "STORE_UNAVAILABLE" });
 
 /// Answer to `POST /v1/complete` and `POST /v1/release`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +307,8 @@ pub enum OpState {
     NeedsReview,
 }
 
+wire_names!(OpState { InFlight => "IN_FLIGHT", Done => "DONE", Failed => "FAILED", NeedsReview => "NEEDS_REVIEW" });
+
 /// `GET /v1/operations/{key}` (404 when the key was never acquired or was released).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationView {
@@ -145,7 +318,7 @@ pub struct OperationView {
     pub subject_hash: String,
     pub param_hash: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
+    pub owner: Option<OwnerToken>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<StoredResult>,
     /// Unix milliseconds.
@@ -165,6 +338,29 @@ mod tests {
         assert_eq!(serde_json::to_string(&r)?, r#"{"outcome":"PARAM_MISMATCH"}"#);
         let a: AckResponse = serde_json::from_str(r#"{"outcome":"NOT_OWNER"}"#)?;
         assert_eq!(a.outcome, Ack::NotOwner);
+        Ok(())
+    }
+
+    /// The names `as_str`/`FromStr` give are exactly serde's: one spelling per token.
+    #[test]
+    fn wire_names_are_serdes_names() -> Result<(), Box<dyn std::error::Error>> {
+        fn check<T>(all: &[T]) -> Result<(), Box<dyn std::error::Error>>
+        where
+            T: Copy + Serialize + FromStr + PartialEq + fmt::Debug + fmt::Display,
+            <T as FromStr>::Err: fmt::Debug,
+        {
+            for v in all {
+                let json = serde_json::to_string(v)?;
+                assert_eq!(json, format!("\"{v}\""));
+                assert_eq!(v.to_string().parse::<T>().ok(), Some(*v));
+            }
+            Ok(())
+        }
+        check(AcquireOutcome::ALL)?;
+        check(TerminalState::ALL)?;
+        check(Ack::ALL)?;
+        check(OpState::ALL)?;
+        assert!("done".parse::<OpState>().is_err());
         Ok(())
     }
 

@@ -205,7 +205,7 @@ proptest! {
         prop_assert_eq!(&claims.scope, &scope);
         prop_assert_eq!(claims.subject_hash, u.clone());
         prop_assert_eq!(claims.param_hash, p.clone());
-        prop_assert_eq!(claims.nonce, idem_core::fingerprint::nonce_hex(nonce));
+        prop_assert_eq!(claims.nonce.as_str(), idem_core::fingerprint::nonce_hex(nonce));
     }
 
     #[test]

@@ -75,9 +75,7 @@ async fn complete(State(store): State<Arc<Store>>, headers: HeaderMap, body: Byt
         Ok(r) => r,
         Err(why) => return bad_request(why),
     };
-    if let Err(why) = check_key("key", &req.key).and_then(|()| check_key("owner", &req.owner)) {
-        return bad_request(why);
-    }
+    // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
     let answer = store.complete(&req).instrument(request_span("complete", &headers)).await;
     (ack_status(answer.outcome), Json(answer)).into_response()
 }
@@ -87,9 +85,7 @@ async fn release(State(store): State<Arc<Store>>, headers: HeaderMap, body: Byte
         Ok(r) => r,
         Err(why) => return bad_request(why),
     };
-    if let Err(why) = check_key("key", &req.key).and_then(|()| check_key("owner", &req.owner)) {
-        return bad_request(why);
-    }
+    // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
     let answer = store.release(&req).instrument(request_span("release", &headers)).await;
     (ack_status(answer.outcome), Json(answer)).into_response()
 }
@@ -149,7 +145,7 @@ fn request_span(op: &'static str, headers: &HeaderMap) -> tracing::Span {
 
 /// Nonces and owner tokens: 128 bits as 32 lowercase hex chars.
 pub fn is_token(s: &str) -> bool {
-    s.len() == 32 && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    idem_core::protocol::is_hex_token(s)
 }
 
 fn check_key(name: &str, value: &str) -> Result<(), String> {
@@ -177,7 +173,6 @@ fn check_field(name: &str, value: &str, max: usize, may_be_empty: bool) -> Resul
 }
 
 fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
-    check_key("key", &req.key)?;
     check_field("param_hash", &req.param_hash, 128, false)?;
     check_field("subject_hash", &req.subject_hash, 128, false)?;
     check_field("scope", &req.scope, 255, true)?;
@@ -202,7 +197,7 @@ mod tests {
     #[test]
     fn acquire_fields_are_bounded() {
         let ok = AcquireRequest {
-            key: "0123456789abcdef0123456789abcdef".into(),
+            key: idem_core::protocol::OpKey::parse("0123456789abcdef0123456789abcdef").unwrap(),
             param_hash: "a".repeat(64),
             subject_hash: "b".repeat(32),
             scope: "payments.transfer".into(),

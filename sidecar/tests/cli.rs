@@ -196,7 +196,7 @@ mod ops_cli {
                 idemd::store::StoreSettings { lease_ms: 1, terminal_retention_ms: 60_000, stale_in_flight_ms: 1_000 };
             let store = idemd::store::Store::new(sql, None, settings, Default::default());
             let req = AcquireRequest {
-                key: key.clone(),
+                key: idem_core::protocol::OpKey::parse(&key).expect("key"),
                 param_hash: "p".into(),
                 subject_hash: "u".into(),
                 scope: "payments.manual".into(),

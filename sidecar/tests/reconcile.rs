@@ -127,7 +127,7 @@ async fn stale(fx: &Fixture, n: usize) -> (Arc<Store>, Vec<(String, String)>) {
         let key = new_key();
         let a = store.acquire(&acq(&key)).await;
         assert_eq!(a.outcome, AcquireOutcome::Acquired, "{a:?}");
-        rows.push((key, a.owner.expect("owner")));
+        rows.push((key, a.owner.expect("owner").to_string()));
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
     (store, rows)
@@ -218,8 +218,8 @@ async fn not_found_waits_for_the_grace_then_releases(fx: &Fixture) {
     let done = simple_result("late");
     let ack = store
         .complete(&CompleteRequest {
-            key: late.clone(),
-            owner: late_owner.clone(),
+            key: idem_core::protocol::OpKey::parse(late).expect("key"),
+            owner: idem_core::protocol::OwnerToken::parse(late_owner).expect("owner"),
             state: TerminalState::Done,
             result: done,
             trace_id: String::new(),
@@ -386,8 +386,8 @@ async fn late_complete_during_a_claim_is_not_owner(fx: &Fixture) {
     tokio::time::sleep(Duration::from_millis(60)).await;
     let ack = store
         .complete(&CompleteRequest {
-            key: key.clone(),
-            owner,
+            key: idem_core::protocol::OpKey::parse(&key).expect("key"),
+            owner: idem_core::protocol::OwnerToken::parse(&owner).expect("owner"),
             state: TerminalState::Done,
             result: simple_result("late"),
             trace_id: String::new(),
@@ -408,15 +408,20 @@ async fn reaper_deletes_old_terminal_rows_only(fx: &Fixture) {
         let key = new_key();
         let owner = store.acquire(&acq(&key)).await.owner.expect("owner");
         let state = if i % 2 == 0 { TerminalState::Done } else { TerminalState::Failed };
-        let req =
-            CompleteRequest { key: key.clone(), owner, state, result: simple_result("old"), trace_id: String::new() };
+        let req = CompleteRequest {
+            key: idem_core::protocol::OpKey::parse(&key).expect("key"),
+            owner,
+            state,
+            result: simple_result("old"),
+            trace_id: String::new(),
+        };
         assert_eq!(store.complete(&req).await.outcome, Ack::Ok);
         old_terminal.push(key);
     }
     let fresh = new_key();
     let owner = store.acquire(&acq(&fresh)).await.owner.expect("owner");
     let req = CompleteRequest {
-        key: fresh.clone(),
+        key: idem_core::protocol::OpKey::parse(&fresh).expect("key"),
         owner,
         state: TerminalState::Done,
         result: simple_result("new"),
@@ -429,7 +434,13 @@ async fn reaper_deletes_old_terminal_rows_only(fx: &Fixture) {
     fx.set_state(&review, "NEEDS_REVIEW").await;
     let released = new_key();
     let owner = store.acquire(&acq(&released)).await.owner.expect("owner");
-    store.release(&idem_core::protocol::ReleaseRequest { key: released.clone(), owner, trace_id: String::new() }).await;
+    store
+        .release(&idem_core::protocol::ReleaseRequest {
+            key: idem_core::protocol::OpKey::parse(&released).expect("key"),
+            owner,
+            trace_id: String::new(),
+        })
+        .await;
 
     // Age everything but `fresh` by a day.
     let aged: Vec<String> =

@@ -14,8 +14,8 @@ use idemd::store::Store;
 async fn complete(store: &Store, key: &str, owner: &str, tag: &str) -> Ack {
     store
         .complete(&CompleteRequest {
-            key: key.into(),
-            owner: owner.into(),
+            key: idem_core::protocol::OpKey::parse(key).expect("key"),
+            owner: idem_core::protocol::OwnerToken::parse(owner).expect("owner"),
             state: TerminalState::Done,
             result: simple_result(tag),
             trace_id: String::new(),
@@ -27,7 +27,7 @@ async fn complete(store: &Store, key: &str, owner: &str, tag: &str) -> Ack {
 async fn acquired(store: &Store, key: &str) -> String {
     let a = store.acquire(&acq(key)).await;
     assert_eq!(a.outcome, AcquireOutcome::Acquired, "{a:?}");
-    a.owner.expect("owner")
+    a.owner.expect("owner").to_string()
 }
 
 /// FLUSHDB after DONE: the acquire is answered from SQL and Redis holds the
@@ -112,7 +112,13 @@ async fn redis_stopped_mid_test_keeps_exact_semantics(sql: Backend) {
     // release and acquire again.
     let k3 = new_key();
     let o3 = acquired(&store, &k3).await;
-    let released = store.release(&ReleaseRequest { key: k3.clone(), owner: o3.clone(), trace_id: String::new() }).await;
+    let released = store
+        .release(&ReleaseRequest {
+            key: idem_core::protocol::OpKey::parse(&k3).expect("key"),
+            owner: idem_core::protocol::OwnerToken::parse(&o3).expect("owner"),
+            trace_id: String::new(),
+        })
+        .await;
     assert_eq!(released.outcome, Ack::Ok);
     let o3b = acquired(&store, &k3).await;
     assert_ne!(o3, o3b);
@@ -196,8 +202,13 @@ async fn sql_down_answers_store_unavailable(sql: Backend, with_redis: bool) {
         assert_eq!(store.acquire(&acq(&k1)).await.outcome, AcquireOutcome::StoreUnavailable);
     }
     assert_eq!(complete(&store, &k_busy, &o_busy, "busy").await, Ack::StoreUnavailable);
-    let released =
-        store.release(&ReleaseRequest { key: k_busy.clone(), owner: o_busy.clone(), trace_id: String::new() }).await;
+    let released = store
+        .release(&ReleaseRequest {
+            key: idem_core::protocol::OpKey::parse(&k_busy).expect("key"),
+            owner: idem_core::protocol::OwnerToken::parse(&o_busy).expect("owner"),
+            trace_id: String::new(),
+        })
+        .await;
     assert_eq!(released.outcome, Ack::StoreUnavailable);
     assert!(store.operation(&k1).await.is_err());
     assert_eq!(store.health().await.sql, "down");

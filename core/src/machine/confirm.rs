@@ -17,7 +17,7 @@ use crate::outcome::{self, Outcome as Verdict};
 use crate::policy::ReplayMode;
 use crate::protocol::{
     replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState,
-    OperationView, ReleaseRequest, StoredResult, TerminalState,
+    OperationView, OwnerToken, ReleaseRequest, StoredResult, TerminalState,
 };
 use crate::reply::{self, ReplyContext, ReplyKind};
 
@@ -44,12 +44,12 @@ enum Phase {
     /// We own the operation and the request went upstream.
     Forwarded {
         claims: Claims,
-        owner: String,
+        owner: OwnerToken,
     },
     /// The upstream's head is held until its body is complete.
     Holding {
         claims: Claims,
-        owner: String,
+        owner: OwnerToken,
         head: ResponseHead,
     },
     /// `complete` or `release` is out; the answer is held until it is acked.
@@ -152,7 +152,7 @@ impl Confirm {
                     // The nonce is the downstream's idempotency key; Envoy's own retries resend it unchanged.
                     let step = Step::go_on()
                         .with(Effect::Count(Counter::Acquired))
-                        .with(Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, claims.nonce.clone()))
+                        .with(Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, claims.nonce.to_string()))
                         .with(Effect::ResumeRequest);
                     self.phase = Phase::Forwarded { claims, owner };
                     step
@@ -237,7 +237,7 @@ impl Confirm {
             };
         };
         let mut step = Step::pause()
-            .with(Effect::SetResponseHeader(IDEMPOTENCY_KEY_HEADER.into(), claims.nonce.clone()))
+            .with(Effect::SetResponseHeader(IDEMPOTENCY_KEY_HEADER.into(), claims.nonce.to_string()))
             .with(Effect::SetResponseHeader("idempotent-replayed".into(), "false".into()));
         self.phase = Phase::Holding { claims, owner, head: head.clone() };
         if end_of_stream {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_core::protocol::{Ack, AcquireOutcome, AcquireRequest, CompleteRequest, StoredResult, TerminalState};
+use idem_core::protocol::{Ack, AcquireOutcome, AcquireRequest, CompleteRequest, OpKey, StoredResult, TerminalState};
 use idemd::metrics::Metrics;
 use idemd::store::redis::{RedisOptions, RedisStore, ACQUIRE_LUA, COMPLETE_LUA};
 use idemd::store::sql::{Backend, SqlOptions, SqlStore};
@@ -55,8 +55,10 @@ impl Keys {
         Self { prefix: idemd::store::new_owner()[..8].to_string() }
     }
 
-    fn next(&self) -> String {
-        format!("{}{}", self.prefix, &idemd::store::new_owner()[..24])
+    fn next(&self) -> OpKey {
+        let key = format!("{}{}", self.prefix, &idemd::store::new_owner()[..24]);
+        // prefix (8 hex) + 24 hex: a well-formed key by construction.
+        OpKey::parse(&key).unwrap_or_else(|_| OpKey::from_bytes(rand16()))
     }
 }
 
@@ -196,7 +198,7 @@ async fn raw_sql(label: &str, url: &str, args: &Args, keys: Arc<Keys>) -> Option
                     let owner = idemd::store::new_owner();
                     let now = now_ms();
                     let i = sqlx::query(insert)
-                        .bind(&key)
+                        .bind(key.as_str())
                         .bind("p")
                         .bind("u")
                         .bind("s")
@@ -206,8 +208,13 @@ async fn raw_sql(label: &str, url: &str, args: &Args, keys: Arc<Keys>) -> Option
                         .bind(now)
                         .execute(&pool)
                         .await;
-                    let u =
-                        sqlx::query(update).bind(&result_json).bind(now).bind(&key).bind(&owner).execute(&pool).await;
+                    let u = sqlx::query(update)
+                        .bind(&result_json)
+                        .bind(now)
+                        .bind(key.as_str())
+                        .bind(&owner)
+                        .execute(&pool)
+                        .await;
                     i.is_ok_and(|r| r.rows_affected() == 1) && u.is_ok_and(|r| r.rows_affected() == 1)
                 }
             })
@@ -257,7 +264,13 @@ async fn open_store(args: &Args, sql_url: &str, redis: bool) -> Option<Arc<Store
 
 const BENCH_TOKEN: &str = "idem-bench-token-0123456789";
 
-fn request(key: String) -> AcquireRequest {
+fn rand16() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    let _ = getrandom::fill(&mut b);
+    b
+}
+
+fn request(key: OpKey) -> AcquireRequest {
     AcquireRequest {
         key,
         param_hash: "7d865e959b2466918c9863afca942d0fb89d7c9ac0c99bafc3749504ded97730".into(),

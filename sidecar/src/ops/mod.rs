@@ -18,10 +18,10 @@ use crate::api::is_token;
 use crate::config::ops::{OpsCommand, ResolveArgs};
 use crate::config::{redact_url, OpsArgs};
 use crate::store::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
+use crate::store::now_ms;
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::review::Resolution;
 use crate::store::sql::{SqlOptions, SqlStore};
-use crate::store::{now_ms, state_name};
 
 #[derive(Debug)]
 pub enum OpsError {
@@ -237,7 +237,7 @@ async fn resolve(
             return Err(OpsError::Refused(format!(
                 "{} is {}: only IN_FLIGHT or NEEDS_REVIEW operations can be resolved",
                 r.key,
-                state_name(other)
+                other.as_str()
             )));
         }
     }
@@ -248,7 +248,7 @@ async fn resolve(
     let audit = Audit { actor, action: planned.action, why: &planned.why, trace_id: "" };
     if !sql.resolve(&rec, resolution, &audit).await.map_err(unreachable)? {
         let now = sql.get(&r.key).await.map_err(unreachable)?;
-        let now = now.map(|n| state_name(n.state)).unwrap_or("gone");
+        let now = now.map(|n| n.state.as_str()).unwrap_or("gone");
         return Err(OpsError::Refused(format!(
             "{} changed while you decided (now {now}); run `idemd ops show {}` and decide again",
             r.key, r.key
@@ -259,7 +259,7 @@ async fn resolve(
         Some((TerminalState::Failed, _)) => "FAILED",
         None => "released (no row: a confirm may run it again)",
     };
-    let mut text = format!("{}: {} -> {to}\n", r.key, state_name(rec.state));
+    let mut text = format!("{}: {} -> {to}\n", r.key, rec.state.as_str());
     if let Some(url) = redis_url {
         text.push_str(&evict(url, redis_cluster, &r.key).await);
     }

@@ -7,7 +7,6 @@ use serde_json::{json, Value};
 
 use crate::store::audit::AuditLine;
 use crate::store::sql::Record;
-use crate::store::state_name;
 
 fn opt_utc(ms: Option<i64>) -> String {
     ms.map(utc).unwrap_or_else(|| "-".to_string())
@@ -28,7 +27,7 @@ pub fn table(rows: &[Record]) -> String {
         out.push_str(&format!(
             "{:<32}  {:<12}  {:<24}  {:<24}  {:<24}  {:>8}  {}\n",
             r.key,
-            state_name(r.state),
+            r.state.as_str(),
             r.scope,
             utc(r.updated_at_ms),
             opt_utc(r.lease_until_ms),
@@ -43,7 +42,7 @@ pub fn table(rows: &[Record]) -> String {
 pub fn record_json(r: &Record) -> Value {
     json!({
         "key": r.key,
-        "state": state_name(r.state),
+        "state": r.state.as_str(),
         "scope": r.scope,
         "param_hash": r.param_hash,
         "subject_hash": r.subject_hash,
@@ -64,7 +63,7 @@ pub fn show(key: &str, rec: Option<&Record>, history: &[AuditLine]) -> String {
         Some(r) => {
             let field = |out: &mut String, name: &str, value: &str| out.push_str(&format!("{name:<13}{value}\n"));
             field(&mut out, "key", &r.key);
-            field(&mut out, "state", state_name(r.state));
+            field(&mut out, "state", r.state.as_str());
             field(&mut out, "scope", &r.scope);
             field(&mut out, "owner", r.owner.as_deref().unwrap_or("-"));
             field(&mut out, "lease until", &opt_utc(r.lease_until_ms));

@@ -40,7 +40,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::protocol::{
     Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState, OperationView,
-    ReleaseRequest, StoredResult, TerminalState,
+    OwnerToken, ReleaseRequest, StoredResult,
 };
 use tracing::{debug, warn};
 
@@ -145,7 +145,7 @@ impl Store {
             // another subject or scope. Never log the hashes' inputs.
             warn!(key = %req.key, scope = %req.scope, security_event = "param_mismatch", "nonce reused with a different binding");
         }
-        self.metrics.acquire(acquire_name(answer.outcome));
+        self.metrics.acquire(answer.outcome.as_str());
         answer
     }
 
@@ -228,7 +228,7 @@ impl Store {
                 Ok(true) => {
                     return AcquireResponse {
                         outcome: AcquireOutcome::Acquired,
-                        owner: Some(owner.to_string()),
+                        owner: OwnerToken::parse(owner).ok(),
                         result: None,
                     }
                 }
@@ -243,7 +243,7 @@ impl Store {
             match self.sql_done("get", started, self.sql.get(&req.key).await) {
                 Ok(Some(rec)) => {
                     if gate_in_redis {
-                        debug!(key = %req.key, state = state_name(rec.state), "Redis had lost this key; restoring the row");
+                        debug!(key = %req.key, state = rec.state.as_str(), "Redis had lost this key; restoring the row");
                         self.restore(&rec).await;
                     }
                     return answer_from_row(&rec, req);
@@ -294,8 +294,11 @@ impl Store {
     /// Redis says someone holds it. SQL has the last word on whether that is
     /// still so.
     async fn confirm_in_flight(&self, req: &AcquireRequest, holder: String, age_ms: i64) -> Step {
-        let in_flight =
-            |owner: String| AcquireResponse { outcome: AcquireOutcome::InFlight, owner: Some(owner), result: None };
+        let in_flight = |owner: String| AcquireResponse {
+            outcome: AcquireOutcome::InFlight,
+            owner: OwnerToken::parse(&owner).ok(),
+            result: None,
+        };
         let started = Instant::now();
         match self.sql_done("get", started, self.sql.get(&req.key).await) {
             Ok(Some(rec)) => {
@@ -389,7 +392,7 @@ impl Store {
 
     pub async fn complete(&self, req: &CompleteRequest) -> AckResponse {
         let outcome = self.complete_inner(req).await;
-        self.metrics.complete(ack_name(outcome));
+        self.metrics.complete(outcome.as_str());
         AckResponse { outcome }
     }
 
@@ -401,7 +404,7 @@ impl Store {
                 return Ack::StoreUnavailable;
             }
         };
-        let state = terminal_name(req.state);
+        let state = req.state.as_str();
         let why = format!("upstream answered {}", req.result.status);
         let audit = Audit { actor: FILTER, action: "complete", why: &why, trace_id: &req.trace_id };
         let started = Instant::now();
@@ -419,7 +422,7 @@ impl Store {
                 match self.sql_done("get", started, self.sql.get(&req.key).await) {
                     Ok(Some(rec))
                         if rec.owner.as_deref() == Some(req.owner.as_str())
-                            && rec.state == terminal_op_state(req.state)
+                            && rec.state == req.state.op_state()
                             && rec.result.as_ref() == Some(&req.result) => {}
                     Ok(_) => return Ack::NotOwner,
                     Err(_) => return Ack::StoreUnavailable,
@@ -446,7 +449,7 @@ impl Store {
 
     pub async fn release(&self, req: &ReleaseRequest) -> AckResponse {
         let outcome = self.release_inner(req).await;
-        self.metrics.release(ack_name(outcome));
+        self.metrics.release(outcome.as_str());
         AckResponse { outcome }
     }
 
@@ -556,7 +559,8 @@ fn answer_from_row(rec: &Record, req: &AcquireRequest) -> AcquireResponse {
     }
     match rec.state {
         OpState::InFlight => {
-            AcquireResponse { outcome: AcquireOutcome::InFlight, owner: rec.owner.clone(), result: None }
+            let owner = rec.owner.as_deref().and_then(|o| OwnerToken::parse(o).ok());
+            AcquireResponse { outcome: AcquireOutcome::InFlight, owner, result: None }
         }
         OpState::Done => AcquireResponse { outcome: AcquireOutcome::Done, owner: None, result: rec.result.clone() },
         OpState::Failed => AcquireResponse { outcome: AcquireOutcome::Failed, owner: None, result: rec.result.clone() },
@@ -571,7 +575,7 @@ fn view(rec: Record) -> OperationView {
         scope: rec.scope,
         subject_hash: rec.subject_hash,
         param_hash: rec.param_hash,
-        owner: rec.owner,
+        owner: rec.owner.as_deref().and_then(|o| OwnerToken::parse(o).ok()),
         result: rec.result,
         lease_until_ms: rec.lease_until_ms,
         created_at_ms: rec.created_at_ms,
@@ -596,59 +600,6 @@ pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-pub fn state_name(s: OpState) -> &'static str {
-    match s {
-        OpState::InFlight => "IN_FLIGHT",
-        OpState::Done => "DONE",
-        OpState::Failed => "FAILED",
-        OpState::NeedsReview => "NEEDS_REVIEW",
-    }
-}
-
-pub fn parse_state(s: &str) -> Option<OpState> {
-    match s {
-        "IN_FLIGHT" => Some(OpState::InFlight),
-        "DONE" => Some(OpState::Done),
-        "FAILED" => Some(OpState::Failed),
-        "NEEDS_REVIEW" => Some(OpState::NeedsReview),
-        _ => None,
-    }
-}
-
-pub fn terminal_name(s: TerminalState) -> &'static str {
-    match s {
-        TerminalState::Done => "DONE",
-        TerminalState::Failed => "FAILED",
-    }
-}
-
-fn terminal_op_state(s: TerminalState) -> OpState {
-    match s {
-        TerminalState::Done => OpState::Done,
-        TerminalState::Failed => OpState::Failed,
-    }
-}
-
-pub fn acquire_name(o: AcquireOutcome) -> &'static str {
-    match o {
-        AcquireOutcome::Acquired => "ACQUIRED",
-        AcquireOutcome::InFlight => "IN_FLIGHT",
-        AcquireOutcome::Done => "DONE",
-        AcquireOutcome::Failed => "FAILED",
-        AcquireOutcome::NeedsReview => "NEEDS_REVIEW",
-        AcquireOutcome::ParamMismatch => "PARAM_MISMATCH",
-        AcquireOutcome::StoreUnavailable => "STORE_UNAVAILABLE",
-    }
-}
-
-pub fn ack_name(a: Ack) -> &'static str {
-    match a {
-        Ack::Ok => "OK",
-        Ack::NotOwner => "NOT_OWNER",
-        Ack::StoreUnavailable => "STORE_UNAVAILABLE",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,14 +613,6 @@ mod tests {
         assert_ne!(a, b);
     }
 
-    #[test]
-    fn state_names_round_trip() {
-        for s in [OpState::InFlight, OpState::Done, OpState::Failed, OpState::NeedsReview] {
-            assert_eq!(parse_state(state_name(s)), Some(s));
-        }
-        assert_eq!(parse_state("done"), None);
-    }
-
     fn rec(state: OpState) -> Record {
         Record {
             key: "k".into(),
@@ -677,7 +620,7 @@ mod tests {
             param_hash: "p".into(),
             subject_hash: "u".into(),
             scope: "s".into(),
-            owner: Some("o".into()),
+            owner: Some("0f".repeat(16)),
             result: Some(StoredResult { status: 200, headers: vec![], body_b64: "e30".into() }),
             lease_until_ms: None,
             created_at_ms: 0,
@@ -688,7 +631,7 @@ mod tests {
 
     fn req(p: &str, u: &str, s: &str) -> AcquireRequest {
         AcquireRequest {
-            key: "k".into(),
+            key: idem_core::protocol::OpKey::parse(&"0".repeat(32)).unwrap(),
             param_hash: p.into(),
             subject_hash: u.into(),
             scope: s.into(),
@@ -709,7 +652,7 @@ mod tests {
     #[test]
     fn rows_answer_per_state() {
         let r = req("p", "u", "s");
-        assert_eq!(answer_from_row(&rec(OpState::InFlight), &r).owner.as_deref(), Some("o"));
+        assert_eq!(answer_from_row(&rec(OpState::InFlight), &r).owner.as_deref(), Some("0f".repeat(16).as_str()));
         assert_eq!(answer_from_row(&rec(OpState::Done), &r).result.map(|x| x.status), Some(200));
         assert_eq!(answer_from_row(&rec(OpState::Failed), &r).outcome, AcquireOutcome::Failed);
         assert_eq!(answer_from_row(&rec(OpState::NeedsReview), &r).outcome, AcquireOutcome::NeedsReview);

@@ -19,7 +19,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, ScriptInvocation, Value};
 
 use super::sql::Record;
-use super::state_name;
 
 pub struct Scripts {
     acquire: Script,
@@ -256,7 +255,7 @@ impl RedisStore {
             None => String::new(),
         };
         let mut inv = self.scripts.restore.key(redis_key(&rec.key));
-        inv.arg(state_name(rec.state))
+        inv.arg(rec.state.as_str())
             .arg(&rec.param_hash)
             .arg(&rec.subject_hash)
             .arg(&rec.scope)

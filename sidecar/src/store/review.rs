@@ -5,8 +5,8 @@
 use idem_core::protocol::{OpState, TerminalState};
 
 use super::audit::Audit;
+use super::now_ms;
 use super::sql::{audited, render, Bind, Change, Record, SqlError, SqlStore, COLUMNS};
-use super::{now_ms, state_name, terminal_name};
 
 /// What an operator decided.
 #[derive(Clone, Copy, Debug)]
@@ -24,7 +24,7 @@ impl SqlStore {
             self.backend(),
             &format!("SELECT {COLUMNS} FROM idem_record WHERE state = ? ORDER BY updated_at, idem_key LIMIT ?"),
         );
-        self.records(&sql, &[Bind::Text(state_name(state)), Bind::Int(i64::from(limit))]).await
+        self.records(&sql, &[Bind::Text(state.as_str()), Bind::Int(i64::from(limit))]).await
     }
 
     /// Apply `resolution` to `seen` if the row is still in the state and with
@@ -36,12 +36,12 @@ impl SqlStore {
         resolution: Resolution<'_>,
         audit: &Audit<'_>,
     ) -> Result<bool, SqlError> {
-        let from = state_name(seen.state);
+        let from = seen.state.as_str();
         let owner = seen.owner.as_deref().unwrap_or("");
         let now = now_ms();
         match resolution {
             Resolution::Terminal { state, result_json } => {
-                let to = terminal_name(state);
+                let to = state.as_str();
                 let template = "UPDATE idem_record SET state = ?, result = ?, lease_until = NULL, updated_at = ? \
                                 WHERE idem_key = ?k AND state = ? AND COALESCE(owner, '') = ?";
                 let binds = [

@@ -21,7 +21,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::Row;
 
 use super::audit::Audit;
-use super::{now_ms, terminal_name};
+use super::now_ms;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -185,7 +185,9 @@ macro_rules! read_record {
         let result: Option<String> = row.try_get("result")?;
         let attempts: i32 = row.try_get("reconcile_attempts")?;
         Ok::<_, $crate::store::sql::SqlError>($crate::store::sql::Record {
-            state: $crate::store::parse_state(&state)
+            state: state
+                .parse::<idem_core::protocol::OpState>()
+                .ok()
                 .ok_or_else(|| $crate::store::sql::SqlError::Corrupt(format!("state {state:?} of {key}")))?,
             param_hash: row.try_get("param_hash")?,
             subject_hash: row.try_get("subject_hash")?,
@@ -449,7 +451,7 @@ impl SqlStore {
         now_ms: i64,
         audit: &Audit<'_>,
     ) -> Result<bool, SqlError> {
-        let to = terminal_name(state);
+        let to = state.as_str();
         let binds = [Bind::Text(to), Bind::Text(result_json), Bind::Int(now_ms), Bind::Text(key), Bind::Text(owner)];
         let change = Change { key, from: Some("IN_FLIGHT"), to: Some(to), at_ms: now_ms, audit };
         self.change(&self.q.complete, &binds, &change).await

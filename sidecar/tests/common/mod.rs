@@ -350,7 +350,7 @@ pub const SCOPE: &str = "payments.transfer";
 
 pub fn acq(key: &str) -> AcquireRequest {
     AcquireRequest {
-        key: key.into(),
+        key: idem_core::protocol::OpKey::parse(key).expect("key"),
         param_hash: PARAM.into(),
         subject_hash: SUBJECT.into(),
         scope: SCOPE.into(),

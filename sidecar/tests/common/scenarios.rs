@@ -16,14 +16,14 @@ use super::{acq, new_key, rich_result, settings, simple_result, Fixture};
 async fn acquired(store: &Store, key: &str) -> String {
     let a = store.acquire(&acq(key)).await;
     assert_eq!(a.outcome, AcquireOutcome::Acquired, "{a:?}");
-    a.owner.expect("owner on ACQUIRED")
+    a.owner.expect("owner on ACQUIRED").to_string()
 }
 
 async fn complete(store: &Store, key: &str, owner: &str, state: TerminalState, result: &StoredResult) -> Ack {
     store
         .complete(&CompleteRequest {
-            key: key.into(),
-            owner: owner.into(),
+            key: idem_core::protocol::OpKey::parse(key).expect("key"),
+            owner: idem_core::protocol::OwnerToken::parse(owner).expect("owner"),
             state,
             result: result.clone(),
             trace_id: String::new(),
@@ -33,7 +33,14 @@ async fn complete(store: &Store, key: &str, owner: &str, state: TerminalState, r
 }
 
 async fn release(store: &Store, key: &str, owner: &str) -> Ack {
-    store.release(&ReleaseRequest { key: key.into(), owner: owner.into(), trace_id: String::new() }).await.outcome
+    store
+        .release(&ReleaseRequest {
+            key: idem_core::protocol::OpKey::parse(key).expect("key"),
+            owner: idem_core::protocol::OwnerToken::parse(owner).expect("owner"),
+            trace_id: String::new(),
+        })
+        .await
+        .outcome
 }
 
 /// 200 concurrent acquires of one key, spread over four replicas with their
@@ -61,7 +68,7 @@ pub async fn concurrent_acquires_yield_exactly_one_owner(fx: &Fixture) {
     let mut holders = Vec::new();
     while let Some(r) = tasks.join_next().await {
         let a = r.expect("task");
-        *counts.entry(idemd::store::acquire_name(a.outcome)).or_default() += 1;
+        *counts.entry(a.outcome.as_str()).or_default() += 1;
         match a.outcome {
             AcquireOutcome::Acquired => winner = a.owner,
             AcquireOutcome::InFlight => holders.push(a.owner),
