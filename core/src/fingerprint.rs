@@ -186,21 +186,6 @@ pub enum VerifyError {
     },
 }
 
-impl VerifyError {
-    /// A stable snake_case name for stats and logs.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            VerifyError::TooLong => "too_long",
-            VerifyError::Malformed => "malformed",
-            VerifyError::UnknownKid => "unknown_kid",
-            VerifyError::BadSignature => "bad_signature",
-            VerifyError::SubjectMismatch => "subject_mismatch",
-            VerifyError::ScopeMismatch => "scope_mismatch",
-            VerifyError::ParamMismatch { .. } => "param_mismatch",
-        }
-    }
-}
-
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

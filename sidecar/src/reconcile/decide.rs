@@ -7,7 +7,7 @@ use crate::store::sql::Record;
 
 /// What the status endpoint said about one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lookup {
+pub enum StatusAnswer {
     /// 200: the upstream has a record of this key.
     Found { content_type: Option<String>, body: Vec<u8> },
     /// 404: the upstream has no record of this key.
@@ -166,14 +166,14 @@ impl Reading {
     }
 }
 
-/// The decision and the evidence for the audit trail. `lookup` is `None`
+/// The decision and the evidence for the audit trail. `answer` is `None`
 /// when the row's scope has no status endpoint.
-pub fn decide(rec: &Record, lookup: Option<&Lookup>, now_ms: i64, rules: &Rules) -> (Decision, String) {
-    let Some(lookup) = lookup else {
+pub fn decide(rec: &Record, answer: Option<&StatusAnswer>, now_ms: i64, rules: &Rules) -> (Decision, String) {
+    let Some(answer) = answer else {
         return (Decision::NeedsReview, format!("no status endpoint is configured for scope {}", rec.scope));
     };
-    match lookup {
-        Lookup::Found { content_type, body } => {
+    match answer {
+        StatusAnswer::Found { content_type, body } => {
             let reading = rules.readings.get(&rec.scope).cloned().unwrap_or_default();
             let result = |status: u16| StoredResult {
                 status,
@@ -196,7 +196,7 @@ pub fn decide(rec: &Record, lookup: Option<&Lookup>, now_ms: i64, rules: &Rules)
                 ),
             }
         }
-        Lookup::NotFound => {
+        StatusAnswer::NotFound => {
             let lease_end = rec.lease_until_ms.unwrap_or(rec.updated_at_ms);
             let since = now_ms.saturating_sub(lease_end);
             if since >= i64::try_from(rules.grace_ms).unwrap_or(i64::MAX) {
@@ -217,7 +217,7 @@ pub fn decide(rec: &Record, lookup: Option<&Lookup>, now_ms: i64, rules: &Rules)
                 )
             }
         }
-        Lookup::Failed(what) => retry_or_review(rec, rules, &format!("status lookup failed: {what}")),
+        StatusAnswer::Failed(what) => retry_or_review(rec, rules, &format!("status lookup failed: {what}")),
     }
 }
 
@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn found_is_done_with_the_record_as_the_result() {
         let body = br#"{"transfer_id":"t_1","status":"executed"}"#.to_vec();
-        let l = Lookup::Found { content_type: Some("application/json".into()), body: body.clone() };
+        let l = StatusAnswer::Found { content_type: Some("application/json".into()), body: body.clone() };
         let (d, why) = decide(&rec(0, 0), Some(&l), 10, &rules());
         let Decision::Done(r) = d else { panic!("{d:?}") };
         assert_eq!(r.status, 200);
@@ -273,28 +273,30 @@ mod tests {
 
     #[test]
     fn found_with_status_failed_is_failed() {
-        let l = Lookup::Found { content_type: None, body: br#"{"status":"failed","error":"x"}"#.to_vec() };
+        let l = StatusAnswer::Found { content_type: None, body: br#"{"status":"failed","error":"x"}"#.to_vec() };
         assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "failed");
         // Only the top level counts, and only the exact word.
-        let l =
-            Lookup::Found { content_type: None, body: br#"{"inner":{"status":"failed"},"status":"FAILED"}"#.to_vec() };
+        let l = StatusAnswer::Found {
+            content_type: None,
+            body: br#"{"inner":{"status":"failed"},"status":"FAILED"}"#.to_vec(),
+        };
         assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "done");
-        let l = Lookup::Found { content_type: None, body: b"not json".to_vec() };
+        let l = StatusAnswer::Found { content_type: None, body: b"not json".to_vec() };
         assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "done");
     }
 
     #[test]
     fn not_found_releases_only_after_the_grace() {
         let r = rec(5_000, 0);
-        assert_eq!(decide(&r, Some(&Lookup::NotFound), 5_999, &rules()).0, Decision::SkipGrace);
-        let (d, why) = decide(&r, Some(&Lookup::NotFound), 6_000, &rules());
+        assert_eq!(decide(&r, Some(&StatusAnswer::NotFound), 5_999, &rules()).0, Decision::SkipGrace);
+        let (d, why) = decide(&r, Some(&StatusAnswer::NotFound), 6_000, &rules());
         assert_eq!(d, Decision::Release);
         assert!(why.contains("404 1000 ms after the lease ended"), "{why}");
     }
 
     #[test]
     fn failures_retry_until_the_budget_then_need_review() {
-        let l = Lookup::Failed("answered 500".into());
+        let l = StatusAnswer::Failed("answered 500".into());
         let (d, why) = decide(&rec(0, 0), Some(&l), 10, &rules());
         assert_eq!(d, Decision::Retry);
         assert_eq!(why, "attempt 1 of 3: status lookup failed: answered 500");
@@ -320,7 +322,7 @@ mod tests {
     #[test]
     fn a_declared_reading_decides_and_sets_the_replay_status() {
         let r = declared("pointer=/state;done=EXECUTED|SETTLED;failed=REJECTED;done_status=201;failed_status=422");
-        let found = |body: &str| Lookup::Found { content_type: None, body: body.as_bytes().to_vec() };
+        let found = |body: &str| StatusAnswer::Found { content_type: None, body: body.as_bytes().to_vec() };
         let (d, why) = decide(&rec(0, 0), Some(&found(r#"{"state":"SETTLED"}"#)), 10, &r);
         let Decision::Done(result) = d else { panic!("{d:?}") };
         assert_eq!(result.status, 201);

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::decide::Lookup;
+use super::decide::StatusAnswer;
 use crate::config::reconcile::{StatusEndpoints, KEY_PLACEHOLDER};
 
 /// The largest record accepted: the same bound as a stored result.
@@ -34,24 +34,24 @@ impl StatusClient {
         self.endpoints.get(scope).map(String::as_str)
     }
 
-    pub async fn lookup(&self, template: &str, key: &str) -> Lookup {
+    pub async fn lookup(&self, template: &str, key: &str) -> StatusAnswer {
         let url = template.replace(KEY_PLACEHOLDER, key);
         match tokio::time::timeout(self.timeout, self.fetch(&url, key)).await {
             Ok(l) => l,
-            Err(_) => Lookup::Failed(format!("no answer within {} ms", self.timeout.as_millis())),
+            Err(_) => StatusAnswer::Failed(format!("no answer within {} ms", self.timeout.as_millis())),
         }
     }
 
-    async fn fetch(&self, url: &str, key: &str) -> Lookup {
+    async fn fetch(&self, url: &str, key: &str) -> StatusAnswer {
         let mut resp = match self.http.get(url).header("idempotency-key", key).send().await {
             Ok(r) => r,
-            Err(e) => return Lookup::Failed(format!("request failed: {}", without_url(&e))),
+            Err(e) => return StatusAnswer::Failed(format!("request failed: {}", without_url(&e))),
         };
         let status = resp.status().as_u16();
         match status {
             200 => {}
-            404 => return Lookup::NotFound,
-            other => return Lookup::Failed(format!("answered {other}")),
+            404 => return StatusAnswer::NotFound,
+            other => return StatusAnswer::Failed(format!("answered {other}")),
         }
         let content_type =
             resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -60,12 +60,12 @@ impl StatusClient {
             match resp.chunk().await {
                 Ok(Some(chunk)) => {
                     if body.len() + chunk.len() > MAX_RECORD_BYTES {
-                        return Lookup::Failed(format!("record larger than {MAX_RECORD_BYTES} bytes"));
+                        return StatusAnswer::Failed(format!("record larger than {MAX_RECORD_BYTES} bytes"));
                     }
                     body.extend_from_slice(&chunk);
                 }
-                Ok(None) => return Lookup::Found { content_type, body },
-                Err(e) => return Lookup::Failed(format!("reading the answer failed: {}", without_url(&e))),
+                Ok(None) => return StatusAnswer::Found { content_type, body },
+                Err(e) => return StatusAnswer::Failed(format!("reading the answer failed: {}", without_url(&e))),
             }
         }
     }
