@@ -9,10 +9,13 @@
 //! key at once.
 //!
 //! Unannotated routes stay cheap (DESIGN §9): "not mine" is one property read
-//! of the `role` leaf and no parsing.
+//! of the `role` leaf and no parsing. Where the plugin configuration has route
+//! rules (meshes without route metadata), a route without an annotation is
+//! then matched against them: three header reads and a scan of the rules.
 
 use crate::host::Host;
-use idem_core::policy::{self, RouteDefaults, RoutePolicy, ROUTE_KEYS, ROUTE_NAMESPACE};
+use idem_core::policy::{self, PluginConfig, RouteDefaults, RoutePolicy, ROUTE_KEYS, ROUTE_NAMESPACE};
+use idem_core::route_rules::RouteRules;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -36,8 +39,9 @@ pub struct RouteCache {
 }
 
 impl RouteCache {
-    pub fn lookup(&self, host: &dyn Host, defaults: &RouteDefaults) -> RouteLookup {
-        let Some(role) = leaf_bytes(host, "role") else { return RouteLookup::NotMine };
+    pub fn lookup(&self, host: &dyn Host, config: &PluginConfig) -> RouteLookup {
+        let Some(role) = leaf_bytes(host, "role") else { return by_rule(host, &config.routes) };
+        let defaults = &config.defaults;
         let leaves: Vec<(&str, Option<Vec<u8>>)> = ROUTE_KEYS
             .iter()
             .map(|key| (*key, if *key == "role" { Some(role.clone()) } else { leaf_bytes(host, key) }))
@@ -61,6 +65,18 @@ impl RouteCache {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.borrow().len()
+    }
+}
+
+/// Route metadata wins; without it, the plugin configuration's rules decide.
+fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
+    if rules.is_empty() {
+        return RouteLookup::NotMine;
+    }
+    let header = |name: &str| host.request_header(name).unwrap_or_default();
+    match rules.find(&header(":method"), &header(":authority"), &header(":path")) {
+        Some(rule) => RouteLookup::Guarded(Rc::clone(&rule.policy)),
+        None => RouteLookup::NotMine,
     }
 }
 

@@ -64,7 +64,7 @@ impl<H: Host> Stream<H> {
 
     pub fn on_request_headers(&mut self, end_of_stream: bool) -> Action {
         let cfg = &self.shared.config;
-        let policy = match self.shared.routes.lookup(&self.host, &cfg.defaults) {
+        let policy = match self.shared.routes.lookup(&self.host, cfg) {
             RouteLookup::NotMine => return Action::Continue,
             RouteLookup::Guarded(p) => p,
             RouteLookup::Broken(_) => {

@@ -374,3 +374,44 @@ fn a_broken_annotation_never_runs_unguarded() -> TestResult {
     assert_eq!(s.host().replies.first().map(|r| r.0), Some(503));
     Ok(())
 }
+
+#[test]
+fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
+    let text = r#"{"sidecar_cluster":"idem_sidecar","keys":[{"kid":"k1","secret":"0123456789abcdef0123456789abcdef"}],
+        "active_kid":"k1","subject":{"header":"x-agent-subject"},
+        "routes":[{"name":"confirm","match":{"method":"POST","path":"/v1/transfers"},"role":"confirm","scope":"pay","bind":"/amount"}]}"#;
+    let config = parse_plugin_config(text.as_bytes(), &|_| None)?;
+    let shared = Rc::new(Shared {
+        config: Rc::new(config),
+        metrics: Rc::new(Metrics::default()),
+        routes: RouteCache::default(),
+    });
+    let start = |method: &str, path: &str, annotate: bool| {
+        let mut fake = Fake::default();
+        request(&mut fake, &json!({"amount": 1}), &[(":method", method), (":authority", "pay.example")]);
+        fake.request_headers.retain(|(k, _)| k != ":path");
+        fake.request_headers.push((":path".into(), path.into()));
+        if annotate {
+            fake.annotate(&[("role", "preview"), ("scope", "pay"), ("bind", "/amount")]);
+        }
+        let mut s = Stream::new(Rc::clone(&shared), fake);
+        let action = s.on_request_headers(false);
+        (action, s)
+    };
+    // A rule guards the route: the confirm waits for its body and then wants a fingerprint.
+    let (action, mut s) = start("POST", "/v1/transfers?trace=1", false);
+    assert_eq!(action, Action::Pause);
+    let size = s.host().request_body.len();
+    s.on_request_body(size, true);
+    assert_eq!(s.host().last_reply_json()["status"], "fingerprint_missing");
+    // Other methods and paths pass.
+    assert_eq!(start("GET", "/v1/transfers", false).0, Action::Continue);
+    assert_eq!(start("POST", "/v1/transfers/x", false).0, Action::Continue);
+    // Route metadata wins over a rule: this route is a preview, which needs no fingerprint.
+    let (action, mut s) = start("POST", "/v1/transfers", true);
+    assert_eq!(action, Action::Pause);
+    let size = s.host().request_body.len();
+    assert_eq!(s.on_request_body(size, true), Action::Continue);
+    assert!(s.host().replies.is_empty());
+    Ok(())
+}

@@ -8,6 +8,7 @@ pub mod outcome;
 pub mod policy;
 pub mod protocol;
 pub mod reply;
+pub mod route_rules;
 pub mod utc;
 
 mod json_text;

@@ -70,6 +70,8 @@ pub struct PluginConfig {
     /// The credential every callout to idemd carries (`authorization: Bearer …`);
     /// `None` only for an idemd started with `--insecure-no-auth`.
     pub sidecar_token: Option<Secret>,
+    /// Guarded routes named in the configuration (for routes without metadata).
+    pub routes: crate::route_rules::RouteRules,
 }
 
 /// A secret that never appears in `Debug` output or logs.
@@ -119,6 +121,7 @@ const TOP_FIELDS: &[&str] = &[
     "max_response_bytes",
     "defaults",
     "sidecar_token",
+    "routes",
 ];
 const TOKEN_FIELDS: &[&str] = &["secret", "secret_env"];
 const KEY_FIELDS: &[&str] = &["kid", "secret", "secret_env"];
@@ -151,6 +154,10 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
     let max_response_bytes = top.int("max_response_bytes", BODY_BYTES)?.unwrap_or(1_048_576);
     let defaults = parse_defaults(&top)?;
     let sidecar_token = parse_token(&top, env)?;
+    let routes = match top.get("routes") {
+        Some(v) => crate::route_rules::parse_rules(v, &defaults).map_err(|e| ConfigError(e.0))?,
+        None => crate::route_rules::RouteRules::default(),
+    };
 
     Ok(PluginConfig {
         sidecar_cluster,
@@ -164,6 +171,7 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
         max_response_bytes: usize::try_from(max_response_bytes).unwrap_or(usize::MAX),
         defaults,
         sidecar_token,
+        routes,
     })
 }
 

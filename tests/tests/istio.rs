@@ -56,7 +56,7 @@ fn istio_opts(extra_edits: Vec<(String, String)>) -> Result<StackOpts, BoxError>
 }
 
 #[test]
-#[ignore = "needs route rules in the plugin config"]
+
 fn istio_like_config_validates() -> TestResult {
     set_secret_env();
     let (ok, out) = validate_envoy_config("istio-like.yaml")?;
@@ -65,7 +65,7 @@ fn istio_like_config_validates() -> TestResult {
 }
 
 #[tokio::test]
-#[ignore = "needs route rules in the plugin config"]
+
 async fn preview_confirm_replay_and_tamper_the_istio_way() -> TestResult {
     set_secret_env();
     let stack = Stack::start(istio_opts(Vec::new())?).await?;
@@ -131,7 +131,7 @@ async fn preview_confirm_replay_and_tamper_the_istio_way() -> TestResult {
 /// deploy/ installs the filter with an EnvoyFilter; when this test fails, WasmPlugin works and docs/deploy.md
 /// should switch back.
 #[tokio::test]
-#[ignore = "needs route rules in the plugin config"]
+
 async fn a_wasmplugin_shaped_filter_never_sees_the_body() -> TestResult {
     set_secret_env();
     let line = "                allow_on_headers_stop_iteration: true\n";

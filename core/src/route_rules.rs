@@ -1,0 +1,406 @@
+//! Route rules in the plugin configuration (DESIGN §6), for meshes where a
+//! service owner cannot put metadata on a route (Istio's WasmPlugin selects
+//! workloads, not routes).
+//!
+//! A rule is `{ "name", "match": { "method"?, "host"?, "path" | "prefix" },
+//! ...the route annotation's fields }`. Matching is deliberately small and
+//! exact, so what a rule guards is obvious from reading it: an exact path whose
+//! `{param}` segments match one non-empty segment, or a literal prefix; an
+//! optional method; an optional host (case-insensitive, port ignored). No
+//! regular expressions, no query or header matching.
+//!
+//! Precedence: route metadata, when a route has it, wins; rules apply to routes
+//! without an annotation. Two rules that could match one request are refused
+//! when the configuration loads, naming both, so the answer never depends on
+//! the order of the list.
+
+use crate::policy::{parse_route_policy, LeafValue, PolicyError, RouteDefaults, RoutePolicy, ROUTE_KEYS};
+use serde_json::Value;
+use std::fmt;
+use std::rc::Rc;
+
+/// Far above any real configuration; bounds the per-request scan.
+pub const MAX_RULES: usize = 256;
+const MAX_PATH_LEN: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRule {
+    pub name: String,
+    pub matcher: RouteMatch,
+    pub policy: Rc<RoutePolicy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteMatch {
+    /// Uppercase; `None` matches any method.
+    pub method: Option<String>,
+    /// Lowercase, without a port; `None` matches any host.
+    pub host: Option<String>,
+    pub path: PathMatch,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    /// `/v1/transfers/{id}`: segment by segment.
+    Exact(Vec<Segment>),
+    /// A literal prefix of the path, as Envoy's `prefix` match.
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Literal(String),
+    /// `{name}`: one non-empty segment.
+    Param,
+}
+
+/// The rules of one plugin configuration, checked for overlaps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteRules {
+    rules: Vec<RouteRule>,
+}
+
+impl RouteRules {
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// The rule for a request: `:method`, `:authority` and `:path` (the query
+    /// string is ignored).
+    pub fn find(&self, method: &str, authority: &str, path: &str) -> Option<&RouteRule> {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let host = strip_port(authority);
+        self.rules.iter().find(|r| r.matcher.matches(method, host, path))
+    }
+}
+
+impl RouteMatch {
+    fn matches(&self, method: &str, host: &str, path: &str) -> bool {
+        self.method.as_deref().is_none_or(|m| m == method)
+            && self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
+            && match &self.path {
+                PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+                PathMatch::Exact(want) => {
+                    let mut got = path.split('/');
+                    let mut want = want.iter();
+                    loop {
+                        match (got.next(), want.next()) {
+                            (None, None) => break true,
+                            (Some(g), Some(Segment::Literal(w))) if g == w => {}
+                            (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
+                            _ => break false,
+                        }
+                    }
+                }
+            }
+    }
+
+    /// Could one request match both? Conservative: a method or host left open
+    /// overlaps with any; a parameter overlaps with any literal.
+    fn overlaps(&self, other: &RouteMatch) -> bool {
+        let method = match (&self.method, &other.method) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        let host = match (&self.host, &other.host) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        method && host && paths_overlap(&self.path, &other.path)
+    }
+}
+
+fn paths_overlap(a: &PathMatch, b: &PathMatch) -> bool {
+    match (a, b) {
+        (PathMatch::Prefix(x), PathMatch::Prefix(y)) => x.starts_with(y.as_str()) || y.starts_with(x.as_str()),
+        (PathMatch::Exact(segments), PathMatch::Prefix(prefix))
+        | (PathMatch::Prefix(prefix), PathMatch::Exact(segments)) => {
+            // The most literal path the template allows: does the prefix admit it, or can a parameter?
+            let mut text = String::new();
+            for (i, s) in segments.iter().enumerate() {
+                if i > 0 {
+                    text.push('/');
+                }
+                match s {
+                    Segment::Literal(l) => text.push_str(l),
+                    // A parameter can be anything: if the prefix reaches into it, they may overlap.
+                    Segment::Param => {
+                        return prefix.len() > text.len()
+                            || prefix.starts_with(text.as_str())
+                            || text.starts_with(prefix.as_str())
+                    }
+                }
+            }
+            text.starts_with(prefix.as_str())
+        }
+        (PathMatch::Exact(x), PathMatch::Exact(y)) => {
+            x.len() == y.len()
+                && x.iter().zip(y).all(|(p, q)| match (p, q) {
+                    (Segment::Literal(l), Segment::Literal(m)) => l == m,
+                    _ => true,
+                })
+        }
+    }
+}
+
+fn strip_port(authority: &str) -> &str {
+    if authority.starts_with('[') {
+        // [v6]:port
+        return authority.split_once(']').map_or(authority, |(h, _)| h.strip_prefix('[').unwrap_or(h));
+    }
+    authority.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(authority, |(h, _)| h)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleError(pub String);
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+const RULE_FIELDS: &[&str] = &["name", "match"];
+const MATCH_FIELDS: &[&str] = &["method", "host", "path", "prefix"];
+
+/// The `routes` array of a plugin configuration. Every message names the rule
+/// (by index and name) and the field.
+pub fn parse_rules(value: &Value, defaults: &RouteDefaults) -> Result<RouteRules, RuleError> {
+    let Value::Array(items) = value else {
+        return Err(RuleError("routes: expected an array of rules".into()));
+    };
+    if items.len() > MAX_RULES {
+        return Err(RuleError(format!("routes: more than {MAX_RULES} rules")));
+    }
+    let mut rules: Vec<RouteRule> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let rule = parse_rule(i, item, defaults)?;
+        if let Some(other) = rules.iter().find(|r| r.name == rule.name) {
+            return Err(RuleError(format!("routes[{i}] ({}): the name is already used by another rule", other.name)));
+        }
+        if let Some(other) = rules.iter().find(|r| r.matcher.overlaps(&rule.matcher)) {
+            return Err(RuleError(format!(
+                "routes[{i}] ({}): matches requests that rule {} matches too; make their paths, methods or hosts disjoint",
+                rule.name, other.name
+            )));
+        }
+        rules.push(rule);
+    }
+    Ok(RouteRules { rules })
+}
+
+fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteRule, RuleError> {
+    let Value::Object(map) = item else {
+        return Err(RuleError(format!("routes[{i}]: expected an object")));
+    };
+    let name = match map.get("name") {
+        Some(Value::String(n)) if !n.is_empty() && n.len() <= 128 && !n.chars().any(char::is_control) => n.clone(),
+        _ => return Err(RuleError(format!("routes[{i}].name: required, 1 to 128 printable characters"))),
+    };
+    let at = |field: &str| format!("routes[{i}] ({name}).{field}");
+    if let Some(unknown) = map.keys().find(|k| !RULE_FIELDS.contains(&k.as_str()) && !ROUTE_KEYS.contains(&k.as_str()))
+    {
+        return Err(RuleError(format!(
+            "{}: unknown field (expected name, match, or an annotation field: {})",
+            at(unknown),
+            ROUTE_KEYS.join(", ")
+        )));
+    }
+    let matcher = parse_match(map.get("match"), &at)?;
+    let get = |key: &str| match map.get(key)? {
+        Value::String(s) => Some(LeafValue::Str(s.clone())),
+        Value::Number(n) => n.as_f64().map(LeafValue::Num),
+        // Anything else reaches the parser as text it will refuse, naming the field.
+        other => Some(LeafValue::Str(other.to_string())),
+    };
+    let policy = match parse_route_policy(&get, defaults) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Err(RuleError(format!("{}: required (preview, confirm or status)", at("role")))),
+        Err(PolicyError(e)) => return Err(RuleError(format!("routes[{i}] ({name}).{e}"))),
+    };
+    Ok(RouteRule { name, matcher, policy: Rc::new(policy) })
+}
+
+fn parse_match(value: Option<&Value>, at: &dyn Fn(&str) -> String) -> Result<RouteMatch, RuleError> {
+    let Some(Value::Object(m)) = value else {
+        return Err(RuleError(format!("{}: required, an object with path or prefix", at("match"))));
+    };
+    if let Some(unknown) = m.keys().find(|k| !MATCH_FIELDS.contains(&k.as_str())) {
+        return Err(RuleError(format!(
+            "{}: unknown field (expected one of: {})",
+            at(&format!("match.{unknown}")),
+            MATCH_FIELDS.join(", ")
+        )));
+    }
+    let text = |field: &str| -> Result<Option<String>, RuleError> {
+        match m.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_PATH_LEN => Ok(Some(s.clone())),
+            Some(_) => Err(RuleError(format!("{}: expected a non-empty string", at(&format!("match.{field}"))))),
+        }
+    };
+    let method = match text("method")? {
+        Some(m) if m.bytes().all(|b| b.is_ascii_alphabetic()) => Some(m.to_ascii_uppercase()),
+        Some(m) => return Err(RuleError(format!("{}: {m:?} is not an HTTP method", at("match.method")))),
+        None => None,
+    };
+    let host = match text("host")? {
+        Some(h) if h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-')) => {
+            Some(h.to_ascii_lowercase())
+        }
+        Some(h) => {
+            return Err(RuleError(format!("{}: {h:?}: an exact host name (no port, no wildcard)", at("match.host"))))
+        }
+        None => None,
+    };
+    let path = match (text("path")?, text("prefix")?) {
+        (Some(p), None) => {
+            PathMatch::Exact(parse_template(&p).map_err(|why| RuleError(format!("{}: {why}", at("match.path"))))?)
+        }
+        (None, Some(p)) if p.starts_with('/') => PathMatch::Prefix(p),
+        (None, Some(p)) => return Err(RuleError(format!("{}: {p:?} must start with /", at("match.prefix")))),
+        _ => return Err(RuleError(format!("{}: exactly one of path or prefix is required", at("match")))),
+    };
+    Ok(RouteMatch { method, host, path })
+}
+
+fn parse_template(path: &str) -> Result<Vec<Segment>, String> {
+    if !path.starts_with('/') {
+        return Err(format!("{path:?} must start with /"));
+    }
+    if path.contains(['?', '#']) {
+        return Err(format!("{path:?}: query strings and fragments are never matched"));
+    }
+    path.split('/')
+        .map(|s| {
+            if let Some(inner) = s.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
+                if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                    return Err(format!("{{{inner}}}: a parameter is {{name}} with letters, digits or _"));
+                }
+                Ok(Segment::Param)
+            } else if s.contains(['{', '}', '*']) {
+                Err(format!("segment {s:?}: only whole-segment {{name}} parameters; no wildcards"))
+            } else {
+                Ok(Segment::Literal(s.to_string()))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Role;
+    use serde_json::json;
+
+    fn rules(v: Value) -> Result<RouteRules, RuleError> {
+        parse_rules(&v, &RouteDefaults::default())
+    }
+
+    fn rule(name: &str, m: Value, role: &str) -> Value {
+        json!({"name": name, "match": m, "role": role, "scope": "pay", "bind": "/amount", "lease_ms": 60000})
+    }
+
+    #[test]
+    fn exact_paths_parameters_prefixes_methods_and_hosts() -> Result<(), RuleError> {
+        let r = rules(json!([
+            rule("confirm", json!({"method": "post", "path": "/v1/transfers"}), "confirm"),
+            rule("by_id", json!({"path": "/v1/accounts/{id}/pay"}), "confirm"),
+            rule("status", json!({"prefix": "/v1/status/", "host": "Pay.Example.com"}), "status"),
+        ]))?;
+        assert_eq!(r.len(), 3);
+        let name = |m: &str, h: &str, p: &str| r.find(m, h, p).map(|x| x.name.clone());
+        assert_eq!(name("POST", "any", "/v1/transfers?x=1").as_deref(), Some("confirm"));
+        assert_eq!(name("GET", "any", "/v1/transfers"), None, "method");
+        assert_eq!(name("POST", "any", "/v1/transfers/"), None, "exact means exact");
+        assert_eq!(name("PUT", "h", "/v1/accounts/a-1/pay").as_deref(), Some("by_id"));
+        assert_eq!(name("PUT", "h", "/v1/accounts//pay"), None, "a parameter is non-empty");
+        assert_eq!(name("PUT", "h", "/v1/accounts/a/b/pay"), None, "one segment");
+        assert_eq!(name("GET", "pay.example.com:8443", "/v1/status/x").as_deref(), Some("status"));
+        assert_eq!(name("GET", "other.example.com", "/v1/status/x"), None);
+        let hit = r.find("POST", "h", "/v1/transfers").map(|x| x.policy.role);
+        assert_eq!(hit, Some(Role::Confirm));
+        let lease = r.find("POST", "h", "/v1/transfers").map(|x| x.policy.lease_ms);
+        assert_eq!(lease, Some(60_000), "numbers arrive as JSON numbers");
+        Ok(())
+    }
+
+    #[test]
+    fn overlapping_rules_are_refused_at_load_naming_both() {
+        let cases = [
+            (json!({"path": "/a/{x}"}), json!({"path": "/a/b"})),
+            (json!({"prefix": "/a/"}), json!({"path": "/a/b"})),
+            (json!({"prefix": "/a"}), json!({"prefix": "/a/b"})),
+            (json!({"path": "/a/b", "method": "POST"}), json!({"path": "/a/b"})),
+            (json!({"path": "/a/{x}/c"}), json!({"prefix": "/a/zz"})),
+        ];
+        for (a, b) in cases {
+            let got = rules(json!([rule("first", a.clone(), "confirm"), rule("second", b.clone(), "preview")]));
+            let msg = got.map(|_| String::new()).unwrap_or_else(|e| e.0);
+            assert!(
+                msg.starts_with("routes[1] (second): matches requests that rule first matches too"),
+                "{a} {b}: {msg}"
+            );
+        }
+        let disjoint = [
+            (json!({"path": "/a/b", "method": "POST"}), json!({"path": "/a/b", "method": "GET"})),
+            (json!({"path": "/a/b", "host": "x.example"}), json!({"path": "/a/b", "host": "y.example"})),
+            (json!({"prefix": "/a/"}), json!({"prefix": "/b/"})),
+            (json!({"path": "/a/{x}"}), json!({"path": "/a/{x}/c"})),
+        ];
+        for (a, b) in disjoint {
+            assert!(
+                rules(json!([rule("first", a.clone(), "confirm"), rule("second", b.clone(), "preview")])).is_ok(),
+                "{a} {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_rules_name_the_rule_and_the_field() {
+        let cases = [
+            (json!({"match": {"path": "/x"}, "role": "confirm"}), "routes[0].name: required"),
+            (json!({"name": "r", "role": "confirm", "scope": "s", "bind": "/a"}), "routes[0] (r).match: required"),
+            (
+                json!({"name": "r", "match": {"path": "/x", "prefix": "/y"}, "role": "confirm"}),
+                "routes[0] (r).match: exactly one of",
+            ),
+            (json!({"name": "r", "match": {"path": "x"}}), "routes[0] (r).match.path: \"x\" must start with /"),
+            (json!({"name": "r", "match": {"path": "/x/*"}}), "routes[0] (r).match.path: segment \"*\""),
+            (json!({"name": "r", "match": {"path": "/x?a=1"}}), "routes[0] (r).match.path: \"/x?a=1\": query"),
+            (json!({"name": "r", "match": {"regex": "/x"}}), "routes[0] (r).match.regex: unknown field"),
+            (json!({"name": "r", "match": {"host": "*.x.com", "path": "/x"}}), "routes[0] (r).match.host"),
+            (
+                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "scope": "s"}),
+                "routes[0] (r).bind: required",
+            ),
+            (json!({"name": "r", "match": {"path": "/x"}, "scope": "s"}), "routes[0] (r).role: required"),
+            (
+                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "scope": "s", "bind": "/a", "lease_ms": 5}),
+                "routes[0] (r).lease_ms: expected an integer",
+            ),
+            (
+                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "scope": "s", "bind": "/a", "colour": 1}),
+                "routes[0] (r).colour: unknown field",
+            ),
+        ];
+        for (r, want) in cases {
+            let got = rules(json!([r.clone()])).map(|_| String::new()).unwrap_or_else(|e| e.0);
+            assert!(got.starts_with(want), "{r}: want {want:?}, got {got:?}");
+        }
+        let dup =
+            rules(json!([rule("r", json!({"path": "/a"}), "confirm"), rule("r", json!({"path": "/b"}), "confirm")]));
+        assert!(dup.is_err());
+    }
+
+    #[test]
+    fn ports_are_ignored_in_hosts() {
+        assert_eq!(strip_port("pay.example.com:8080"), "pay.example.com");
+        assert_eq!(strip_port("pay.example.com"), "pay.example.com");
+        assert_eq!(strip_port("[::1]:80"), "::1");
+    }
+}
