@@ -1,6 +1,7 @@
 //! HTTP endpoints of the transfers service, including the fault injection
 //! the end-to-end tests use to make it misbehave on purpose.
 
+use crate::mcp;
 use crate::server::Hangup;
 use crate::store::{Inserted, NewRecord, Store};
 use crate::transfer::{self, TransferRequest};
@@ -20,23 +21,31 @@ pub struct Config {
     pub dedup: bool,
     /// Honour the `x-demo-*` fault headers (`--faults`).
     pub faults: bool,
+    /// Serve the MCP endpoints (`crate::mcp`; off: `--no-mcp`).
+    pub mcp: bool,
 }
 
+/// What every handler, REST or MCP, works on.
 #[derive(Clone)]
-struct App {
-    store: Store,
-    config: Arc<Config>,
+pub(crate) struct App {
+    pub(crate) store: Store,
+    pub(crate) config: Arc<Config>,
 }
 
 pub fn router(store: Store, config: Config) -> Router {
     let app = App { store, config: Arc::new(config) };
-    Router::new()
+    let rest = Router::new()
         .route("/healthz", get(|| async { Json(json!({ "ok": true })) }))
         .route("/v1/transfers/preview", post(preview))
         .route("/v1/transfers", post(confirm))
         .route("/v1/transfers/by-key/{idempotency_key}", get(by_key))
         .route("/v1/executions", get(executions))
-        .with_state(app)
+        .with_state(app.clone());
+    if app.config.mcp {
+        rest.merge(mcp::router(app))
+    } else {
+        rest
+    }
 }
 
 async fn preview(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
@@ -45,24 +54,39 @@ async fn preview(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Res
     if let Some(status) = faults.fail {
         return injected_failure(status);
     }
-    let req = match TransferRequest::parse(&body) {
-        Ok(req) => req,
-        Err(detail) => return invalid_request(detail),
-    };
-    let quote = json!({
+    match TransferRequest::parse(&body) {
+        Ok(req) => (StatusCode::OK, Json(quote(&req))).into_response(),
+        Err(detail) => invalid_request(detail),
+    }
+}
+
+/// The quote a preview answers (REST body, MCP `structuredContent`).
+pub(crate) fn quote(req: &TransferRequest) -> Value {
+    json!({
         "quote_id": transfer::new_id("q_"),
         "amount": req.amount,
         "currency": req.currency,
         "payee_id": req.payee_id,
         "fee": transfer::FEE,
         "expires_at": transfer::unix_now() + transfer::QUOTE_TTL_SECS,
-    });
-    (StatusCode::OK, Json(quote)).into_response()
+    })
 }
 
-/// What a confirm ends in: an answer, or a connection dropped without one.
-enum Outcome {
-    Reply(Response),
+/// What a confirm ends in, whichever protocol asked for it (REST
+/// `POST /v1/transfers` or the MCP tool `execute_transfer`).
+pub(crate) enum Confirmed {
+    /// The transfer record as JSON text: this request's execution, or the
+    /// first execution's record replayed byte for byte.
+    Record(String),
+    /// No `Idempotency-Key`: refused, nothing executed.
+    KeyRequired,
+    /// `x-demo-fail`: refused with this status, nothing executed.
+    Injected(StatusCode),
+    /// The request does not parse or validate (the detail says why).
+    Invalid(String),
+    /// Over `transfer::LIMIT`: a definite refusal.
+    LimitExceeded,
+    /// `x-demo-reset: first` on the first attempt: drop the connection.
     Reset,
 }
 
@@ -72,34 +96,48 @@ async fn confirm(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    // Run detached: a real service keeps executing after the caller (Envoy,
-    // on a timeout) hangs up, and the gateway's in-flight handling is
-    // tested against exactly that.
-    match tokio::spawn(confirm_detached(app, headers, body)).await {
-        Ok(Outcome::Reply(response)) => response,
-        Ok(Outcome::Reset) => {
+    let confirmed = match execute_detached(app, headers, body).await {
+        Ok(confirmed) => confirmed,
+        Err(()) => return internal_error(),
+    };
+    match confirmed {
+        Confirmed::Record(body) => raw_json(StatusCode::CREATED, body),
+        Confirmed::KeyRequired => {
+            (StatusCode::PRECONDITION_REQUIRED, Json(json!({ "error": "idempotency_key_required" }))).into_response()
+        }
+        Confirmed::Injected(status) => injected_failure(status),
+        Confirmed::Invalid(detail) => invalid_request(detail),
+        Confirmed::LimitExceeded => {
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({ "error": "limit_exceeded" }))).into_response()
+        }
+        Confirmed::Reset => {
             hangup.reset();
             // Never answer: the connection task drops the socket instead.
             std::future::pending().await
         }
+    }
+}
+
+/// Runs a confirm detached from the caller: a real service keeps executing
+/// after the caller (Envoy, on a timeout) hangs up, and the gateway's
+/// in-flight handling is tested against exactly that. `Err` is an internal
+/// error, already logged.
+pub(crate) async fn execute_detached(app: App, headers: HeaderMap, body: Bytes) -> Result<Confirmed, ()> {
+    let task = tokio::spawn(async move { execute(&app, &headers, &body).await });
+    match task.await {
+        Ok(Ok(confirmed)) => Ok(confirmed),
+        Ok(Err(e)) => {
+            error!(error = %e, "database error");
+            Err(())
+        }
         Err(e) => {
             error!(error = %e, "confirm task failed");
-            internal_error()
+            Err(())
         }
     }
 }
 
-async fn confirm_detached(app: App, headers: HeaderMap, body: Bytes) -> Outcome {
-    match try_confirm(&app, &headers, &body).await {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            error!(error = %e, "database error");
-            Outcome::Reply(internal_error())
-        }
-    }
-}
-
-async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outcome, sqlx::Error> {
+async fn execute(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Confirmed, sqlx::Error> {
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
     let now = transfer::unix_now() as i64;
     let attempt = app.store.count_attempt(key, now).await?;
@@ -110,22 +148,22 @@ async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outc
     // Without a key, anyone reaching the service around the gateway could
     // execute the same transfer twice.
     let Some(key) = key else {
-        return Ok(reply(StatusCode::PRECONDITION_REQUIRED, json!({ "error": "idempotency_key_required" })));
+        return Ok(Confirmed::KeyRequired);
     };
     if let Some(status) = faults.fail {
-        return Ok(Outcome::Reply(injected_failure(status)));
+        return Ok(Confirmed::Injected(status));
     }
     if faults.reset_first && attempt == 1 {
         warn!(key, "fault: resetting the connection on the first attempt");
-        return Ok(Outcome::Reset);
+        return Ok(Confirmed::Reset);
     }
 
     let req = match TransferRequest::parse(body) {
         Ok(req) => req,
-        Err(detail) => return Ok(Outcome::Reply(invalid_request(detail))),
+        Err(detail) => return Ok(Confirmed::Invalid(detail)),
     };
     if req.over_limit() {
-        return Ok(reply(StatusCode::UNPROCESSABLE_ENTITY, json!({ "error": "limit_exceeded" })));
+        return Ok(Confirmed::LimitExceeded);
     }
 
     let transfer_id = transfer::new_id("t_");
@@ -173,7 +211,7 @@ async fn try_confirm(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Outc
         warn!(key, "fault: exiting after commit, before answering");
         std::process::exit(0);
     }
-    Ok(Outcome::Reply(raw_json(StatusCode::CREATED, body)))
+    Ok(Confirmed::Record(body))
 }
 
 async fn by_key(State(app): State<App>, Path(key): Path<String>) -> Response {
@@ -199,15 +237,15 @@ async fn executions(State(app): State<App>) -> Response {
 
 /// The `x-demo-*` request headers; all off unless the service runs with `--faults`.
 #[derive(Default)]
-struct Faults {
-    delay: Option<Duration>,
-    fail: Option<StatusCode>,
+pub(crate) struct Faults {
+    pub(crate) delay: Option<Duration>,
+    pub(crate) fail: Option<StatusCode>,
     crash_after_commit: bool,
     reset_first: bool,
 }
 
 impl Faults {
-    fn read(headers: &HeaderMap, enabled: bool) -> Faults {
+    pub(crate) fn read(headers: &HeaderMap, enabled: bool) -> Faults {
         if !enabled {
             return Faults::default();
         }
@@ -225,15 +263,11 @@ impl Faults {
         }
     }
 
-    async fn delay(&self) {
+    pub(crate) async fn delay(&self) {
         if let Some(delay) = self.delay {
             tokio::time::sleep(delay).await;
         }
     }
-}
-
-fn reply(status: StatusCode, body: Value) -> Outcome {
-    Outcome::Reply((status, Json(body)).into_response())
 }
 
 /// A stored body goes back byte for byte, so a replay equals the original.
@@ -246,7 +280,7 @@ fn invalid_request(detail: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
-fn injected_failure(status: StatusCode) -> Response {
+pub(crate) fn injected_failure(status: StatusCode) -> Response {
     (status, Json(json!({ "error": "injected_failure" }))).into_response()
 }
 

@@ -2,6 +2,7 @@
 //! walkthrough and the end-to-end tests. See `api` for the endpoints.
 
 mod api;
+mod mcp;
 mod server;
 mod store;
 mod transfer;
@@ -31,6 +32,10 @@ struct Cli {
     /// Honour the x-demo-* fault injection headers.
     #[arg(long, env = "DEMO_FAULTS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     faults: bool,
+
+    /// Do not serve the MCP endpoints (`/mcp`, `/mcp/sse`, `/mcp/session`).
+    #[arg(long, env = "DEMO_NO_MCP", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    no_mcp: bool,
 }
 
 #[tokio::main]
@@ -43,10 +48,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
 
     let store = store::Store::open(&cli.db).await?;
-    let router = api::router(store, api::Config { dedup: !cli.no_dedup, faults: cli.faults });
+    let router = api::router(store, api::Config { dedup: !cli.no_dedup, faults: cli.faults, mcp: !cli.no_mcp });
     let listener = TcpListener::bind(&cli.listen).await?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, db = %cli.db, dedup = !cli.no_dedup, faults = cli.faults, "started");
+    tracing::info!(%addr, db = %cli.db, dedup = !cli.no_dedup, faults = cli.faults, mcp = !cli.no_mcp, "started");
     // Scripts and tests wait for this exact line.
     let mut stdout = std::io::stdout();
     writeln!(stdout, "demo listening on {addr}")?;
