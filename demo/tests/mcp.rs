@@ -408,6 +408,20 @@ async fn wire_refusals_before_the_tool() {
     let (status, head, _) = post(&demo, "/mcp", &[("MCP-Protocol-Version", "1999-01-01")], &call).await;
     assert_eq!(status, 400);
     assert!(head.get("content-type").is_none_or(|v| v != "application/json"));
+    for (content_type, body) in [("text/plain", call.to_string()), ("application/json", "not json".to_string())] {
+        let resp = demo
+            .client
+            .post(demo.url("/mcp"))
+            .header("content-type", content_type)
+            .header("accept", ACCEPT_BOTH)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 415, "{content_type}");
+    }
+    let notification = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" });
+    assert_eq!(post(&demo, "/mcp", &[], &notification).await.0, 202);
     let resp = demo.client.get(demo.url("/mcp")).header("accept", ACCEPT_BOTH).send().await.unwrap();
     assert_eq!((resp.status().as_u16(), resp.headers()["allow"].to_str().unwrap()), (405, "POST"));
     // An unknown tool is a JSON-RPC error, not a tool result.
@@ -635,6 +649,34 @@ async fn delay_holds_the_answer() {
         assert_eq!(status, 200, "{body}");
         assert!(started.elapsed() >= Duration::from_millis(400), "{path}: {:?}", started.elapsed());
     }
+}
+
+#[tokio::test]
+async fn a_caller_that_hangs_up_does_not_stop_the_execution() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    for (path, key) in [("/mcp", "late-json"), ("/mcp/sse", "late-sse")] {
+        let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
+        let request = impatient
+            .post(demo.url(path))
+            .header("content-type", "application/json")
+            .header("accept", ACCEPT_BOTH)
+            .header("Idempotency-Key", key)
+            .header("x-demo-delay-ms", "400")
+            .body(tools_call(1, "execute_transfer", transfer()).to_string());
+        // On SSE the 200 and its headers come at once, before the tool has run:
+        // only the body waits.
+        let head = request.send().await;
+        if path == "/mcp/sse" {
+            let head = head.unwrap();
+            assert_eq!((head.status().as_u16(), content_type(head.headers())), (200, "text/event-stream"));
+            assert!(head.text().await.unwrap_err().is_timeout());
+        } else {
+            assert!(head.unwrap_err().is_timeout());
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(demo.executions().await["by_key"], json!({ "late-json": 1, "late-sse": 1 }));
 }
 
 #[tokio::test]
