@@ -14,7 +14,7 @@ use crate::routes::RouteLookup;
 use crate::sidecar;
 use idem_core::machine::{
     self, CalloutAnswer, Counter, Ctx, Effect, Flow, Machine, Outcome, RequestHead, ResponseHead, Step,
-    FINGERPRINT_HEADER,
+    FINGERPRINT_HEADER, IDEMPOTENCY_KEY_HEADER,
 };
 use idem_core::policy::SubjectSource;
 use std::rc::Rc;
@@ -149,6 +149,8 @@ impl<H: Host> Stream<H> {
             content_length: self.host.request_header("content-length").and_then(|l| l.parse().ok()),
             fingerprint: self.host.request_header(FINGERPRINT_HEADER),
             path: self.host.request_header(":path").unwrap_or_default(),
+            method: self.host.request_header(":method").unwrap_or_default(),
+            idempotency_key: self.host.request_header(IDEMPOTENCY_KEY_HEADER),
         }
     }
 

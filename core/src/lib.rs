@@ -2,6 +2,7 @@
 //! clock: the host glue passes bytes, time and randomness in.
 
 pub mod canonical;
+pub mod client_key;
 pub mod fingerprint;
 pub mod machine;
 pub mod outcome;

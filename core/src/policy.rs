@@ -355,6 +355,8 @@ pub const ROUTE_KEYS: &[&str] = &[
     "result_ref",
     "outcomes",
     "replay",
+    "client_keys",
+    "callers",
 ];
 
 const MAX_SCOPE_LEN: usize = 128;
@@ -367,6 +369,8 @@ pub enum Role {
     Preview,
     Confirm,
     Status,
+    /// Client-key mode: the caller's own `Idempotency-Key` (IETF draft), no fingerprint.
+    Idempotent,
 }
 
 impl Role {
@@ -375,6 +379,7 @@ impl Role {
             Role::Preview => "preview",
             Role::Confirm => "confirm",
             Role::Status => "status",
+            Role::Idempotent => "idempotent",
         }
     }
 }
@@ -424,6 +429,18 @@ pub struct RoutePolicy {
     /// The route's readings of upstream statuses, e.g. `409:failed` (core::outcome).
     pub outcomes: Vec<(u16, crate::outcome::Outcome)>,
     pub replay: ReplayMode,
+    /// Requests may name their operation with their own `Idempotency-Key`
+    /// (client-key mode) instead of a fingerprint.
+    pub client_keys: bool,
+    /// Who reads this route's refusals: models (the DESIGN §7 envelope) or
+    /// programs (RFC 9457 problem+json, 409 while in flight).
+    pub callers: Callers,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Callers {
+    Agents,
+    Programs,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -452,9 +469,10 @@ pub fn parse_route_policy(
             "preview" => Role::Preview,
             "confirm" => Role::Confirm,
             "status" => Role::Status,
-            other => return perr(format!("role: {other:?} is not one of preview, confirm, status")),
+            "idempotent" => Role::Idempotent,
+            other => return perr(format!("role: {other:?} is not one of preview, confirm, status, idempotent")),
         },
-        Some(LeafValue::Num(_)) => return perr("role: expected a string (preview, confirm or status)"),
+        Some(LeafValue::Num(_)) => return perr("role: expected a string (preview, confirm, status or idempotent)"),
     };
 
     let scope = leaf_string(get, "scope")?.ok_or_else(|| PolicyError("scope: required".into()))?;
@@ -468,7 +486,7 @@ pub fn parse_route_policy(
         Some(text) => parse_bind(&text)?,
         None => Vec::new(),
     };
-    if bound.is_empty() && role != Role::Status {
+    if bound.is_empty() && matches!(role, Role::Preview | Role::Confirm) {
         return perr(format!(
             "bind: required for role {}: list the JSON pointers of the fields that decide the outcome (amount, currency, payee)",
             role.as_str()
@@ -497,6 +515,22 @@ pub fn parse_route_policy(
         Some("original") => ReplayMode::Original,
         Some(other) => return perr(format!("replay: {other:?} is not one of envelope, original")),
     };
+    let client_keys = match leaf_string(get, "client_keys")?.as_deref() {
+        None | Some("false") => role == Role::Idempotent,
+        Some("true") if matches!(role, Role::Confirm | Role::Status | Role::Idempotent) => true,
+        Some("true") => return perr(format!("client_keys: not for role {}", role.as_str())),
+        Some(other) => return perr(format!("client_keys: {other:?} is not true or false")),
+    };
+    if role == Role::Idempotent && !client_keys {
+        return perr("client_keys: role idempotent always takes the caller's Idempotency-Key");
+    }
+    let callers = match leaf_string(get, "callers")?.as_deref() {
+        None if role == Role::Idempotent => Callers::Programs,
+        None => Callers::Agents,
+        Some("agents") => Callers::Agents,
+        Some("programs") => Callers::Programs,
+        Some(other) => return perr(format!("callers: {other:?} is not one of agents, programs")),
+    };
 
     Ok(Some(RoutePolicy {
         role,
@@ -509,6 +543,8 @@ pub fn parse_route_policy(
         result_ref,
         outcomes,
         replay,
+        client_keys,
+        callers,
     }))
 }
 
@@ -784,6 +820,8 @@ mod tests {
             result_ref: Some("/transfer_id".into()),
             outcomes: vec![(409, crate::outcome::Outcome::Failed)],
             replay: ReplayMode::Original,
+            client_keys: false,
+            callers: Callers::Agents,
         };
         assert_eq!(p, Some(want));
         Ok(())

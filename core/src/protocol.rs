@@ -167,6 +167,32 @@ pub struct AcquireRequest {
     /// The filter's trace id: logged with the call and kept in the audit trail.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trace_id: String,
+    /// How the caller named the operation (a metrics label).
+    #[serde(default, skip_serializing_if = "KeyMode::is_fingerprint")]
+    pub mode: KeyMode,
+}
+
+/// How an operation was named: a server-issued fingerprint, or the caller's
+/// own `Idempotency-Key` (client-key mode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyMode {
+    #[default]
+    Fingerprint,
+    ClientKey,
+}
+
+impl KeyMode {
+    pub fn is_fingerprint(&self) -> bool {
+        *self == KeyMode::Fingerprint
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyMode::Fingerprint => "fingerprint",
+            KeyMode::ClientKey => "client_key",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

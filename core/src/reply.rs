@@ -45,10 +45,14 @@ pub enum ReplyKind {
     InvalidJson,
     /// 400: a bound field has the wrong type or an out-of-range number; `detail` names it.
     InvalidField,
+    /// 400: client-key mode and no `Idempotency-Key` (nor a fingerprint).
+    KeyMissing,
+    /// 400: the `Idempotency-Key` is not one valid key; `detail` says why.
+    KeyInvalid,
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 17] = [
+    pub const ALL: [ReplyKind; 19] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -66,6 +70,8 @@ impl ReplyKind {
         ReplyKind::BodyTooLarge,
         ReplyKind::InvalidJson,
         ReplyKind::InvalidField,
+        ReplyKind::KeyMissing,
+        ReplyKind::KeyInvalid,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -86,6 +92,8 @@ impl ReplyKind {
             ReplyKind::BodyTooLarge => "body_too_large",
             ReplyKind::InvalidJson => "invalid_json",
             ReplyKind::InvalidField => "invalid_field",
+            ReplyKind::KeyMissing => "idempotency_key_missing",
+            ReplyKind::KeyInvalid => "idempotency_key_invalid",
         }
     }
 }
@@ -223,9 +231,64 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
         ReplyKind::Forbidden => 403,
         ReplyKind::SubjectMissing => 401,
         ReplyKind::BodyTooLarge => 413,
-        ReplyKind::InvalidJson | ReplyKind::InvalidField => 400,
+        ReplyKind::InvalidJson | ReplyKind::InvalidField | ReplyKind::KeyMissing | ReplyKind::KeyInvalid => 400,
     }
 }
+
+/// An RFC 9457 problem for callers that are programs (client-key mode with
+/// `callers: programs`): the status the IETF draft names, a stable `type` per
+/// case, and `Retry-After` where waiting helps.
+pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
+    let (status, slug, title) = match kind {
+        ReplyKind::KeyMissing => (400, "idempotency-key-missing", "This operation requires an Idempotency-Key header"),
+        ReplyKind::KeyInvalid => (400, "idempotency-key-invalid", "The Idempotency-Key header is not one valid key"),
+        ReplyKind::ParamsChanged => {
+            (422, "idempotency-key-reused", "This Idempotency-Key was already used with a different request payload")
+        }
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
+            (409, "request-in-progress", "A request with this Idempotency-Key is still being processed")
+        }
+        ReplyKind::NeedsReview => {
+            (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
+        }
+        ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => {
+            (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
+        }
+        ReplyKind::SubjectMissing => (401, "unauthenticated", "The caller could not be identified"),
+        ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
+        ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
+        ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
+        other => (http_status(other, ctx), other.status(), "See the status"),
+    };
+    let mut body = Map::new();
+    body.insert("type".into(), format!("{PROBLEM_BASE}{slug}").into());
+    body.insert("title".into(), title.into());
+    body.insert("status".into(), status.into());
+    if let Some(detail) = ctx.detail {
+        body.insert("detail".into(), detail.into());
+    }
+    if !ctx.trace_id.is_empty() {
+        body.insert("trace_id".into(), ctx.trace_id.into());
+    }
+    let mut headers = vec![
+        ("content-type".to_string(), "application/problem+json".to_string()),
+        ("cache-control".to_string(), "no-store".to_string()),
+    ];
+    let wait_ms = match kind {
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => Some(ctx.poll_after_ms),
+        ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => Some(ctx.retry_after_ms),
+        _ => None,
+    };
+    if let Some(ms) = wait_ms {
+        headers.push(("retry-after".to_string(), ms.div_ceil(1000).max(1).to_string()));
+    }
+    Reply { http_status: status, headers, body: Value::Object(body).to_string().into_bytes() }
+}
+
+/// The `type` URIs of [`problem`] (`urn:agent-idempotency:problem:idempotency-key-reused`
+/// and so on), documented in the README. RFC 9457 allows a URI that does not
+/// resolve; a URN says so plainly.
+pub const PROBLEM_BASE: &str = "urn:agent-idempotency:problem:";
 
 fn retryable(kind: ReplyKind, ctx: &ReplyContext) -> bool {
     match kind {
@@ -387,6 +450,14 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             "The request body is not a valid JSON object (or it repeats a field name). This call did not execute anything.",
             "Send the arguments as one valid JSON object in which every field name appears once, and call again.",
         ),
+        ReplyKind::KeyMissing => w(
+            "This call needs an Idempotency-Key header (or a fingerprint from the preview tool). This call did not execute anything.",
+            "Send one Idempotency-Key header with a key that is unique to this operation (a UUID), and keep the same key when you retry it.",
+        ),
+        ReplyKind::KeyInvalid => w(
+            format!("The Idempotency-Key header is not one valid key ({}). This call did not execute anything.", ctx.detail.unwrap_or("see `detail`")),
+            "Send exactly one key of at most 255 printable characters, quoted (\"key\") or bare, and keep it the same on every retry.",
+        ),
         ReplyKind::InvalidField => w(
             format!(
                 "The field {} has the wrong type or a number out of range. This call did not execute anything.",
@@ -516,6 +587,14 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             "请求体不是合法的 JSON 对象（或者有重复的字段名），本次调用没有执行任何操作。",
             "把参数作为一个合法的 JSON 对象发送，每个字段名只出现一次，然后重新调用。",
         ),
+        ReplyKind::KeyMissing => w(
+            "本次调用需要 Idempotency-Key 请求头（或预览工具签发的指纹），本次调用没有执行任何操作。",
+            "发送一个只属于这笔操作的 Idempotency-Key（例如 UUID），重试时保持同一个键。",
+        ),
+        ReplyKind::KeyInvalid => w(
+            format!("Idempotency-Key 请求头不是一个有效的键（{}），本次调用没有执行任何操作。", ctx.detail.unwrap_or("见 detail")),
+            "只发送一个键，最多 255 个可打印字符，可加引号（\"key\"）或不加，每次重试保持不变。",
+        ),
         ReplyKind::InvalidField => w(
             format!("字段 {} 的类型错误或数值超出范围，本次调用没有执行任何操作。", ctx.detail.unwrap_or("（见 detail）")),
             "修正该字段（金额请使用 JSON 数字或十进制字符串，例如 \"12.50\"），然后重新调用。",
@@ -570,7 +649,7 @@ mod tests {
             ReplyKind::Forbidden => 403,
             ReplyKind::SubjectMissing => 401,
             ReplyKind::BodyTooLarge => 413,
-            ReplyKind::InvalidJson | ReplyKind::InvalidField => 400,
+            ReplyKind::InvalidJson | ReplyKind::InvalidField | ReplyKind::KeyMissing | ReplyKind::KeyInvalid => 400,
         }
     }
 
@@ -637,7 +716,9 @@ mod tests {
                 "unauthenticated",
                 "body_too_large",
                 "invalid_json",
-                "invalid_field"
+                "invalid_field",
+                "idempotency_key_missing",
+                "idempotency_key_invalid"
             ]
         );
     }

@@ -203,6 +203,7 @@ mod tests {
             scope: "payments.transfer".into(),
             lease_ms: 1,
             trace_id: String::new(),
+            mode: Default::default(),
         };
         assert_eq!(check_acquire(&ok), Ok(()));
         assert!(check_acquire(&AcquireRequest { param_hash: String::new(), ..ok.clone() }).is_err());

@@ -20,6 +20,14 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+/// Acquires by outcome and by how the caller named the operation
+/// (`fingerprint` or `client_key`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AcquireLabels {
+    outcome: &'static str,
+    mode: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     decision: &'static str,
@@ -41,7 +49,7 @@ fn latency_histogram() -> Histogram {
 
 pub struct Metrics {
     registry: Registry,
-    acquire: Family<OutcomeLabels, Counter>,
+    acquire: Family<AcquireLabels, Counter>,
     complete: Family<OutcomeLabels, Counter>,
     release: Family<OutcomeLabels, Counter>,
     latency: LatencyFamily,
@@ -63,7 +71,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let acquire = Family::<OutcomeLabels, Counter>::default();
+        let acquire = Family::<AcquireLabels, Counter>::default();
         let complete = Family::<OutcomeLabels, Counter>::default();
         let release = Family::<OutcomeLabels, Counter>::default();
         let latency = LatencyFamily::new_with_constructor(latency_histogram as fn() -> Histogram);
@@ -76,7 +84,7 @@ impl Metrics {
         let auth_rejected = Counter::default();
 
         // Counters get their `_total` suffix from the OpenMetrics encoder.
-        registry.register("idem_acquire", "Acquire answers by outcome", acquire.clone());
+        registry.register("idem_acquire", "Acquire answers by outcome and key mode", acquire.clone());
         registry.register("idem_complete", "Complete answers by outcome", complete.clone());
         registry.register("idem_release", "Release answers by outcome", release.clone());
         registry.register(
@@ -132,8 +140,8 @@ impl Metrics {
         self.auth_rejected.inc();
     }
 
-    pub fn acquire(&self, outcome: &'static str) {
-        self.acquire.get_or_create(&OutcomeLabels { outcome }).inc();
+    pub fn acquire(&self, outcome: &'static str, mode: &'static str) {
+        self.acquire.get_or_create(&AcquireLabels { outcome, mode }).inc();
     }
 
     pub fn complete(&self, outcome: &'static str) {

@@ -202,6 +202,7 @@ mod ops_cli {
                 scope: "payments.manual".into(),
                 lease_ms: 0,
                 trace_id: "trace-cli-1".into(),
+                mode: Default::default(),
             };
             assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
             let rec = store.sql().get(&key).await.expect("get").expect("row");

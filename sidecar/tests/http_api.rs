@@ -210,8 +210,8 @@ async fn healthz_and_metrics() {
     assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
     let text = r.text().await.expect("text");
     for needle in [
-        "idem_acquire_total{outcome=\"ACQUIRED\"} 1",
-        "idem_acquire_total{outcome=\"IN_FLIGHT\"} 1",
+        "idem_acquire_total{outcome=\"ACQUIRED\",mode=\"fingerprint\"} 1",
+        "idem_acquire_total{outcome=\"IN_FLIGHT\",mode=\"fingerprint\"} 1",
         "# TYPE idem_store_latency_seconds histogram",
         "idem_store_latency_seconds_count{store=\"sql\",op=\"insert\"}",
         "# TYPE idem_redis_fallback counter",

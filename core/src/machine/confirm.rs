@@ -6,25 +6,34 @@
 //! exactly as before expiry. And no reply says "nothing was executed" unless
 //! that is known at that point; when the store cannot be asked, the reply
 //! says so instead.
+//!
+//! The same machine serves client-key mode (`crate::client_key`): a route that
+//! allows it names the operation by the caller's own `Idempotency-Key` when no
+//! fingerprint is sent; from acquire on, nothing differs but the replies'
+//! style (problems for programs, the envelope for agents).
 
 use super::{
-    body_fingerprint, parse_body, retry_after_ms, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Flow, Outcome,
+    body_fingerprint, retry_after_ms, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Flow, Outcome, RequestHead,
     ResponseHead, Step, Unexpected, IDEMPOTENCY_KEY_HEADER,
 };
-use crate::canonical;
-use crate::fingerprint::Claims;
+use crate::canonical::{self, BodyError};
+use crate::client_key::{self, KeyError};
 use crate::outcome::{self, Outcome as Verdict};
-use crate::policy::ReplayMode;
+use crate::policy::{Callers, ReplayMode, Role};
 use crate::protocol::{
-    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState,
-    OperationView, OwnerToken, ReleaseRequest, StoredResult, TerminalState,
+    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode, OpKey,
+    OpState, OperationView, OwnerToken, ReleaseRequest, StoredResult, TerminalState,
 };
 use crate::reply::{self, ReplyContext, ReplyKind};
+use std::rc::Rc;
 
 #[derive(Debug)]
 pub struct Confirm {
     ctx: Ctx,
     subject_hash: String,
+    /// Client-key mode for programs: problems instead of the envelope, the
+    /// upstream's own answer instead of a rewrite.
+    problem: bool,
     phase: Phase,
 }
 
@@ -32,23 +41,26 @@ pub struct Confirm {
 enum Phase {
     AwaitBody {
         header_token: Option<String>,
+        client_key: Option<String>,
+        method: String,
+        path: String,
     },
     /// `POST /v1/acquire` is out.
     Acquiring {
-        claims: Claims,
+        key: OpKey,
     },
     /// Expired: `GET /v1/operations/{nonce}` is out, to answer about what exists.
     CheckingExpired {
-        claims: Claims,
+        key: OpKey,
     },
     /// We own the operation and the request went upstream.
     Forwarded {
-        claims: Claims,
+        key: OpKey,
         owner: OwnerToken,
     },
     /// The upstream's head is held until its body is complete.
     Holding {
-        claims: Claims,
+        key: OpKey,
         owner: OwnerToken,
         head: ResponseHead,
     },
@@ -66,8 +78,15 @@ enum Record {
 }
 
 impl Confirm {
-    pub(super) fn new(ctx: Ctx, subject_hash: String, header_token: Option<String>) -> Confirm {
-        Confirm { ctx, subject_hash, phase: Phase::AwaitBody { header_token } }
+    pub(super) fn new(ctx: Ctx, subject_hash: String, head: &RequestHead) -> Confirm {
+        let problem = ctx.speaks_problem();
+        let phase = Phase::AwaitBody {
+            header_token: head.fingerprint.clone(),
+            client_key: head.idempotency_key.clone(),
+            method: head.method.clone(),
+            path: head.path.clone(),
+        };
+        Confirm { ctx, subject_hash, problem, phase }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -92,13 +111,28 @@ impl Confirm {
     }
 
     pub(super) fn on_request_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
-        let Phase::AwaitBody { header_token } = &self.phase else { return self.unexpected("request_body") };
-        let json = match parse_body(&self.ctx, body) {
-            Ok(v) => v,
-            Err(step) => return Ok(self.finish(step)),
+        let Phase::AwaitBody { header_token, client_key, method, path } = &self.phase else {
+            return self.unexpected("request_body");
         };
-        let token = header_token.clone().or_else(|| body_fingerprint(&json));
-        let param_hash = match canonical::param_hash(&json, &self.ctx.policy.bound) {
+        let policy = Rc::clone(&self.ctx.policy);
+        let json = canonical::parse_json_body(body, self.ctx.config.max_body_bytes);
+        // A fingerprint wins; role `idempotent` never takes one.
+        let token = match policy.role {
+            Role::Idempotent => None,
+            _ => header_token.clone().or_else(|| json.as_ref().ok().and_then(body_fingerprint)),
+        };
+        if token.is_none() && policy.client_keys {
+            let (client_key, method, path) = (client_key.clone(), method.clone(), path.clone());
+            return Ok(self.client_key_request(body, json, client_key.as_deref(), &method, &path));
+        }
+        let json = match json {
+            Ok(v) => v,
+            Err(e) => {
+                let step = self.ctx.body_error(&e);
+                return Ok(self.finish(step));
+            }
+        };
+        let param_hash = match canonical::param_hash(&json, &policy.bound) {
             Ok(h) => h,
             Err(e) => {
                 let step = self.ctx.field_error(&e);
@@ -112,26 +146,101 @@ impl Confirm {
         if claims.expired(env.now_s()) {
             // Expiry refuses to start an operation, never to report one that exists.
             let call = Callout { method: "GET", path: operation_path(&claims.nonce), body: None };
-            self.phase = Phase::CheckingExpired { claims };
+            self.phase = Phase::CheckingExpired { key: claims.nonce };
             return Ok(Step::pause().with(Effect::Count(Counter::ExpiredLookups)).with(Effect::Call(call)));
         }
+        Ok(self
+            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, KeyMode::Fingerprint)
+            .with(Effect::Count(Counter::Verified)))
+    }
+
+    /// Client-key mode: the operation is named by the caller's key, bound to
+    /// its subject and the route's scope; "same payload" is the bound fields,
+    /// or the whole request where the route binds none.
+    fn client_key_request(
+        &mut self,
+        body: &[u8],
+        json: Result<serde_json::Value, BodyError>,
+        header: Option<&str>,
+        method: &str,
+        path: &str,
+    ) -> Step {
+        self.problem = self.ctx.policy.callers == Callers::Programs;
+        let key = match client_key::parse_header(header) {
+            Ok(k) => k,
+            Err(e) => {
+                let (kind, detail) = match e {
+                    KeyError::Missing if self.ctx.policy.role == Role::Idempotent => (ReplyKind::KeyMissing, None),
+                    // A confirm route that also takes client keys: a fingerprint was the other way.
+                    KeyError::Missing => (ReplyKind::FingerprintMissing, None),
+                    KeyError::Invalid(why) => (ReplyKind::KeyInvalid, Some(why)),
+                };
+                let refusal = self.reply(kind, ReplyContext { detail, ..Default::default() });
+                return self.finish(refusal.with(Effect::Count(Counter::RejectedMissing)));
+            }
+        };
+        let policy = Rc::clone(&self.ctx.policy);
+        let param_hash = if policy.bound.is_empty() {
+            client_key::request_hash(method, path, body, json.as_ref().ok())
+        } else {
+            let hashed = json
+                .map_err(|e| self.ctx.body_error(&e))
+                .and_then(|v| canonical::param_hash(&v, &policy.bound).map_err(|e| self.ctx.field_error(&e)));
+            match hashed {
+                Ok(h) => h,
+                Err(refusal) => {
+                    let refusal = if self.problem { self.as_problem(refusal) } else { refusal };
+                    return self.finish(refusal);
+                }
+            }
+        };
+        let op = client_key::operation_key(&self.subject_hash, &policy.scope, &key);
+        let subject_hash = self.subject_hash.clone();
+        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), KeyMode::ClientKey)
+            .with(Effect::Count(Counter::ClientKeyRequests))
+    }
+
+    fn acquire(&mut self, key: OpKey, param_hash: String, subject_hash: String, scope: String, mode: KeyMode) -> Step {
         let req = AcquireRequest {
-            key: claims.nonce.clone(),
+            key: key.clone(),
             param_hash,
-            subject_hash: claims.subject_hash.clone(),
-            scope: claims.scope.clone(),
+            subject_hash,
+            scope,
             lease_ms: self.ctx.policy.lease_ms,
             trace_id: self.ctx.trace_id.clone(),
+            mode,
         };
-        self.phase = Phase::Acquiring { claims };
-        Ok(Step::pause().with(Effect::Count(Counter::Verified)).with(Effect::Call(post("/v1/acquire", &req))))
+        self.phase = Phase::Acquiring { key };
+        Step::pause().with(Effect::Call(post("/v1/acquire", &req)))
+    }
+
+    /// A reply in this request's style.
+    fn reply(&self, kind: ReplyKind, ctx: ReplyContext) -> Step {
+        Step::pause().with(Effect::Reply(self.ctx.render_as(kind, ctx, self.problem)))
+    }
+
+    /// An envelope refusal made before the style was known, re-rendered as a problem.
+    fn as_problem(&self, refusal: Step) -> Step {
+        let kind = refusal
+            .reply()
+            .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
+            .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_owned));
+        let kind = match kind.as_deref() {
+            Some("body_too_large") => ReplyKind::BodyTooLarge,
+            Some("invalid_field") => ReplyKind::InvalidField,
+            _ => ReplyKind::InvalidJson,
+        };
+        let counts: Vec<Effect> = refusal.effects.into_iter().filter(|e| matches!(e, Effect::Count(_))).collect();
+        let mut step = self.reply(kind, ReplyContext::default());
+        step.effects.extend(counts);
+        step
     }
 
     pub(super) fn on_callout(&mut self, answer: &CalloutAnswer) -> Outcome {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         let step = match phase {
-            Phase::Acquiring { claims } => self.on_acquired(answer, claims),
-            Phase::CheckingExpired { claims } => self.on_expired_lookup(answer, &claims),
+            Phase::Acquiring { key } => self.on_acquired(answer, key),
+            Phase::CheckingExpired { key } => self.on_expired_lookup(answer, &key),
             Phase::Recording { call } => on_recorded(call, answer),
             other => {
                 self.phase = other;
@@ -141,39 +250,40 @@ impl Confirm {
         Ok(step)
     }
 
-    fn on_acquired(&mut self, answer: &CalloutAnswer, claims: Claims) -> Step {
+    fn on_acquired(&mut self, answer: &CalloutAnswer, key: OpKey) -> Step {
         let Some(answer) = answer.json::<AcquireResponse>() else {
             // The acquire may or may not have reached the store; nothing went upstream from here.
-            return self.unchecked(&claims.nonce);
+            return self.unchecked(&key);
         };
         match answer.outcome {
             AcquireOutcome::Acquired => match answer.owner {
                 Some(owner) => {
-                    // The nonce is the downstream's idempotency key; Envoy's own retries resend it unchanged.
+                    // The operation key is the downstream's idempotency key; Envoy's own retries resend it unchanged.
                     let step = Step::go_on()
                         .with(Effect::Count(Counter::Acquired))
-                        .with(Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, claims.nonce.to_string()))
+                        .with(Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, key.to_string()))
                         .with(Effect::ResumeRequest);
-                    self.phase = Phase::Forwarded { claims, owner };
+                    self.phase = Phase::Forwarded { key, owner };
                     step
                 }
                 // Acquired for an owner we cannot name: never forward; the lease and the reconciler settle it.
-                None => self.unchecked(&claims.nonce),
+                None => self.unchecked(&key),
             },
             AcquireOutcome::Done => self.replay(ReplyKind::AlreadyCompleted, answer.result.as_ref()),
             AcquireOutcome::Failed => self.replay(ReplyKind::AlreadyFailed, answer.result.as_ref()),
-            AcquireOutcome::InFlight => self.in_progress(ReplyKind::InProgress, &claims.nonce),
-            AcquireOutcome::NeedsReview => self.needs_review(&claims.nonce),
+            AcquireOutcome::InFlight => self.in_progress(ReplyKind::InProgress, &key),
+            AcquireOutcome::NeedsReview => self.needs_review(&key),
             AcquireOutcome::ParamMismatch => {
-                let mut step = self.ctx.simple(ReplyKind::ParamsChanged).with(Effect::Count(Counter::RejectedParams));
-                step.effects.extend(self.ctx.security_event("params_changed", &claims.nonce));
+                let mut step = self.reply(ReplyKind::ParamsChanged, ReplyContext::default());
+                step.effects.push(Effect::Count(Counter::RejectedParams));
+                step.effects.extend(self.ctx.security_event("params_changed", &key));
                 step
             }
-            AcquireOutcome::StoreUnavailable => self.unchecked(&claims.nonce),
+            AcquireOutcome::StoreUnavailable => self.unchecked(&key),
         }
     }
 
-    fn on_expired_lookup(&mut self, answer: &CalloutAnswer, claims: &Claims) -> Step {
+    fn on_expired_lookup(&mut self, answer: &CalloutAnswer, key: &OpKey) -> Step {
         match answer.status {
             // No row: never started (or released, which means it never ran), and now it cannot start.
             Some(404) => self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired)),
@@ -181,29 +291,31 @@ impl Confirm {
                 Some(view) => match view.state {
                     OpState::Done => self.replay(ReplyKind::AlreadyCompleted, view.result.as_ref()),
                     OpState::Failed => self.replay(ReplyKind::AlreadyFailed, view.result.as_ref()),
-                    OpState::InFlight => self.in_progress(ReplyKind::InProgress, &claims.nonce),
-                    OpState::NeedsReview => self.needs_review(&claims.nonce),
+                    OpState::InFlight => self.in_progress(ReplyKind::InProgress, key),
+                    OpState::NeedsReview => self.needs_review(key),
                 },
-                None => self.unchecked(&claims.nonce),
+                None => self.unchecked(key),
             },
-            _ => self.unchecked(&claims.nonce),
+            _ => self.unchecked(key),
         }
     }
 
     /// The store could not be asked: this call ran nothing, but an earlier one may have.
-    fn unchecked(&self, nonce: &str) -> Step {
+    fn unchecked(&self, key: &OpKey) -> Step {
         let ctx = ReplyContext {
             retry_after_ms: self.ctx.config.defaults.retry_after_ms,
             poll_with: self.ctx.policy.status_tool.as_deref(),
-            operation: Some(nonce),
+            operation: Some(key),
             ..Default::default()
         };
-        self.ctx.reply(ReplyKind::StatusUnavailable, ctx).with(Effect::Count(Counter::SidecarErrors))
+        self.reply(ReplyKind::StatusUnavailable, ctx).with(Effect::Count(Counter::SidecarErrors))
     }
 
+    /// Programs always get the original answer back (Stripe's convention); agents
+    /// the envelope unless the route says `replay: original`.
     fn replay(&self, kind: ReplyKind, result: Option<&StoredResult>) -> Step {
-        let step = match (self.ctx.policy.replay, result) {
-            (ReplayMode::Original, Some(result)) => Step::pause().with(Effect::Reply(reply::original(result))),
+        let step = match (self.problem || self.ctx.policy.replay == ReplayMode::Original, result) {
+            (true, Some(result)) => Step::pause().with(Effect::Reply(reply::original(result))),
             _ => {
                 let result_ref = stored_ref(result, self.ctx.policy.result_ref.as_deref());
                 self.ctx.reply(kind, ReplyContext { result, result_ref, ..Default::default() })
@@ -212,24 +324,24 @@ impl Confirm {
         step.with(Effect::Count(Counter::Replayed))
     }
 
-    fn in_progress(&self, kind: ReplyKind, nonce: &str) -> Step {
+    fn in_progress(&self, kind: ReplyKind, key: &OpKey) -> Step {
         let (poll_with, poll_after_ms) = self.ctx.polling();
-        let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(nonce), ..Default::default() };
-        self.ctx.reply(kind, ctx).with(Effect::Count(Counter::InProgress))
+        let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(key), ..Default::default() };
+        self.reply(kind, ctx).with(Effect::Count(Counter::InProgress))
     }
 
-    fn needs_review(&self, nonce: &str) -> Step {
+    fn needs_review(&self, key: &OpKey) -> Step {
         let ctx = ReplyContext {
             poll_with: self.ctx.policy.status_tool.as_deref(),
-            operation: Some(nonce),
+            operation: Some(key),
             ..Default::default()
         };
-        self.ctx.reply(ReplyKind::NeedsReview, ctx).with(Effect::Count(Counter::NeedsReview))
+        self.reply(ReplyKind::NeedsReview, ctx).with(Effect::Count(Counter::NeedsReview))
     }
 
     pub(super) fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool) -> Outcome {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
-        let Phase::Forwarded { claims, owner } = phase else {
+        let Phase::Forwarded { key, owner } = phase else {
             self.phase = phase;
             return match self.phase {
                 Phase::Finished => Ok(Step::go_on()),
@@ -237,9 +349,9 @@ impl Confirm {
             };
         };
         let mut step = Step::pause()
-            .with(Effect::SetResponseHeader(IDEMPOTENCY_KEY_HEADER.into(), claims.nonce.to_string()))
+            .with(Effect::SetResponseHeader(IDEMPOTENCY_KEY_HEADER.into(), key.to_string()))
             .with(Effect::SetResponseHeader("idempotent-replayed".into(), "false".into()));
-        self.phase = Phase::Holding { claims, owner, head: head.clone() };
+        self.phase = Phase::Holding { key, owner, head: head.clone() };
         if end_of_stream {
             return Ok(step.then(self.record(&[], false)));
         }
@@ -274,12 +386,11 @@ impl Confirm {
     /// held, so the answer can still be rewritten for the model.
     fn record(&mut self, body: &[u8], buffered: bool) -> Step {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
-        let Phase::Holding { claims, owner, head } = phase else {
+        let Phase::Holding { key, owner, head } = phase else {
             self.phase = phase;
             return Step::go_on();
         };
         let trace_id = self.ctx.trace_id.clone();
-        let key = claims.nonce.clone();
         match outcome::classify(head.status, head.code_details.as_deref(), head.attempts, &self.ctx.policy.outcomes) {
             decided @ (Verdict::Done | Verdict::Failed) => {
                 let state = if decided == Verdict::Done { TerminalState::Done } else { TerminalState::Failed };
@@ -319,6 +430,10 @@ impl Confirm {
     /// out) or `NotExecuted` (released: nothing ran; retry after the upstream's
     /// Retry-After). The held headers are still ours to change.
     fn rewrite(&self, kind: ReplyKind, head: &ResponseHead, nonce: &str) -> Step {
+        if self.problem {
+            // Programs read the upstream's own 429/503/5xx; their retry gets 409 until it is settled.
+            return Step::go_on();
+        }
         let (poll_with, poll_after_ms) = self.ctx.polling();
         let ctx = ReplyContext {
             poll_with,

@@ -57,6 +57,10 @@ pub struct RequestHead {
     pub fingerprint: Option<String>,
     /// `:path`, for a fingerprint in the query string (status routes).
     pub path: String,
+    /// `:method` (client-key mode hashes it with the path when nothing is bound).
+    pub method: String,
+    /// The caller's `Idempotency-Key` header (client-key mode); never forwarded.
+    pub idempotency_key: Option<String>,
 }
 
 /// The upstream's answer head, as the host sees it.
@@ -125,10 +129,11 @@ pub enum Counter {
     SecurityEvents,
     StatusLookups,
     ExpiredLookups,
+    ClientKeyRequests,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 20] = [
+    pub const ALL: [Counter; 21] = [
         Counter::Minted,
         Counter::Verified,
         Counter::RejectedMissing,
@@ -149,6 +154,7 @@ impl Counter {
         Counter::SecurityEvents,
         Counter::StatusLookups,
         Counter::ExpiredLookups,
+        Counter::ClientKeyRequests,
     ];
 
     pub fn name(self) -> &'static str {
@@ -173,6 +179,7 @@ impl Counter {
             Counter::SecurityEvents => "idem.security_events",
             Counter::StatusLookups => "idem.status_lookups",
             Counter::ExpiredLookups => "idem.expired_lookups",
+            Counter::ClientKeyRequests => "idem.client_key_requests",
         }
     }
 }
@@ -279,14 +286,29 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// Programs get RFC 9457 problems in client-key mode (see [`Ctx::speaks_problem`]).
     fn render(&self, kind: ReplyKind, ctx: ReplyContext) -> Reply {
-        reply::render(kind, self.config.language, &ReplyContext { trace_id: &self.trace_id, ..ctx })
+        self.render_as(kind, ctx, false)
+    }
+
+    fn render_as(&self, kind: ReplyKind, ctx: ReplyContext, problem: bool) -> Reply {
+        let ctx = ReplyContext { trace_id: &self.trace_id, ..ctx };
+        if problem {
+            reply::problem(kind, &ctx)
+        } else {
+            reply::render(kind, self.config.language, &ctx)
+        }
+    }
+
+    /// A route for programs that take only client keys answers in problems from the first byte.
+    fn speaks_problem(&self) -> bool {
+        self.policy.role == Role::Idempotent && self.policy.callers == crate::policy::Callers::Programs
     }
 
     /// A reply that needs nothing but the defaults.
     fn simple(&self, kind: ReplyKind) -> Step {
         let ctx = ReplyContext { retry_after_ms: self.config.defaults.retry_after_ms, ..Default::default() };
-        Step::pause().with(Effect::Reply(self.render(kind, ctx)))
+        Step::pause().with(Effect::Reply(self.render_as(kind, ctx, self.speaks_problem())))
     }
 
     fn reply(&self, kind: ReplyKind, ctx: ReplyContext) -> Step {
@@ -365,10 +387,10 @@ impl Machine {
         }
         let mut machine = match ctx.policy.role {
             Role::Preview => Machine::Preview(Preview::new(ctx, subject_hash)),
-            Role::Confirm => Machine::Confirm(Confirm::new(ctx, subject_hash, head.fingerprint.clone())),
+            Role::Confirm | Role::Idempotent => Machine::Confirm(Confirm::new(ctx, subject_hash, head)),
             Role::Status => {
                 let token = head.fingerprint.clone().or_else(|| query_param(&head.path, FINGERPRINT_FIELD));
-                Machine::Status(Status::new(ctx, subject_hash, token))
+                Machine::Status(Status::new(ctx, subject_hash, token, head.idempotency_key.clone()))
             }
         };
         // A client-chosen Idempotency-Key never reaches a guarded upstream: only the nonce may.

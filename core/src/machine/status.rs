@@ -4,8 +4,8 @@
 
 use super::confirm::{operation_path, stored_ref};
 use super::{body_fingerprint, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Outcome, Step, Unexpected};
-use crate::fingerprint::Claims;
-use crate::protocol::{OpState, OperationView, StoredResult};
+use crate::client_key;
+use crate::protocol::{OpKey, OpState, OperationView, StoredResult};
 use crate::reply::{ReplyContext, ReplyKind};
 
 #[derive(Debug)]
@@ -17,19 +17,23 @@ pub struct Status {
 
 #[derive(Debug)]
 enum Phase {
-    /// The fingerprint from the header or the query string, if any.
+    /// The fingerprint from the header or the query string, and the caller's
+    /// Idempotency-Key (client-key mode), if any.
     AwaitBody {
         token: Option<String>,
+        client_key: Option<String>,
     },
+    /// `exp` is the fingerprint's; a client key has none.
     LookingUp {
-        claims: Claims,
+        key: OpKey,
+        exp: Option<u64>,
     },
     Finished,
 }
 
 impl Status {
-    pub(super) fn new(ctx: Ctx, subject_hash: String, token: Option<String>) -> Status {
-        Status { ctx, subject_hash, phase: Phase::AwaitBody { token } }
+    pub(super) fn new(ctx: Ctx, subject_hash: String, token: Option<String>, client_key: Option<String>) -> Status {
+        Status { ctx, subject_hash, phase: Phase::AwaitBody { token, client_key } }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -49,37 +53,47 @@ impl Status {
     }
 
     pub(super) fn on_request_body(&mut self, body: &[u8]) -> Outcome {
-        let Phase::AwaitBody { token } = &self.phase else {
+        let Phase::AwaitBody { token, client_key } = &self.phase else {
             return Err(Unexpected { event: "request_body", phase: self.phase_name() });
         };
         // A GET has no body; a POST may carry the fingerprint in it.
         let token = token.clone().or_else(|| serde_json::from_slice(body).ok().as_ref().and_then(body_fingerprint));
-        let claims = match self.ctx.verify(token.as_deref(), &self.subject_hash, None) {
-            Ok(c) => c,
-            Err(refusal) => {
-                self.phase = Phase::Finished;
-                return Ok(refusal);
-            }
+        let (key, exp) = match (token, client_key) {
+            // Client-key mode: the caller's own key names its operation, for this subject and scope.
+            (None, Some(k)) if self.ctx.policy.client_keys => match client_key::parse_header(Some(k)) {
+                Ok(k) => (client_key::operation_key(&self.subject_hash, &self.ctx.policy.scope, &k), None),
+                Err(_) => {
+                    self.phase = Phase::Finished;
+                    return Ok(self.ctx.simple(ReplyKind::KeyInvalid));
+                }
+            },
+            (token, _) => match self.ctx.verify(token.as_deref(), &self.subject_hash, None) {
+                Ok(c) => (c.nonce, Some(c.exp)),
+                Err(refusal) => {
+                    self.phase = Phase::Finished;
+                    return Ok(refusal);
+                }
+            },
         };
-        let call = Callout { method: "GET", path: operation_path(&claims.nonce), body: None };
-        self.phase = Phase::LookingUp { claims };
+        let call = Callout { method: "GET", path: operation_path(&key), body: None };
+        self.phase = Phase::LookingUp { key, exp };
         Ok(Step::pause().with(Effect::Count(Counter::StatusLookups)).with(Effect::Call(call)))
     }
 
     pub(super) fn on_callout(&mut self, answer: &CalloutAnswer, env: &mut dyn Env) -> Outcome {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
-        let Phase::LookingUp { claims } = phase else {
+        let Phase::LookingUp { key, exp } = phase else {
             self.phase = phase;
             return Err(Unexpected { event: "callout", phase: self.phase_name() });
         };
         let view = answer.json::<OperationView>();
         Ok(match (answer.status, view) {
-            (Some(404), _) if claims.expired(env.now_s()) => {
+            (Some(404), _) if exp.is_some_and(|exp| env.now_s() >= exp) => {
                 // Never executed and can no longer be: a new preview is the only way on.
                 self.ctx.simple(ReplyKind::FingerprintExpired)
             }
             (Some(404), _) => {
-                let ctx = ReplyContext { fingerprint_expires_at: Some(claims.exp), ..Default::default() };
+                let ctx = ReplyContext { fingerprint_expires_at: exp, ..Default::default() };
                 self.ctx.reply(ReplyKind::NotYetExecuted, ctx)
             }
             (Some(200), Some(view)) => match view.state {
@@ -87,14 +101,13 @@ impl Status {
                 OpState::Failed => self.outcome(ReplyKind::AlreadyFailed, view.result.as_ref()),
                 OpState::InFlight => {
                     let (poll_with, poll_after_ms) = self.ctx.polling();
-                    let ctx =
-                        ReplyContext { poll_with, poll_after_ms, operation: Some(&claims.nonce), ..Default::default() };
+                    let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(&key), ..Default::default() };
                     self.ctx.reply(ReplyKind::InProgress, ctx)
                 }
                 OpState::NeedsReview => {
                     let ctx = ReplyContext {
                         poll_with: self.ctx.policy.status_tool.as_deref(),
-                        operation: Some(&claims.nonce),
+                        operation: Some(&key),
                         ..Default::default()
                     };
                     self.ctx.reply(ReplyKind::NeedsReview, ctx)
@@ -103,7 +116,7 @@ impl Status {
             _ => {
                 let ctx = ReplyContext {
                     retry_after_ms: self.ctx.config.defaults.retry_after_ms,
-                    operation: Some(&claims.nonce),
+                    operation: Some(&key),
                     status_query: true,
                     ..Default::default()
                 };

@@ -70,6 +70,8 @@ fn head(fp: Option<String>) -> RequestHead {
         content_length: None,
         fingerprint: fp,
         path: "/confirm".into(),
+        method: "POST".into(),
+        idempotency_key: None,
     }
 }
 
@@ -549,4 +551,123 @@ fn trace_ids_and_query_parameters() {
     assert_eq!(query_param("/s", "fingerprint"), None);
     assert_eq!(retry_after_ms(&[("Retry-After".into(), " 3 ".into())]), Some(3000));
     assert_eq!(retry_after_ms(&[("retry-after".into(), "Wed, 21 Oct 2015".into())]), None);
+}
+
+// ---- client-key mode -------------------------------------------------------
+
+fn idempotent_ctx(extra: &[(&str, &str)]) -> Result<Ctx, Box<dyn std::error::Error>> {
+    let mut leaves: Vec<(&str, &str)> = vec![("role", "idempotent"), ("scope", "pay")];
+    leaves.extend_from_slice(extra);
+    let get = |k: &str| leaves.iter().rev().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
+    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
+    Ok(Ctx { config: config()?, policy: Rc::new(p), trace_id: "trace-1".into() })
+}
+
+fn program(key: Option<&str>, c: Ctx) -> Result<(Machine, Step), Box<dyn std::error::Error>> {
+    let mut env = FixedEnv { now: 999 };
+    let h = RequestHead { idempotency_key: key.map(str::to_owned), path: "/v1/charges".into(), ..head(None) };
+    let (mut m, first) = Machine::start(c, &h, false, &mut env);
+    assert!(
+        first.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)),
+        "the client's key never goes up as is"
+    );
+    let step = m.on_request_body(br#"{"amount": 5, "note": "x"}"#, &mut env)?;
+    Ok((m, step))
+}
+
+fn problem_of(step: &Step) -> Result<(u16, String, Option<String>), Box<dyn std::error::Error>> {
+    let r = step.reply().ok_or("no reply")?;
+    let v: Value = serde_json::from_slice(&r.body)?;
+    assert!(r.headers.contains(&("content-type".into(), "application/problem+json".into())), "{r:?}");
+    let retry = r.headers.iter().find(|(k, _)| k == "retry-after").map(|(_, v)| v.clone());
+    Ok((r.http_status, v["type"].as_str().unwrap_or_default().to_string(), retry))
+}
+
+#[test]
+fn client_keys_name_operations_per_subject_and_scope() -> TestResult {
+    let (_, step) = program(Some(r#""8e03978e-40d5-43e8-bc93-6894a57f9324""#), idempotent_ctx(&[])?)?;
+    let c = call(&step).ok_or("no acquire")?;
+    let req: AcquireRequest = serde_json::from_slice(c.body.as_deref().unwrap_or_default())?;
+    assert_eq!(
+        req.key,
+        crate::client_key::operation_key(&subject_hash("alice"), "pay", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+    );
+    assert_eq!(req.mode, crate::protocol::KeyMode::ClientKey);
+    assert!(counted(&step, Counter::ClientKeyRequests));
+    // The bare form names the same operation; the derived key is what goes upstream.
+    let (mut m, bare) = program(Some("8e03978e-40d5-43e8-bc93-6894a57f9324"), idempotent_ctx(&[])?)?;
+    let bare_req: AcquireRequest =
+        serde_json::from_slice(call(&bare).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert_eq!(bare_req.key, req.key);
+    assert_eq!(bare_req.param_hash, req.param_hash, "the whole request is the payload when nothing is bound");
+    let mut env = FixedEnv { now: 999 };
+    let step = m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+    assert!(step.effects.contains(&Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, req.key.to_string())));
+    Ok(())
+}
+
+#[test]
+fn programs_get_the_drafts_answers_as_problems() -> TestResult {
+    let (_, step) = program(None, idempotent_ctx(&[])?)?;
+    assert_eq!(problem_of(&step)?.0, 400);
+    assert!(problem_of(&step)?.1.ends_with("idempotency-key-missing"));
+    let (_, step) = program(Some(r#""a", "b""#), idempotent_ctx(&[])?)?;
+    assert!(problem_of(&step)?.1.ends_with("idempotency-key-invalid"));
+    let (_, step) = program(Some(&"k".repeat(300)), idempotent_ctx(&[])?)?;
+    assert_eq!(problem_of(&step)?.0, 400);
+
+    let cases = [
+        (json!({"outcome": "IN_FLIGHT"}), 409, "request-in-progress", true),
+        (json!({"outcome": "PARAM_MISMATCH"}), 422, "idempotency-key-reused", false),
+        (json!({"outcome": "NEEDS_REVIEW"}), 409, "needs-review", false),
+        (json!({"outcome": "STORE_UNAVAILABLE"}), 503, "store-unavailable", true),
+    ];
+    for (a, http, kind, retry_after) in cases {
+        let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[])?)?;
+        let step = m.on_callout(&answer(200, a.clone()), &mut FixedEnv { now: 999 })?;
+        let (status, t, retry) = problem_of(&step)?;
+        assert_eq!((status, t.ends_with(kind), retry.is_some()), (http, true, retry_after), "{a}: {t}");
+    }
+    // A completed operation is its original answer, byte for byte.
+    let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[])?)?;
+    let done = json!({"outcome": "DONE", "result": {"status": 201, "headers": [["content-type", "application/json"]], "body_b64": encode_body(br#"{"id":"ch_1"}"#)}});
+    let step = m.on_callout(&answer(200, done), &mut FixedEnv { now: 999 })?;
+    let r = step.reply().ok_or("no replay")?;
+    assert_eq!((r.http_status, r.body.as_slice()), (201, br#"{"id":"ch_1"}"#.as_slice()));
+    Ok(())
+}
+
+#[test]
+fn agents_on_a_client_key_route_get_the_envelope_and_202() -> TestResult {
+    let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[("callers", "agents")])?)?;
+    let step = m.on_callout(&answer(200, json!({"outcome": "IN_FLIGHT"})), &mut FixedEnv { now: 999 })?;
+    assert_eq!(reply_status(&step)?, (202, "in_progress".into()));
+    Ok(())
+}
+
+#[test]
+fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
+    let c = || -> Result<Ctx, Box<dyn std::error::Error>> {
+        let base = ctx("confirm")?;
+        let mut p = (*base.policy).clone();
+        p.client_keys = true;
+        Ok(Ctx { policy: Rc::new(p), ..base })
+    };
+    // A fingerprint caller: verified as always.
+    let mut env = FixedEnv { now: 999 };
+    let (mut m, _) = Machine::start(c()?, &head(Some(token(1000)?)), false, &mut env);
+    let step = m.on_request_body(&body(json!(10)), &mut env)?;
+    let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert_eq!((req.key.as_str(), req.mode), (KEY, crate::protocol::KeyMode::Fingerprint));
+    // A client-key caller on the same route: its bound fields are the payload.
+    let h = RequestHead { idempotency_key: Some("order-77".into()), ..head(None) };
+    let (mut m, _) = Machine::start(c()?, &h, false, &mut env);
+    let step = m.on_request_body(&body(json!(10)), &mut env)?;
+    let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert_eq!(req.mode, crate::protocol::KeyMode::ClientKey);
+    assert_eq!(req.param_hash, canonical::param_hash(&json!({"amount": 10, "currency": "EUR"}), &c()?.policy.bound)?);
+    // Neither: the agent's way is the one to name.
+    let (mut m, _) = Machine::start(c()?, &head(None), false, &mut env);
+    assert_eq!(reply_status(&m.on_request_body(&body(json!(10)), &mut env)?)?, (428, "fingerprint_missing".into()));
+    Ok(())
 }

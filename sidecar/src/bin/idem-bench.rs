@@ -278,6 +278,7 @@ fn request(key: OpKey) -> AcquireRequest {
         scope: "payments.transfer".into(),
         lease_ms: 0,
         trace_id: String::new(),
+        mode: Default::default(),
     }
 }
 

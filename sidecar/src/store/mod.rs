@@ -145,7 +145,7 @@ impl Store {
             // another subject or scope. Never log the hashes' inputs.
             warn!(key = %req.key, scope = %req.scope, security_event = "param_mismatch", "nonce reused with a different binding");
         }
-        self.metrics.acquire(answer.outcome.as_str());
+        self.metrics.acquire(answer.outcome.as_str(), req.mode.as_str());
         answer
     }
 
@@ -637,6 +637,7 @@ mod tests {
             scope: s.into(),
             lease_ms: 0,
             trace_id: String::new(),
+            mode: Default::default(),
         }
     }
 

@@ -356,6 +356,7 @@ pub fn acq(key: &str) -> AcquireRequest {
         scope: SCOPE.into(),
         lease_ms: 0,
         trace_id: "test-trace".into(),
+        mode: Default::default(),
     }
 }
 
