@@ -177,3 +177,141 @@ pub fn check(log: &Log, ev: &Evidence) -> Vec<Violation> {
     }
     out
 }
+
+/// Each invariant fires on the history that breaks it (a check that cannot fail is no check).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Req;
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef";
+
+    fn op() -> Op {
+        Op {
+            id: 0,
+            agent: 0,
+            subject: "agent-0".into(),
+            fingerprint: "fp".into(),
+            nonce: KEY.into(),
+            exp: 0,
+            short_ttl: false,
+            amount: serde_json::json!("10.00"),
+        }
+    }
+
+    fn ev(t_ms: u64, req: Req, kind: &str, tid: Option<&str>) -> Event {
+        Event {
+            t_ms,
+            sent_unix_ms: 1_000_000 + t_ms,
+            agent: 0,
+            op: Some(0),
+            req,
+            kind: kind.into(),
+            http: 200,
+            latency_ms: 1.0,
+            transfer_id: tid.map(str::to_owned),
+        }
+    }
+
+    fn log(events: Vec<Event>) -> Log {
+        Log { events, ops: vec![op()], ..Default::default() }
+    }
+
+    /// Executed once as t_1 (arrived at unix second 1000), DONE in SQL with it.
+    fn evidence() -> Evidence {
+        Evidence {
+            ledger_counts: [(KEY.to_owned(), 1)].into(),
+            executed: [(KEY.to_owned(), Executed { transfer_id: "t_1".into(), created_at_s: 1000 })].into(),
+            sql: [(KEY.to_owned(), SqlRow { state: "DONE".into(), transfer_id: Some("t_1".into()) })].into(),
+            review_reasons: HashMap::new(),
+        }
+    }
+
+    fn kinds(v: &[Violation]) -> Vec<&'static str> {
+        v.iter().map(|x| x.kind).collect()
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let l = log(vec![
+            ev(0, Req::Confirm, "executed", Some("t_1")),
+            ev(10, Req::Confirm, "already_completed", Some("t_1")),
+        ]);
+        assert_eq!(kinds(&check(&l, &evidence())), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn two_executions_of_one_key() {
+        let l = log(vec![ev(0, Req::Confirm, "executed", Some("t_1"))]);
+        let mut e = evidence();
+        e.ledger_counts.insert(KEY.into(), 2);
+        assert_eq!(kinds(&check(&l, &e)), ["executed_twice"]);
+    }
+
+    #[test]
+    fn expired_or_not_executed_after_the_agent_saw_it_execute() {
+        let l =
+            log(vec![ev(0, Req::Confirm, "executed", Some("t_1")), ev(2000, Req::Late, "fingerprint_expired", None)]);
+        assert_eq!(kinds(&check(&l, &evidence())), ["told_expired_but_executed"]);
+        let l = log(vec![
+            ev(0, Req::Confirm, "executed", Some("t_1")),
+            ev(5, Req::Race, "not_executed", None),
+            ev(9, Req::Status, "already_completed", Some("t_1")),
+        ]);
+        assert_eq!(kinds(&check(&l, &evidence())), ["told_not_executed_but_executed"]);
+    }
+
+    #[test]
+    fn not_executed_before_the_execution_is_the_truth_unless_it_is_the_last_word() {
+        // A status poll before the confirm: true then.
+        let l = log(vec![ev(0, Req::Status, "not_executed", None), ev(10, Req::Confirm, "executed", Some("t_1"))]);
+        assert_eq!(kinds(&check(&l, &evidence())), Vec::<&str>::new());
+        // The agent's last word says nothing ran, and it did.
+        let l = log(vec![ev(0, Req::Confirm, "transport_error", None), ev(10, Req::Status, "not_executed", None)]);
+        assert_eq!(kinds(&check(&l, &evidence())), ["told_not_executed_but_executed"]);
+    }
+
+    #[test]
+    fn told_executed_but_sql_or_ledger_disagree() {
+        let l = log(vec![ev(0, Req::Confirm, "executed", Some("t_1"))]);
+        let mut e = evidence();
+        e.sql.insert(KEY.into(), SqlRow { state: "FAILED".into(), transfer_id: None });
+        assert_eq!(kinds(&check(&l, &e)), ["told_executed_not_done", "executed_not_done"]);
+        let mut e = evidence();
+        e.executed.clear();
+        e.ledger_counts.clear();
+        assert_eq!(kinds(&check(&l, &e)), ["told_executed_not_in_ledger"]);
+        let l = log(vec![
+            ev(0, Req::Confirm, "executed", Some("t_1")),
+            ev(9, Req::Confirm, "already_completed", Some("t_2")),
+        ]);
+        assert!(kinds(&check(&l, &evidence())).contains(&"different_results"));
+    }
+
+    #[test]
+    fn in_flight_left_and_indefinite_last_answers() {
+        let l = log(vec![ev(0, Req::Confirm, "in_progress", None)]);
+        let mut e = evidence();
+        e.sql.insert(KEY.into(), SqlRow { state: "IN_FLIGHT".into(), transfer_id: None });
+        assert_eq!(kinds(&check(&l, &e)), ["executed_not_done", "left_in_flight", "indefinite_last_answer"]);
+        let l = log(vec![ev(0, Req::Confirm, "transport_error", None)]);
+        assert!(kinds(&check(&l, &evidence())).contains(&"no_answer"));
+    }
+
+    #[test]
+    fn needs_review_needs_a_row_and_a_reason() {
+        let l = log(vec![ev(0, Req::Confirm, "needs_review", None)]);
+        let mut e = evidence();
+        e.sql.insert(KEY.into(), SqlRow { state: "NEEDS_REVIEW".into(), transfer_id: None });
+        assert_eq!(kinds(&check(&l, &e)), ["needs_review_without_reason"]);
+        e.review_reasons.insert(KEY.into(), "status lookups failed past the retry budget".into());
+        assert_eq!(kinds(&check(&l, &e)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn the_stored_result_is_read_back() {
+        let body = base64::engine::general_purpose::STANDARD.encode(br#"{"transfer_id":"t_9","status":"executed"}"#);
+        let stored = serde_json::json!({"status": 201, "headers": [], "body_b64": body}).to_string();
+        assert_eq!(stored_transfer_id(&stored).as_deref(), Some("t_9"));
+    }
+}

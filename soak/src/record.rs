@@ -192,3 +192,42 @@ pub fn unix_ms() -> u64 {
 pub fn since_ms(start: Instant) -> u64 {
     start.elapsed().as_millis() as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(status: u16, ct: &str, body: &str) -> Reply {
+        Reply {
+            status,
+            content_type: ct.into(),
+            replayed: None,
+            body: body.as_bytes().to_vec(),
+            json: serde_json::from_str(body).unwrap_or(Value::Null),
+        }
+    }
+
+    #[test]
+    fn envoy_text_on_a_confirm_is_malformed_and_a_prompt_needs_every_field() {
+        let (kind, _, problem) = classify(Req::Confirm, None, &reply(503, "text/plain", "upstream connect error"));
+        assert_eq!(kind, "malformed");
+        assert!(problem.is_some());
+        let full = r#"{"status":"in_progress","meaning":"m","instruction":"i","retryable":false,"trace_id":"t"}"#;
+        assert_eq!(classify(Req::Confirm, None, &reply(202, "application/json", full)).2, None);
+        let no_trace = r#"{"status":"in_progress","meaning":"m","instruction":"i","retryable":false}"#;
+        let (kind, _, problem) = classify(Req::Status, None, &reply(202, "application/json", no_trace));
+        assert_eq!(kind, "in_progress");
+        assert!(problem.is_some_and(|p| p.contains("trace_id")));
+    }
+
+    #[test]
+    fn the_first_execution_must_carry_the_nonce_and_say_it_is_not_a_replay() {
+        let body = r#"{"status":"executed","transfer_id":"t_1","idempotency_key":"n1"}"#;
+        let mut r = reply(201, "application/json", body);
+        r.replayed = Some("false".into());
+        assert_eq!(classify(Req::Confirm, Some("n1"), &r), ("executed".into(), Some("t_1".into()), None));
+        assert!(classify(Req::Confirm, Some("n2"), &r).2.is_some());
+        // A passthrough preview error (the demo down) is the upstream's answer, not the filter's.
+        assert_eq!(classify(Req::Preview, None, &reply(503, "text/plain", "no healthy upstream")).0, "preview_503");
+    }
+}
