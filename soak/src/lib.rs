@@ -175,7 +175,7 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
     std::fs::write(&summary_path, md)?;
     let all: String = violations.iter().map(|x| format!("{}: {}\n", x.kind, x.detail)).collect();
     std::fs::write(cfg.out_dir.join("violations.txt"), all)?;
-    report::chart(&log, &injected, &format!("soak seed {}", cfg.seed), &chart_path)?;
+    report::chart(&log, &injected, chaos_ms, &format!("soak seed {}", cfg.seed), &chart_path)?;
     drop(log);
     println!("{summary}");
     println!("soak: wrote {}, {} and violations.txt beside them", summary_path.display(), chart_path.display());

@@ -109,7 +109,13 @@ pub fn summary(log: &Log, faults: &[Injected], violations: &[Violation], f: &Run
 }
 
 /// Requests/s, answer kinds per second and the faults over time.
-pub fn chart(log: &Log, faults: &[Injected], title: &str, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+pub fn chart(
+    log: &Log,
+    faults: &[Injected],
+    chaos_ms: u64,
+    title: &str,
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
     let secs = (log.events.iter().map(|e| e.t_ms).max().unwrap_or(0) / 1000 + 1) as usize;
     let mut total = vec![0u32; secs];
     let mut per_kind: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
@@ -157,6 +163,10 @@ pub fn chart(log: &Log, faults: &[Injected], title: &str, path: &Path) -> Result
             ("sans-serif", 11).into_font().color(&color),
         )))?;
     }
+    let end = chaos_ms as f64 / 1000.0;
+    c.draw_series(DashedLineSeries::new(vec![(end, 0.0), (end, ymax)], 6, 4, BLACK.stroke_width(1)))?;
+    let label = ("sans-serif", 11).into_font().color(&BLACK);
+    c.draw_series(std::iter::once(Text::new("chaos ends: settle, final polls", (end + 0.1, ymax * 0.6), label)))?;
     c.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.8)).draw()?;
 
     let mut c = ChartBuilder::on(&bottom)
@@ -167,7 +177,7 @@ pub fn chart(log: &Log, faults: &[Injected], title: &str, path: &Path) -> Result
         .build_cartesian_2d(x, 0f64..kmax)?;
     c.configure_mesh().x_desc("s").y_desc("answers/s").draw()?;
     for (i, (kind, v)) in kinds.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = KIND_COLORS[i % KIND_COLORS.len()];
         c.draw_series(LineSeries::new(
             v.iter().enumerate().map(|(i, n)| (i as f64 + 0.5, *n as f64)),
             color.stroke_width(2),
@@ -183,6 +193,19 @@ pub fn chart(log: &Log, faults: &[Injected], title: &str, path: &Path) -> Result
     root.present()?;
     Ok(())
 }
+
+/// Nine colours told apart at a glance (the answer kinds' lines).
+const KIND_COLORS: [RGBColor; 9] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(23, 190, 207),
+];
 
 fn fault_color(kind: &str) -> RGBColor {
     match kind {
