@@ -284,7 +284,13 @@ pub async fn crash_confirm(ctx: &Arc<Ctx>, agent: usize) -> Option<Op> {
 pub async fn resolve_open(ctx: &Arc<Ctx>, within: Duration) -> usize {
     let open: Vec<Op> = {
         let Ok(log) = ctx.log.lock() else { return 0 };
-        log.ops.iter().filter(|op| !last_answer(&log.events, op.id).is_some_and(|k| settled(&k))).cloned().collect()
+        // A request whose answer was lost (transport error) after a definite answer reopens the question: the
+        // confirm it was may have executed.
+        log.ops
+            .iter()
+            .filter(|op| !last_outcome(&log.events, op.id, true).is_some_and(|k| settled(&k)))
+            .cloned()
+            .collect()
     };
     let n = open.len();
     let deadline = Instant::now() + within;
@@ -314,9 +320,14 @@ pub fn settled(kind: &str) -> bool {
 
 /// The last answer (by arrival) about operation `op`, transport errors aside.
 pub fn last_answer(events: &[Event], op: usize) -> Option<String> {
+    last_outcome(events, op, false)
+}
+
+/// The last answer (by arrival) about operation `op`, or a transport error if that came last and `lost` is set.
+fn last_outcome(events: &[Event], op: usize, lost: bool) -> Option<String> {
     events
         .iter()
-        .filter(|e| e.op == Some(op) && e.req.about_the_operation() && e.kind != "transport_error")
+        .filter(|e| e.op == Some(op) && e.req.about_the_operation() && (lost || e.kind != "transport_error"))
         .max_by(|a, b| (a.t_ms as f64 + a.latency_ms).total_cmp(&(b.t_ms as f64 + b.latency_ms)))
         .map(|e| e.kind.clone())
 }
