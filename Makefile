@@ -7,7 +7,7 @@ ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
 
-.PHONY: all bootstrap envoy wasm oci build test lint run bench fuzz clean
+.PHONY: all bootstrap envoy wasm oci build test lint run bench fuzz soak clean
 
 all: build
 
@@ -81,6 +81,14 @@ fuzz:
 	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || failed="$$failed $$t"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "*** fuzz: crashes in:$$failed (see fuzz/artifacts/)"; exit 1; fi
+
+# Chaos soak (soak/): seeded agents and faults against the whole real stack, then the invariant checks; writes
+# target/soak/summary.md and chart.svg. A 45 s run with a fixed seed is part of `make test`.
+# `make soak SECONDS=600 SEED=7` (SEED defaults to the clock; the run prints it).
+SECONDS ?= 60
+SEED ?=
+soak: build
+	cargo run -p idem-soak --bin soak -- --seconds $(SECONDS) $(if $(SEED),--seed $(SEED))
 
 clean:
 	cargo clean

@@ -470,6 +470,17 @@ pub const BENCH_PLAIN_LISTENER_PORT: u16 = 10001;
 /// `start_envoy` with extra `(text in the committed file, replacement)` edits, e.g. bench.yaml's second listener.
 /// An edit that matches nothing is an error: a renamed field must not silently test the unedited config.
 pub fn start_envoy_with(config: &str, ports: &Ports, edits: &[(String, String)], dir: &Path) -> Result<Proc, BoxError> {
+    start_envoy_workers(config, ports, edits, dir, 1)
+}
+
+/// `start_envoy_with` and `--concurrency workers` (the tests use one worker; the soak two).
+pub fn start_envoy_workers(
+    config: &str,
+    ports: &Ports,
+    edits: &[(String, String)],
+    dir: &Path,
+    workers: u32,
+) -> Result<Proc, BoxError> {
     let path = dir.join(format!("envoy-{config}"));
     let mut text = render_envoy_config(config, ports)?;
     for (from, to) in edits {
@@ -484,7 +495,7 @@ pub fn start_envoy_with(config: &str, ports: &Ports, edits: &[(String, String)],
         .arg(&path)
         .arg("--disable-hot-restart")
         .arg("--concurrency")
-        .arg("1")
+        .arg(workers.to_string())
         .arg("--log-level")
         .arg("warn")
         .arg("--component-log-level")

@@ -1,0 +1,398 @@
+//! Simulated agents: each draws its operations from its own seeded RNG (the
+//! same seed gives every agent the same sequence of plans, whatever the
+//! timing) and plays them through Envoy: preview → confirm, retries with a
+//! drifted memo, duplicate confirms racing, status polls, late retries after
+//! `exp`, tampered amounts and someone else's fingerprint.
+
+use crate::record::{classify, definite, since_ms, unix_ms, Event, Op, Reply, Req, Violation};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Everything the agents and the fault task share.
+pub struct Ctx {
+    pub http: reqwest::Client,
+    /// Envoy's listener, `http://127.0.0.1:N`.
+    pub base: String,
+    pub start: Instant,
+    /// No new operation starts after this.
+    pub deadline: Instant,
+    /// While `since_ms(start) < slow_until_ms`, confirms ask the demo to answer slowly.
+    pub slow_until_ms: AtomicU64,
+    next_op: AtomicUsize,
+    pub log: Mutex<Log>,
+}
+
+#[derive(Default)]
+pub struct Log {
+    pub events: Vec<Event>,
+    pub ops: Vec<Op>,
+    pub violations: Vec<Violation>,
+    pub previews_failed: u64,
+}
+
+impl Ctx {
+    pub fn new(base: String, start: Instant, deadline: Instant) -> Result<Ctx, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(2))
+            .build()?;
+        Ok(Ctx {
+            http,
+            base,
+            start,
+            deadline,
+            slow_until_ms: AtomicU64::new(0),
+            next_op: AtomicUsize::new(0),
+            log: Mutex::new(Log::default()),
+        })
+    }
+
+    fn slow(&self) -> bool {
+        since_ms(self.start) < self.slow_until_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn violation(&self, kind: &'static str, detail: String) {
+        if let Ok(mut log) = self.log.lock() {
+            log.violations.push(Violation { kind, detail });
+        }
+    }
+}
+
+/// Amounts as the preview sends them and an equal amount written differently (`:decimal` binds both).
+const AMOUNTS: &[(&str, f64)] =
+    &[("10.00", 10.0), ("25.50", 25.5), ("99.99", 99.99), ("250.00", 250.0), ("9999.99", 9999.99)];
+/// Over the demo's limit: a definite failure (422 limit_exceeded), replayed as already_failed.
+const OVER_LIMIT: (&str, f64) = ("20000.00", 20000.0);
+const MEMOS: &[&str] =
+    &["rent", "rent ASAP", "please ASAP", "rent for March", "as discussed", "retry: rent", "pay now pls"];
+
+#[derive(Debug, Clone)]
+enum Step {
+    Confirm { memo: String, number_amount: bool, in_body: bool, delay_ms: u64 },
+    Race { k: usize, delay_ms: u64 },
+    Status,
+    Tamper,
+    WrongSubject,
+    Sleep(u64),
+    Late,
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    short_ttl: bool,
+    amount: (&'static str, f64),
+    payee: String,
+    steps: Vec<Step>,
+    think_ms: u64,
+}
+
+fn draw_confirm(rng: &mut ChaCha8Rng) -> Step {
+    let memo = format!("{} #{}", MEMOS.choose(rng).copied().unwrap_or("rent"), rng.gen_range(0..100));
+    Step::Confirm {
+        memo,
+        number_amount: rng.gen_bool(0.4),
+        in_body: rng.gen_bool(0.3),
+        delay_ms: rng.gen_range(300..2400),
+    }
+}
+
+fn draw_plan(rng: &mut ChaCha8Rng) -> Plan {
+    let short_ttl = rng.gen_bool(0.2);
+    let amount = if rng.gen_bool(0.08) { OVER_LIMIT } else { *AMOUNTS.choose(rng).unwrap_or(&AMOUNTS[0]) };
+    let payee = format!("payee-{}", rng.gen_range(1..6));
+    let mut steps = Vec::new();
+    if short_ttl {
+        // Confirm in time (usually), then come back after `exp`: the late retry must replay, never "expired".
+        if rng.gen_bool(0.8) {
+            steps.push(draw_confirm(rng));
+        }
+        steps.push(Step::Late);
+        if rng.gen_bool(0.5) {
+            steps.push(Step::Status);
+        }
+    } else {
+        steps.push(if rng.gen_bool(0.9) { draw_confirm(rng) } else { Step::Status });
+        for _ in 0..rng.gen_range(0..5) {
+            let step = match rng.gen_range(0..100) {
+                0..=34 => draw_confirm(rng),
+                35..=49 => Step::Race { k: rng.gen_range(2..6), delay_ms: rng.gen_range(300..2400) },
+                50..=64 => Step::Status,
+                65..=72 => Step::Tamper,
+                73..=78 => Step::WrongSubject,
+                _ => Step::Sleep(rng.gen_range(50..1500)),
+            };
+            steps.push(step);
+        }
+    }
+    Plan { short_ttl, amount, payee, steps, think_ms: rng.gen_range(20..400) }
+}
+
+/// The seed of agent `id` (and of the fault schedule, `id = usize::MAX`).
+pub fn rng_for(seed: u64, id: usize) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed ^ (id as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+pub fn subject_of(agent: usize) -> String {
+    format!("agent-{agent}")
+}
+
+fn transfer(amount: Value, payee: &str, memo: &str) -> Value {
+    json!({"amount": amount, "currency": "EUR", "payee_id": payee, "memo": memo})
+}
+
+pub async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) {
+    let mut rng = rng_for(seed, id);
+    let subject = subject_of(id);
+    while Instant::now() < ctx.deadline {
+        let plan = draw_plan(&mut rng);
+        if let Some(op) = preview(&ctx, id, &subject, &plan).await {
+            for step in &plan.steps {
+                run_step(&ctx, &op, &plan, step).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(plan.think_ms)).await;
+    }
+}
+
+async fn preview(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan) -> Option<Op> {
+    let path = if plan.short_ttl { "/short/v1/transfers/preview" } else { "/v1/transfers/preview" };
+    let body = transfer(json!(plan.amount.0), &plan.payee, "preview");
+    let r = send(ctx, agent, None, Req::Preview, path, subject, Some(&body), &[]).await;
+    let op = r.as_ref().and_then(|(r, _)| {
+        let fp = r.json["fingerprint"].as_str()?.to_owned();
+        let claims = idem_e2e::fingerprint_claims(&fp).ok()?;
+        Some(Op {
+            id: ctx.next_op.fetch_add(1, Ordering::Relaxed),
+            agent,
+            subject: subject.to_owned(),
+            nonce: claims["n"].as_str()?.to_owned(),
+            exp: claims["exp"].as_u64()?,
+            fingerprint: fp,
+            short_ttl: plan.short_ttl,
+            amount: json!(plan.amount.0),
+        })
+    });
+    if let Ok(mut log) = ctx.log.lock() {
+        match &op {
+            Some(op) => log.ops.push(op.clone()),
+            None => log.previews_failed += 1,
+        }
+    }
+    op
+}
+
+async fn run_step(ctx: &Arc<Ctx>, op: &Op, plan: &Plan, step: &Step) {
+    match step {
+        Step::Confirm { memo, number_amount, in_body, delay_ms } => {
+            let amount = if *number_amount { json!(plan.amount.1) } else { json!(plan.amount.0) };
+            confirm(ctx, op, Req::Confirm, amount, &plan.payee, memo, *in_body, *delay_ms, &op.subject).await;
+        }
+        Step::Race { k, delay_ms } => {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..*k {
+                let (ctx, op, payee, delay) = (ctx.clone(), op.clone(), plan.payee.clone(), *delay_ms);
+                let amount = json!(plan.amount.0);
+                set.spawn(async move {
+                    let subject = op.subject.clone();
+                    confirm(&ctx, &op, Req::Race, amount, &payee, &format!("race {i}"), false, delay, &subject).await;
+                });
+            }
+            while set.join_next().await.is_some() {}
+        }
+        Step::Status => {
+            let path = format!("/v1/transfers/status?fingerprint={}", op.fingerprint);
+            send(ctx, op.agent, Some(op), Req::Status, &path, &op.subject, None, &[]).await;
+        }
+        Step::Tamper => {
+            let tampered = json!(format!("{:.2}", plan.amount.1 + 1.0));
+            let r = confirm(ctx, op, Req::Tamper, tampered, &plan.payee, "rent", false, 0, &op.subject).await;
+            expect_refusal(ctx, op, "tamper", r, 422, "params_changed");
+        }
+        Step::WrongSubject => {
+            let thief = format!("{}-other", op.subject);
+            let r =
+                confirm(ctx, op, Req::WrongSubject, json!(plan.amount.0), &plan.payee, "rent", false, 0, &thief).await;
+            expect_refusal(ctx, op, "wrong subject", r, 403, "forbidden");
+        }
+        Step::Sleep(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
+        Step::Late => {
+            // Exactly at `exp` it is expired: come back a little after it.
+            let wake = (op.exp * 1000 + 300).saturating_sub(unix_ms()).min(5_000);
+            tokio::time::sleep(Duration::from_millis(wake)).await;
+            confirm(ctx, op, Req::Late, json!(plan.amount.0), &plan.payee, "late retry", false, 0, &op.subject).await;
+        }
+    }
+}
+
+fn expect_refusal(ctx: &Ctx, op: &Op, what: &str, r: Option<(Reply, String)>, http: u16, status: &str) {
+    if let Some((reply, kind)) = r {
+        if reply.status != http || kind != status {
+            ctx.violation(
+                "wrong_refusal",
+                format!(
+                    "op {} ({}): {what} answered {} {kind}, expected {http} {status}",
+                    op.id, op.nonce, reply.status
+                ),
+            );
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn confirm(
+    ctx: &Arc<Ctx>,
+    op: &Op,
+    req: Req,
+    amount: Value,
+    payee: &str,
+    memo: &str,
+    in_body: bool,
+    delay_ms: u64,
+    subject: &str,
+) -> Option<(Reply, String)> {
+    let mut body = transfer(amount, payee, memo);
+    let mut headers: Vec<(&str, String)> = Vec::new();
+    if in_body {
+        body["fingerprint"] = json!(op.fingerprint);
+    } else {
+        headers.push(("agent-fingerprint", op.fingerprint.clone()));
+    }
+    if delay_ms > 0 && ctx.slow() {
+        headers.push(("x-demo-delay-ms", delay_ms.to_string()));
+    }
+    send(ctx, op.agent, Some(op), req, "/v1/transfers", subject, Some(&body), &headers).await
+}
+
+/// The crash-after-commit fault: an operation of its own whose confirm makes the demo exit right after it committed.
+pub async fn crash_confirm(ctx: &Arc<Ctx>, agent: usize) -> Option<Op> {
+    let plan =
+        Plan { short_ttl: false, amount: AMOUNTS[1], payee: "payee-crash".into(), steps: Vec::new(), think_ms: 0 };
+    let subject = subject_of(agent);
+    let op = preview(ctx, agent, &subject, &plan).await?;
+    let body = transfer(json!(plan.amount.0), &plan.payee, "crash after commit");
+    let headers = [("agent-fingerprint", op.fingerprint.clone()), ("x-demo-crash-after-commit", "1".to_owned())];
+    send(ctx, agent, Some(&op), Req::Crash, "/v1/transfers", &subject, Some(&body), &headers).await;
+    Some(op)
+}
+
+/// After the run: every operation whose last answer was not definite polls its status until it is (bounded).
+pub async fn resolve_open(ctx: &Arc<Ctx>, within: Duration) -> usize {
+    let open: Vec<Op> = {
+        let Ok(log) = ctx.log.lock() else { return 0 };
+        // A request whose answer was lost (transport error) after a definite answer reopens the question: the
+        // confirm it was may have executed.
+        log.ops
+            .iter()
+            .filter(|op| !last_outcome(&log.events, op.id, true).is_some_and(|k| settled(&k)))
+            .cloned()
+            .collect()
+    };
+    let n = open.len();
+    let deadline = Instant::now() + within;
+    let mut set = tokio::task::JoinSet::new();
+    for op in open {
+        let ctx = ctx.clone();
+        set.spawn(async move {
+            let path = format!("/v1/transfers/status?fingerprint={}", op.fingerprint);
+            loop {
+                let r = send(&ctx, op.agent, Some(&op), Req::Final, &path, &op.subject, None, &[]).await;
+                let kind = r.map(|(_, kind)| kind).unwrap_or_default();
+                if settled(&kind) || Instant::now() > deadline {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+    n
+}
+
+/// Definite, or needs_review (a person decides; the checker wants the reason).
+pub fn settled(kind: &str) -> bool {
+    definite(kind) || kind == "needs_review"
+}
+
+/// The last answer (by arrival) about operation `op`, transport errors aside.
+pub fn last_answer(events: &[Event], op: usize) -> Option<String> {
+    last_outcome(events, op, false)
+}
+
+/// The last answer (by arrival) about operation `op`, or a transport error if that came last and `lost` is set.
+fn last_outcome(events: &[Event], op: usize, lost: bool) -> Option<String> {
+    events
+        .iter()
+        .filter(|e| e.op == Some(op) && e.req.about_the_operation() && (lost || e.kind != "transport_error"))
+        .max_by(|a, b| (a.t_ms as f64 + a.latency_ms).total_cmp(&(b.t_ms as f64 + b.latency_ms)))
+        .map(|e| e.kind.clone())
+}
+
+/// Sends one request through Envoy, records it; None on a transport error (Envoy killed, timeout).
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    ctx: &Ctx,
+    agent: usize,
+    op: Option<&Op>,
+    req: Req,
+    path: &str,
+    subject: &str,
+    body: Option<&Value>,
+    headers: &[(&str, String)],
+) -> Option<(Reply, String)> {
+    let url = format!("{}{path}", ctx.base);
+    let mut rb = match body {
+        Some(b) => ctx.http.post(url).json(b),
+        None => ctx.http.get(url),
+    };
+    rb = rb.header("x-agent-subject", subject);
+    for (k, v) in headers {
+        rb = rb.header(*k, v);
+    }
+    let t_ms = since_ms(ctx.start);
+    let sent_unix_ms = unix_ms();
+    let t0 = Instant::now();
+    let reply = match rb.send().await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let content_type = header("content-type").unwrap_or_default();
+            let replayed = header("idempotent-replayed");
+            match r.bytes().await {
+                Ok(b) => {
+                    let json = serde_json::from_slice(&b).unwrap_or(Value::Null);
+                    Some(Reply { status, content_type, replayed, body: b.to_vec(), json })
+                }
+                Err(_) => None,
+            }
+        }
+        Err(_) => None,
+    };
+    let latency_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let (kind, transfer_id, problem) = match &reply {
+        Some(r) => classify(req, op.map(|o| o.nonce.as_str()), r),
+        None => ("transport_error".to_owned(), None, None),
+    };
+    if let Ok(mut log) = ctx.log.lock() {
+        if let Some(p) = problem {
+            let what = op.map(|o| format!("op {} ({})", o.id, o.nonce)).unwrap_or_else(|| format!("agent {agent}"));
+            log.violations.push(Violation { kind: "malformed_reply", detail: format!("{what} {}: {p}", req.name()) });
+        }
+        log.events.push(Event {
+            t_ms,
+            sent_unix_ms,
+            agent,
+            op: op.map(|o| o.id),
+            req,
+            kind: kind.clone(),
+            http: reply.as_ref().map_or(0, |r| r.status),
+            latency_ms,
+            transfer_id,
+        });
+    }
+    reply.map(|r| (r, kind))
+}

@@ -1,0 +1,317 @@
+//! After the run: what the agents were told against what happened — the demo's
+//! ledger (the witness of real executions) and the SQL truth.
+
+use crate::agents::{last_answer, settled, Log};
+use crate::record::{Event, Op, Violation};
+use base64::Engine as _;
+use idem_core::protocol::StoredResult;
+use std::collections::{BTreeMap, HashMap};
+
+/// One real execution, from the demo's own database.
+#[derive(Debug, Clone)]
+pub struct Executed {
+    pub transfer_id: String,
+    pub created_at_s: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct SqlRow {
+    pub state: String,
+    pub transfer_id: Option<String>,
+}
+
+pub struct Evidence {
+    /// GET /v1/executions `by_key`: executions per Idempotency-Key.
+    pub ledger_counts: BTreeMap<String, i64>,
+    /// The demo's write_record rows by request key (first one).
+    pub executed: HashMap<String, Executed>,
+    pub sql: HashMap<String, SqlRow>,
+    /// Why each NEEDS_REVIEW row went there (the audit trail).
+    pub review_reasons: HashMap<String, String>,
+}
+
+/// The transfer id in a stored result (the body the replay sends back).
+pub fn stored_transfer_id(result: &str) -> Option<String> {
+    let r: StoredResult = serde_json::from_str(result).ok()?;
+    let body = base64::engine::general_purpose::STANDARD.decode(r.body_b64).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    v["transfer_id"].as_str().map(str::to_owned)
+}
+
+/// How long after the demo stamped a transfer its commit is surely over (the slow-upstream delays are < 2.4 s).
+const COMMIT_WITHIN_S: i64 = 4;
+
+fn recv_ms(e: &Event) -> f64 {
+    e.t_ms as f64 + e.latency_ms
+}
+
+pub fn check(log: &Log, ev: &Evidence) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut v = |kind: &'static str, detail: String| out.push(Violation { kind, detail });
+    let by_nonce: HashMap<&str, &Op> = log.ops.iter().map(|o| (o.nonce.as_str(), o)).collect();
+    let mut events_of: HashMap<usize, Vec<&Event>> = HashMap::new();
+    for e in &log.events {
+        if let Some(op) = e.op {
+            events_of.entry(op).or_default().push(e);
+        }
+    }
+    let describe = |e: &Event| format!("{} at t={} ms → {} {}", e.req.name(), e.t_ms, e.http, e.kind);
+
+    // At most once in the physical world.
+    for (key, n) in &ev.ledger_counts {
+        if *n > 1 {
+            let op = by_nonce.get(key.as_str()).map(|o| format!("op {} agent {}", o.id, o.agent)).unwrap_or_default();
+            v("executed_twice", format!("{key} ({op}): the demo executed it {n} times"));
+        }
+        if !by_nonce.contains_key(key.as_str()) {
+            v("unknown_execution", format!("the demo executed {key}, which no agent was given"));
+        }
+    }
+
+    for op in &log.ops {
+        let events = events_of.get(&op.id).cloned().unwrap_or_default();
+        let who =
+            format!("op {} agent {} ({}{})", op.id, op.agent, op.nonce, if op.short_ttl { ", 2 s TTL" } else { "" });
+        let sql = ev.sql.get(&op.nonce);
+        let executed = ev.executed.get(&op.nonce);
+
+        // What the agent was told executed is DONE in SQL with the same result, and is in the ledger.
+        let mut seen: Vec<&str> = events.iter().filter_map(|e| e.transfer_id.as_deref()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() > 1 {
+            v("different_results", format!("{who}: told of transfers {seen:?}"));
+        }
+        if let Some(tid) = seen.first() {
+            match sql {
+                Some(row) if row.state == "DONE" && row.transfer_id.as_deref() == Some(*tid) => {}
+                Some(row) => v(
+                    "told_executed_not_done",
+                    format!("{who}: told {tid}, SQL has {} {:?}", row.state, row.transfer_id),
+                ),
+                None => v("told_executed_not_done", format!("{who}: told {tid}, SQL has no row")),
+            }
+            if executed.map(|x| x.transfer_id.as_str()) != Some(*tid) {
+                v("told_executed_not_in_ledger", format!("{who}: told {tid}, the demo's ledger has {executed:?}"));
+            }
+        }
+        // What executed is DONE in SQL (or waits for a person), with the ledger's result.
+        if let Some(x) = executed {
+            match sql {
+                Some(row) if row.state == "DONE" && row.transfer_id.as_deref() == Some(x.transfer_id.as_str()) => {}
+                Some(row) if row.state == "NEEDS_REVIEW" => {}
+                Some(row) => v(
+                    "executed_not_done",
+                    format!("{who}: the demo executed {}, SQL has {} {:?}", x.transfer_id, row.state, row.transfer_id),
+                ),
+                None => v("executed_not_done", format!("{who}: the demo executed {}, SQL has no row", x.transfer_id)),
+            }
+        }
+        if sql.is_some_and(|r| r.state == "IN_FLIGHT") {
+            v("left_in_flight", format!("{who}: still IN_FLIGHT after the reconciler settled"));
+        }
+
+        // The last word is definite, or a person reviews it for a stated reason.
+        match last_answer(&log.events, op.id) {
+            None => v("no_answer", format!("{who}: never got an answer about its operation")),
+            Some(k) if !settled(&k) => v("indefinite_last_answer", format!("{who}: last answer {k}")),
+            Some(k) if k == "needs_review" => {
+                let reason = ev.review_reasons.get(&op.nonce).filter(|r| !r.trim().is_empty());
+                if sql.map(|r| r.state.as_str()) != Some("NEEDS_REVIEW") || reason.is_none() {
+                    v(
+                        "needs_review_without_reason",
+                        format!("{who}: SQL {:?}, audit reason {reason:?}", sql.map(|r| &r.state)),
+                    );
+                }
+            }
+            Some(_) => {}
+        }
+
+        // Never "nothing was executed" about an operation that executed.
+        if let Some(x) = executed {
+            let mut about: Vec<&Event> = events.iter().copied().filter(|e| e.req.about_the_operation()).collect();
+            about.sort_by(|a, b| recv_ms(a).total_cmp(&recv_ms(b)));
+            let last = about.iter().rev().find(|e| e.kind != "transport_error").map(|e| (e.t_ms, e.req));
+            for e in &about {
+                if e.kind != "not_executed" && e.kind != "fingerprint_expired" {
+                    continue;
+                }
+                let told_before = about.iter().any(|p| p.transfer_id.is_some() && recv_ms(p) < e.t_ms as f64);
+                // The demo stamps a transfer when the request arrives (floored to the second) and commits after the
+                // injected delay (< 2.4 s): 5 s later the commit was surely over.
+                let committed_before = e.sent_unix_ms as i64 > (x.created_at_s + 1 + COMMIT_WITHIN_S) * 1000;
+                let is_last = last == Some((e.t_ms, e.req));
+                if told_before || committed_before || is_last {
+                    let why = [
+                        (told_before, "after the agent was told it executed"),
+                        (committed_before, "sent well after the commit"),
+                        (is_last, "as its last answer"),
+                    ]
+                    .iter()
+                    .filter(|(b, _)| *b)
+                    .map(|(_, s)| *s)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                    let history: Vec<String> = about.iter().map(|e| describe(e)).collect();
+                    let kind = if e.kind == "fingerprint_expired" {
+                        "told_expired_but_executed"
+                    } else {
+                        "told_not_executed_but_executed"
+                    };
+                    v(
+                        kind,
+                        format!(
+                            "{who}: {} ({why}); executed as {}; history: {}",
+                            describe(e),
+                            x.transfer_id,
+                            history.join("; ")
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    let stray = ev.sql.iter().filter(|(k, r)| r.state == "IN_FLIGHT" && !by_nonce.contains_key(k.as_str())).count();
+    if stray > 0 {
+        v("left_in_flight", format!("{stray} IN_FLIGHT rows of unknown operations"));
+    }
+    out
+}
+
+/// Each invariant fires on the history that breaks it (a check that cannot fail is no check).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Req;
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef";
+
+    fn op() -> Op {
+        Op {
+            id: 0,
+            agent: 0,
+            subject: "agent-0".into(),
+            fingerprint: "fp".into(),
+            nonce: KEY.into(),
+            exp: 0,
+            short_ttl: false,
+            amount: serde_json::json!("10.00"),
+        }
+    }
+
+    fn ev(t_ms: u64, req: Req, kind: &str, tid: Option<&str>) -> Event {
+        Event {
+            t_ms,
+            sent_unix_ms: 1_000_000 + t_ms,
+            agent: 0,
+            op: Some(0),
+            req,
+            kind: kind.into(),
+            http: 200,
+            latency_ms: 1.0,
+            transfer_id: tid.map(str::to_owned),
+        }
+    }
+
+    fn log(events: Vec<Event>) -> Log {
+        Log { events, ops: vec![op()], ..Default::default() }
+    }
+
+    /// Executed once as t_1 (arrived at unix second 1000), DONE in SQL with it.
+    fn evidence() -> Evidence {
+        Evidence {
+            ledger_counts: [(KEY.to_owned(), 1)].into(),
+            executed: [(KEY.to_owned(), Executed { transfer_id: "t_1".into(), created_at_s: 1000 })].into(),
+            sql: [(KEY.to_owned(), SqlRow { state: "DONE".into(), transfer_id: Some("t_1".into()) })].into(),
+            review_reasons: HashMap::new(),
+        }
+    }
+
+    fn kinds(v: &[Violation]) -> Vec<&'static str> {
+        v.iter().map(|x| x.kind).collect()
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let l = log(vec![
+            ev(0, Req::Confirm, "executed", Some("t_1")),
+            ev(10, Req::Confirm, "already_completed", Some("t_1")),
+        ]);
+        assert_eq!(kinds(&check(&l, &evidence())), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn two_executions_of_one_key() {
+        let l = log(vec![ev(0, Req::Confirm, "executed", Some("t_1"))]);
+        let mut e = evidence();
+        e.ledger_counts.insert(KEY.into(), 2);
+        assert_eq!(kinds(&check(&l, &e)), ["executed_twice"]);
+    }
+
+    #[test]
+    fn expired_or_not_executed_after_the_agent_saw_it_execute() {
+        let l =
+            log(vec![ev(0, Req::Confirm, "executed", Some("t_1")), ev(2000, Req::Late, "fingerprint_expired", None)]);
+        assert_eq!(kinds(&check(&l, &evidence())), ["told_expired_but_executed"]);
+        let l = log(vec![
+            ev(0, Req::Confirm, "executed", Some("t_1")),
+            ev(5, Req::Race, "not_executed", None),
+            ev(9, Req::Status, "already_completed", Some("t_1")),
+        ]);
+        assert_eq!(kinds(&check(&l, &evidence())), ["told_not_executed_but_executed"]);
+    }
+
+    #[test]
+    fn not_executed_before_the_execution_is_the_truth_unless_it_is_the_last_word() {
+        // A status poll before the confirm: true then.
+        let l = log(vec![ev(0, Req::Status, "not_executed", None), ev(10, Req::Confirm, "executed", Some("t_1"))]);
+        assert_eq!(kinds(&check(&l, &evidence())), Vec::<&str>::new());
+        // The agent's last word says nothing ran, and it did.
+        let l = log(vec![ev(0, Req::Confirm, "transport_error", None), ev(10, Req::Status, "not_executed", None)]);
+        assert_eq!(kinds(&check(&l, &evidence())), ["told_not_executed_but_executed"]);
+    }
+
+    #[test]
+    fn told_executed_but_sql_or_ledger_disagree() {
+        let l = log(vec![ev(0, Req::Confirm, "executed", Some("t_1"))]);
+        let mut e = evidence();
+        e.sql.insert(KEY.into(), SqlRow { state: "FAILED".into(), transfer_id: None });
+        assert_eq!(kinds(&check(&l, &e)), ["told_executed_not_done", "executed_not_done"]);
+        let mut e = evidence();
+        e.executed.clear();
+        e.ledger_counts.clear();
+        assert_eq!(kinds(&check(&l, &e)), ["told_executed_not_in_ledger"]);
+        let l = log(vec![
+            ev(0, Req::Confirm, "executed", Some("t_1")),
+            ev(9, Req::Confirm, "already_completed", Some("t_2")),
+        ]);
+        assert!(kinds(&check(&l, &evidence())).contains(&"different_results"));
+    }
+
+    #[test]
+    fn in_flight_left_and_indefinite_last_answers() {
+        let l = log(vec![ev(0, Req::Confirm, "in_progress", None)]);
+        let mut e = evidence();
+        e.sql.insert(KEY.into(), SqlRow { state: "IN_FLIGHT".into(), transfer_id: None });
+        assert_eq!(kinds(&check(&l, &e)), ["executed_not_done", "left_in_flight", "indefinite_last_answer"]);
+        let l = log(vec![ev(0, Req::Confirm, "transport_error", None)]);
+        assert!(kinds(&check(&l, &evidence())).contains(&"no_answer"));
+    }
+
+    #[test]
+    fn needs_review_needs_a_row_and_a_reason() {
+        let l = log(vec![ev(0, Req::Confirm, "needs_review", None)]);
+        let mut e = evidence();
+        e.sql.insert(KEY.into(), SqlRow { state: "NEEDS_REVIEW".into(), transfer_id: None });
+        assert_eq!(kinds(&check(&l, &e)), ["needs_review_without_reason"]);
+        e.review_reasons.insert(KEY.into(), "status lookups failed past the retry budget".into());
+        assert_eq!(kinds(&check(&l, &e)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn the_stored_result_is_read_back() {
+        let body = base64::engine::general_purpose::STANDARD.encode(br#"{"transfer_id":"t_9","status":"executed"}"#);
+        let stored = serde_json::json!({"status": 201, "headers": [], "body_b64": body}).to_string();
+        assert_eq!(stored_transfer_id(&stored).as_deref(), Some("t_9"));
+    }
+}

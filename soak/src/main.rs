@@ -1,0 +1,62 @@
+//! `soak [--seconds N] [--seed N] [--agents N]`: one chaos soak run (see the library's docs); exit 1 on a violation.
+//! `make soak SECONDS=600 SEED=7` runs it long.
+
+use std::process::ExitCode;
+
+fn arg(args: &[String], name: &str) -> Result<Option<u64>, String> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) => {
+            let v = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
+            v.parse().map(Some).map_err(|e| format!("{name} {v}: {e}"))
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let parsed = (|| -> Result<idem_soak::Config, String> {
+        for a in args.iter().filter(|a| a.starts_with("--")) {
+            if !["--seconds", "--seed", "--agents"].contains(&a.as_str()) {
+                return Err(format!("unknown option {a}; usage: soak [--seconds N] [--seed N] [--agents N]"));
+            }
+        }
+        let seed = match arg(&args, "--seed")? {
+            Some(s) => s,
+            None => {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)
+            }
+        };
+        let seconds = arg(&args, "--seconds")?.unwrap_or(60).max(5);
+        let agents = arg(&args, "--agents")?.unwrap_or(32).max(1) as usize;
+        Ok(idem_soak::Config::new(seconds, seed, agents))
+    })();
+    let cfg = match parsed {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("soak: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match idem_soak::run(&cfg).await {
+        Ok(None) => {
+            eprintln!("soak: SKIPPED (a backend is missing; IDEM_REQUIRE_BACKENDS=1 makes this a failure)");
+            ExitCode::SUCCESS
+        }
+        Ok(Some(out)) if out.violations.is_empty() => ExitCode::SUCCESS,
+        Ok(Some(out)) => {
+            eprintln!(
+                "soak: seed {}: {} invariant violations (see {})",
+                cfg.seed,
+                out.violations.len(),
+                out.summary_path.display()
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("soak: seed {}: {e}", cfg.seed);
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The soak's stack: Envoy (2 workers) → 2 × idemd (reconciling) → a private
+//! redis-server + a Postgres database of this run's own; the demo in
+//! `--no-dedup --faults`. Every process is the harness's (`idem_e2e`), so the
+//! soak starts them exactly as the end-to-end tests do; this adds the kills,
+//! pauses and restarts the fault schedule needs.
+
+use idem_e2e::backends::{self, OwnPostgres};
+use idem_e2e::{
+    free_port, spawn_sidecar, start_demo, start_envoy_workers, wait_ready, BoxError, DemoOpts, Ports, Proc, SidecarOpts,
+};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The config under envoy/ the soak runs, and the placeholder of its second idemd endpoint.
+pub const ENVOY_CONFIG: &str = "soak.yaml";
+pub const SECOND_SIDECAR_PLACEHOLDER: &str = "port_value: 9091";
+
+/// The demo's by-key endpoint (the harness points 127.0.0.1:8080 at this run's demo).
+const STATUS_ENDPOINT: &str = "payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}";
+
+/// idemd: 5 s leases (the routes' `lease_ms`) covering what the soak does to the upstream (slow answers < 2.4 s, the
+/// confirm route's 2 s timeout), a reconciler pass every 200 ms, a 404 trusted 1 s after the lease ended, and a retry
+/// budget that outlasts a demo restart (a lookup failing while the demo is down must not give up).
+fn idemd_args(instance: &str) -> Vec<String> {
+    [
+        "--lease-ms",
+        "5000",
+        "--upstream-worst-case-ms",
+        "2500",
+        "--gateway-timeout-ms",
+        "2000",
+        "--retry-backoff-total-ms",
+        "100",
+        "--reconcile-interval-ms",
+        "200",
+        "--reconcile-grace-ms",
+        "1000",
+        "--status-timeout-ms",
+        "1000",
+        "--reconcile-retry-budget",
+        "100",
+        "--status-endpoint",
+        STATUS_ENDPOINT,
+        "--instance-id",
+        instance,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Backends the soak needs: `redis-server` (a private instance) and Postgres on 127.0.0.1:5432.
+/// Ok(None): skipped loudly; Err with `IDEM_REQUIRE_BACKENDS=1`.
+pub fn backends() -> Result<Option<OwnPostgres>, BoxError> {
+    let redis_ok = Command::new("redis-server").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !redis_ok {
+        if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
+            return Err(
+                "backend redis (redis-server for a private instance) is required (IDEM_REQUIRE_BACKENDS=1) but missing"
+                    .into(),
+            );
+        }
+        backends::skipped("redis: no redis-server binary for the soak's private instance");
+        return Ok(None);
+    }
+    backends::own_postgres()
+}
+
+pub struct SoakStack {
+    pub dir: tempfile::TempDir,
+    pub ports: Ports,
+    pub sidecar_ports: [u16; 2],
+    pub redis_port: u16,
+    pub db: OwnPostgres,
+    pub db_name: String,
+    pub demo: Proc,
+    pub idemd: [Proc; 2],
+    pub envoy: Proc,
+    pub redis: Proc,
+    pub redis_stopped: bool,
+    demo_opts: DemoOpts,
+    sidecar_opts: [SidecarOpts; 2],
+}
+
+impl SoakStack {
+    pub async fn start(db: OwnPostgres) -> Result<SoakStack, BoxError> {
+        let dir = tempfile::tempdir()?;
+        let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
+        let sidecar_ports = [ports.sidecar, free_port()?];
+        let redis_port = free_port()?;
+        let db_name = db.url.rsplit('/').next().unwrap_or("").split('?').next().unwrap_or("").to_owned();
+        if db_name.is_empty() {
+            return Err(format!("no database name in {}", db.url).into());
+        }
+
+        let mut redis = spawn_redis(redis_port, dir.path())?;
+        wait_redis(redis_port, &mut redis).await?;
+        let demo_opts = DemoOpts { no_dedup: true, faults: true };
+        let mut demo = start_demo(&demo_opts, ports.demo, dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
+        let sidecar_opts = ["soak-a", "soak-b"].map(|id| {
+            SidecarOpts {
+                redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
+                database_url: Some(db.url.clone()),
+                extra_args: idemd_args(id),
+            }
+            .for_ports(&ports)
+        });
+        let a = start_idemd(&sidecar_opts[0], 0, sidecar_ports[0], dir.path()).await?;
+        let b = start_idemd(&sidecar_opts[1], 1, sidecar_ports[1], dir.path()).await?;
+        let mut stack = SoakStack {
+            envoy: spawn_envoy(&ports, sidecar_ports[1], dir.path())?,
+            dir,
+            ports,
+            sidecar_ports,
+            redis_port,
+            db,
+            db_name,
+            demo,
+            idemd: [a, b],
+            redis,
+            redis_stopped: false,
+            demo_opts,
+            sidecar_opts,
+        };
+        wait_ready(&format!("http://127.0.0.1:{}/ready", stack.ports.admin), &mut stack.envoy).await?;
+        Ok(stack)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports.listener)
+    }
+
+    pub fn demo_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.ports.demo)
+    }
+
+    pub fn redis_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.redis_port)
+    }
+
+    pub async fn restart_envoy(&mut self) -> Result<(), BoxError> {
+        self.envoy.kill9();
+        self.envoy = spawn_envoy(&self.ports, self.sidecar_ports[1], self.dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/ready", self.ports.admin), &mut self.envoy).await
+    }
+
+    pub fn kill_idemd(&mut self, i: usize) {
+        self.idemd[i].kill9();
+    }
+
+    pub async fn start_idemd(&mut self, i: usize) -> Result<(), BoxError> {
+        self.idemd[i].kill9();
+        self.idemd[i] = start_idemd(&self.sidecar_opts[i], i, self.sidecar_ports[i], self.dir.path()).await?;
+        Ok(())
+    }
+
+    pub fn kill_demo(&mut self) {
+        self.demo.kill9();
+    }
+
+    pub async fn start_demo(&mut self) -> Result<(), BoxError> {
+        self.demo.kill9();
+        self.demo = start_demo(&self.demo_opts, self.ports.demo, self.dir.path())?;
+        wait_ready(&format!("http://127.0.0.1:{}/healthz", self.ports.demo), &mut self.demo).await
+    }
+
+    /// SIGSTOP / SIGCONT of the private redis-server: connections stay open, nothing answers.
+    pub fn redis_signal(&mut self, stop: bool) -> Result<(), BoxError> {
+        let pid = self.redis.pid().ok_or("redis-server is not running")?;
+        let sig = if stop { "-STOP" } else { "-CONT" };
+        let ok = Command::new("kill").arg(sig).arg(pid.to_string()).status()?.success();
+        if !ok {
+            return Err(format!("kill {sig} {pid} failed").into());
+        }
+        self.redis_stopped = stop;
+        Ok(())
+    }
+
+    pub async fn redis_flush(&self) -> Result<(), BoxError> {
+        let client = redis::Client::open(self.redis_url())?;
+        let mut con = tokio::time::timeout(Duration::from_secs(2), client.get_multiplexed_async_connection()).await??;
+        let _: () = tokio::time::timeout(Duration::from_secs(2), redis::cmd("FLUSHDB").query_async(&mut con)).await??;
+        Ok(())
+    }
+
+    /// Kills every Postgres connection to this run's database (idemd's pools), from a connection to another one.
+    pub async fn pg_terminate(&self) -> Result<u64, BoxError> {
+        use sqlx::Connection as _;
+        let mut con = sqlx::PgConnection::connect(&backends::postgres_url()).await?;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&self.db_name)
+        .fetch_one(&mut con)
+        .await?;
+        con.close().await?;
+        Ok(n.max(0) as u64)
+    }
+
+    /// After the faults: every process up again, Redis running.
+    pub async fn ensure_up(&mut self) -> Result<Vec<String>, BoxError> {
+        let mut restarted = Vec::new();
+        if self.redis_stopped {
+            self.redis_signal(false)?;
+            restarted.push("redis (SIGCONT)".to_owned());
+        }
+        if self.demo.exited() {
+            self.start_demo().await?;
+            restarted.push("demo".to_owned());
+        }
+        for i in 0..2 {
+            if self.idemd[i].exited() {
+                self.start_idemd(i).await?;
+                restarted.push(format!("idemd-{i}"));
+            }
+        }
+        if self.envoy.exited() {
+            self.restart_envoy().await?;
+            restarted.push("envoy".to_owned());
+        }
+        Ok(restarted)
+    }
+
+    /// Keep the run's directory (logs, the demo's ledger) for a look after a failed run.
+    pub fn keep_dir(self) -> std::path::PathBuf {
+        let SoakStack { dir, .. } = self;
+        dir.keep()
+    }
+}
+
+fn spawn_envoy(ports: &Ports, second_sidecar: u16, dir: &std::path::Path) -> Result<Proc, BoxError> {
+    let edits = [(SECOND_SIDECAR_PLACEHOLDER.to_owned(), format!("port_value: {second_sidecar}"))];
+    start_envoy_workers(ENVOY_CONFIG, ports, &edits, dir, 2)
+}
+
+async fn start_idemd(opts: &SidecarOpts, i: usize, port: u16, dir: &std::path::Path) -> Result<Proc, BoxError> {
+    let mut p = spawn_sidecar(&format!("idemd-{i}"), opts, port, dir)?;
+    wait_ready(&format!("http://127.0.0.1:{port}/healthz"), &mut p).await?;
+    Ok(p)
+}
+
+fn spawn_redis(port: u16, dir: &std::path::Path) -> Result<Proc, BoxError> {
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]).current_dir(dir);
+    Proc::spawn("redis", &mut cmd, dir)
+}
+
+async fn wait_redis(port: u16, proc: &mut Proc) -> Result<(), BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    while Instant::now() < deadline {
+        if proc.exited() {
+            return Err(format!("redis-server exited during start:\n{}", proc.log_text()).into());
+        }
+        if let Ok(mut con) = client.get_multiplexed_async_connection().await {
+            let pong: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
+            if pong.is_ok() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("redis-server not ready on {port}:\n{}", proc.log_text()).into())
+}
