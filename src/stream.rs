@@ -14,7 +14,7 @@ use crate::routes::RouteLookup;
 use crate::sidecar;
 use idem_core::machine::{
     self, CalloutAnswer, Counter, Ctx, Effect, Flow, Machine, Outcome, RequestHead, ResponseHead, Step,
-    FINGERPRINT_HEADER, IDEMPOTENCY_KEY_HEADER,
+    FINGERPRINT_HEADER, IDEMPOTENCY_KEY_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER,
 };
 use idem_core::policy::SubjectSource;
 use std::rc::Rc;
@@ -112,7 +112,7 @@ impl<H: Host> Stream<H> {
         let step = match step {
             Ok(s) if s.flow == Flow::NeedBody => {
                 let body = self.host.response_body(size);
-                self.machine.on_response_body(&body)
+                self.machine.on_response_body(&body, &mut self.host)
             }
             other => other,
         };
@@ -151,6 +151,8 @@ impl<H: Host> Stream<H> {
             path: self.host.request_header(":path").unwrap_or_default(),
             method: self.host.request_header(":method").unwrap_or_default(),
             idempotency_key: self.host.request_header(IDEMPOTENCY_KEY_HEADER),
+            mcp_method: self.host.request_header(MCP_METHOD_HEADER),
+            mcp_name: self.host.request_header(MCP_NAME_HEADER),
         }
     }
 

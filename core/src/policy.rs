@@ -357,6 +357,8 @@ pub const ROUTE_KEYS: &[&str] = &[
     "replay",
     "client_keys",
     "callers",
+    "protocol",
+    "tools",
 ];
 
 const MAX_SCOPE_LEN: usize = 128;
@@ -371,6 +373,8 @@ pub enum Role {
     Status,
     /// Client-key mode: the caller's own `Idempotency-Key` (IETF draft), no fingerprint.
     Idempotent,
+    /// An MCP endpoint (Streamable HTTP): each listed tool has a role of its own.
+    Mcp,
 }
 
 impl Role {
@@ -380,6 +384,7 @@ impl Role {
             Role::Confirm => "confirm",
             Role::Status => "status",
             Role::Idempotent => "idempotent",
+            Role::Mcp => "mcp",
         }
     }
 }
@@ -435,6 +440,14 @@ pub struct RoutePolicy {
     /// Who reads this route's refusals: models (the DESIGN §7 envelope) or
     /// programs (RFC 9457 problem+json, 409 while in flight).
     pub callers: Callers,
+    /// Role `mcp`: the guarded tools, by name (`tools/call` of any other passes through).
+    pub tools: Vec<(String, std::rc::Rc<RoutePolicy>)>,
+}
+
+impl RoutePolicy {
+    pub fn tool(&self, name: &str) -> Option<&std::rc::Rc<RoutePolicy>> {
+        self.tools.iter().find(|(n, _)| n == name).map(|(_, p)| p)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,16 +476,23 @@ pub fn parse_route_policy(
     get: &dyn Fn(&str) -> Option<LeafValue>,
     defaults: &RouteDefaults,
 ) -> Result<Option<RoutePolicy>, PolicyError> {
-    let role = match get("role") {
-        None => return Ok(None),
-        Some(LeafValue::Str(s)) => match s.as_str() {
+    let protocol = leaf_string(get, "protocol")?;
+    let role = match (get("role"), protocol.as_deref()) {
+        (_, Some("mcp")) => return parse_mcp(get, defaults).map(Some),
+        (_, Some(other)) if other != "http" => return perr(format!("protocol: {other:?} is not one of http, mcp")),
+        (None, _) => return Ok(None),
+        (Some(role), _) => role,
+    };
+    let role = match role {
+        LeafValue::Str(s) if s == "mcp" => return parse_mcp(get, defaults).map(Some),
+        LeafValue::Str(s) => match s.as_str() {
             "preview" => Role::Preview,
             "confirm" => Role::Confirm,
             "status" => Role::Status,
             "idempotent" => Role::Idempotent,
-            other => return perr(format!("role: {other:?} is not one of preview, confirm, status, idempotent")),
+            other => return perr(format!("role: {other:?} is not one of preview, confirm, status, idempotent, mcp")),
         },
-        Some(LeafValue::Num(_)) => return perr("role: expected a string (preview, confirm, status or idempotent)"),
+        LeafValue::Num(_) => return perr("role: expected a string (preview, confirm, status, idempotent or mcp)"),
     };
 
     let scope = leaf_string(get, "scope")?.ok_or_else(|| PolicyError("scope: required".into()))?;
@@ -545,8 +565,77 @@ pub fn parse_route_policy(
         replay,
         client_keys,
         callers,
+        tools: Vec::new(),
     }))
 }
+
+/// `role: mcp` (or `protocol: mcp`): `tools` is a JSON object (a JSON string in
+/// route metadata) from tool name to that tool's annotation, whose bound fields
+/// point into `params.arguments`.
+fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) -> Result<RoutePolicy, PolicyError> {
+    if let Some(LeafValue::Str(role)) = get("role") {
+        if role != "mcp" {
+            return perr(format!("role: {role:?} with protocol mcp: the roles belong to the tools"));
+        }
+    }
+    let text = leaf_string(get, "tools")?.ok_or_else(|| PolicyError("tools: required for an MCP route".into()))?;
+    let table = match strict_json::from_slice(text.as_bytes()) {
+        Ok(Value::Object(map)) if !map.is_empty() && map.len() <= MAX_TOOLS => map,
+        Ok(_) => return perr(format!("tools: expected an object of 1 to {MAX_TOOLS} tools")),
+        Err(e) => return perr(format!("tools: not valid JSON: {e}")),
+    };
+    let mut tools = Vec::with_capacity(table.len());
+    for (name, spec) in &table {
+        if name.is_empty() || name.len() > MAX_TOOL_NAME_LEN || name.chars().any(char::is_control) {
+            return perr(format!("tools: {name:?} is not a tool name"));
+        }
+        let Value::Object(fields) = spec else { return perr(format!("tools.{name}: expected an object")) };
+        if let Some(k) = fields.keys().find(|k| !TOOL_KEYS.contains(&k.as_str())) {
+            return perr(format!("tools.{name}.{k}: unknown field (expected one of: {})", TOOL_KEYS.join(", ")));
+        }
+        let leaf = |k: &str| match fields.get(k)? {
+            Value::String(s) => Some(LeafValue::Str(s.clone())),
+            Value::Number(n) => n.as_f64().map(LeafValue::Num),
+            other => Some(LeafValue::Str(other.to_string())),
+        };
+        let policy = match parse_route_policy(&leaf, defaults) {
+            Ok(Some(p)) if matches!(p.role, Role::Preview | Role::Confirm | Role::Status) => p,
+            Ok(Some(p)) => return perr(format!("tools.{name}.role: {} is not for a tool", p.role.as_str())),
+            Ok(None) => return perr(format!("tools.{name}.role: required (preview, confirm or status)")),
+            Err(PolicyError(e)) => return perr(format!("tools.{name}.{e}")),
+        };
+        tools.push((name.clone(), std::rc::Rc::new(policy)));
+    }
+    Ok(RoutePolicy {
+        role: Role::Mcp,
+        scope: String::new(),
+        bound: Vec::new(),
+        fingerprint_ttl_s: defaults.fingerprint_ttl_s,
+        lease_ms: defaults.lease_ms,
+        poll_after_ms: defaults.poll_after_ms,
+        status_tool: None,
+        result_ref: None,
+        outcomes: Vec::new(),
+        replay: ReplayMode::Envelope,
+        client_keys: false,
+        callers: Callers::Agents,
+        tools,
+    })
+}
+
+const MAX_TOOLS: usize = 64;
+/// A tool's annotation: the route annotation's fields, less the route-level ones.
+const TOOL_KEYS: &[&str] = &[
+    "role",
+    "scope",
+    "bind",
+    "fingerprint_ttl_s",
+    "lease_ms",
+    "poll_after_ms",
+    "status_tool",
+    "result_ref",
+    "outcomes",
+];
 
 /// `"/amount:decimal, /currency /payee_id"`: separated by commas and/or whitespace.
 pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
@@ -822,6 +911,7 @@ mod tests {
             replay: ReplayMode::Original,
             client_keys: false,
             callers: Callers::Agents,
+            tools: Vec::new(),
         };
         assert_eq!(p, Some(want));
         Ok(())

@@ -13,6 +13,7 @@
 //! does not pay for them.
 
 mod confirm;
+mod mcp;
 mod preview;
 mod status;
 #[cfg(test)]
@@ -26,6 +27,7 @@ use std::fmt;
 use std::rc::Rc;
 
 pub use self::confirm::Confirm;
+pub use self::mcp::{Mcp, MCP_METHOD_HEADER, MCP_NAME_HEADER};
 pub use self::preview::Preview;
 pub use self::status::Status;
 
@@ -61,6 +63,9 @@ pub struct RequestHead {
     pub method: String,
     /// The caller's `Idempotency-Key` header (client-key mode); never forwarded.
     pub idempotency_key: Option<String>,
+    /// MCP routes: the `Mcp-Method` / `Mcp-Name` headers, when the client sends them.
+    pub mcp_method: Option<String>,
+    pub mcp_name: Option<String>,
 }
 
 /// The upstream's answer head, as the host sees it.
@@ -369,12 +374,24 @@ pub enum Machine {
     Preview(Preview),
     Confirm(Confirm),
     Status(Status),
+    Mcp(Box<Mcp>),
 }
 
 impl Machine {
     /// Start a machine for a request on an annotated route; `head` is read by
     /// the host only for such routes.
     pub fn start(ctx: Ctx, head: &RequestHead, end_of_stream: bool, env: &mut dyn Env) -> (Machine, Step) {
+        if ctx.policy.role == Role::Mcp {
+            // Whose call it is, and whether it is guarded at all, is in the JSON-RPC body.
+            let Some(mcp) = Mcp::start(ctx, head) else { return (Machine::Pass, Step::go_on()) };
+            let mut machine = Machine::Mcp(Box::new(mcp));
+            let step = if end_of_stream {
+                machine.on_request_body(&[], env).unwrap_or_else(|e| Step::go_on().with(Effect::Warn(e.to_string())))
+            } else {
+                Step::pause()
+            };
+            return (machine.settle(), step);
+        }
         let Some(subject) = head.subject.as_deref() else {
             let step = ctx.simple(ReplyKind::SubjectMissing).with(Effect::Count(Counter::RejectedSubject));
             return (Machine::Pass, step);
@@ -388,6 +405,8 @@ impl Machine {
         let mut machine = match ctx.policy.role {
             Role::Preview => Machine::Preview(Preview::new(ctx, subject_hash)),
             Role::Confirm | Role::Idempotent => Machine::Confirm(Confirm::new(ctx, subject_hash, head)),
+            // Handled above; a tool is never an MCP endpoint itself.
+            Role::Mcp => return (Machine::Pass, Step::go_on()),
             Role::Status => {
                 let token = head.fingerprint.clone().or_else(|| query_param(&head.path, FINGERPRINT_FIELD));
                 Machine::Status(Status::new(ctx, subject_hash, token, head.idempotency_key.clone()))
@@ -416,6 +435,7 @@ impl Machine {
             Machine::Preview(_) => Some(Role::Preview),
             Machine::Confirm(_) => Some(Role::Confirm),
             Machine::Status(_) => Some(Role::Status),
+            Machine::Mcp(_) => Some(Role::Mcp),
         }
     }
 
@@ -426,6 +446,7 @@ impl Machine {
             Machine::Preview(p) => p.finished(),
             Machine::Confirm(c) => c.finished(),
             Machine::Status(s) => s.finished(),
+            Machine::Mcp(m) => m.finished(),
         };
         if finished {
             Machine::Pass
@@ -448,6 +469,7 @@ impl Machine {
             Machine::Preview(p) => p.body_limit(),
             Machine::Confirm(c) => c.body_limit(),
             Machine::Status(s) => s.body_limit(),
+            Machine::Mcp(m) => m.body_limit(),
         };
         let Some((ctx, limit)) = limit else { return Step::go_on() };
         if size > limit {
@@ -469,6 +491,7 @@ impl Machine {
             Machine::Preview(p) => p.on_request_body(body),
             Machine::Confirm(c) => c.on_request_body(body, env),
             Machine::Status(s) => s.on_request_body(body),
+            Machine::Mcp(m) => m.on_request_body(body, env),
         })
     }
 
@@ -477,12 +500,17 @@ impl Machine {
             Machine::Pass | Machine::Preview(_) => Err(Unexpected { event: "callout", phase: "no call pending" }),
             Machine::Confirm(c) => c.on_callout(answer),
             Machine::Status(s) => s.on_callout(answer, env),
+            Machine::Mcp(m) => m.on_callout(answer, env),
         })
     }
 
     /// Whether [`ResponseHead::headers`] must be filled (a confirm records them).
     pub fn response_needs_headers(&self) -> bool {
-        matches!(self, Machine::Confirm(c) if c.forwarded())
+        match self {
+            Machine::Confirm(c) => c.forwarded(),
+            Machine::Mcp(m) => m.response_needs_headers(),
+            _ => false,
+        }
     }
 
     pub fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool, env: &mut dyn Env) -> Outcome {
@@ -490,6 +518,7 @@ impl Machine {
             Machine::Pass | Machine::Status(_) => Ok(Step::go_on()),
             Machine::Preview(p) => Ok(p.on_response_head(head, end_of_stream, env)),
             Machine::Confirm(c) => c.on_response_head(head, end_of_stream),
+            Machine::Mcp(m) => m.on_response_head(head, end_of_stream, env),
         })
     }
 
@@ -499,15 +528,17 @@ impl Machine {
             Machine::Pass | Machine::Status(_) => Ok(Step::go_on()),
             Machine::Preview(p) => Ok(p.on_response_data(end_of_stream)),
             Machine::Confirm(c) => c.on_response_data(size, end_of_stream),
+            Machine::Mcp(m) => Ok(m.on_response_data(end_of_stream)),
         })
     }
 
     /// The complete response body (after [`Flow::NeedBody`]).
-    pub fn on_response_body(&mut self, body: &[u8]) -> Outcome {
+    pub fn on_response_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
         self.with_role(|m| match m {
             Machine::Pass | Machine::Status(_) => Err(Unexpected { event: "response_body", phase: "pass" }),
             Machine::Preview(p) => p.on_response_body(body),
             Machine::Confirm(c) => c.on_response_body(body),
+            Machine::Mcp(m) => m.on_response_body(body, env),
         })
     }
 }

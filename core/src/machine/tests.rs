@@ -72,6 +72,8 @@ fn head(fp: Option<String>) -> RequestHead {
         path: "/confirm".into(),
         method: "POST".into(),
         idempotency_key: None,
+        mcp_method: None,
+        mcp_name: None,
     }
 }
 
@@ -161,7 +163,7 @@ fn confirm_done_path_completes_then_releases_the_answer() -> TestResult {
     assert!(step.effects.contains(&Effect::SetResponseHeader("idempotency-key".into(), KEY.into())));
     assert_eq!(m.on_response_data(5, false)?, Step::pause());
     assert_eq!(m.on_response_data(12, true)?, Step::need_body());
-    let step = m.on_response_body(br#"{"id":"T-1"}"#)?;
+    let step = m.on_response_body(br#"{"id":"T-1"}"#, &mut env)?;
     let c = call(&step).ok_or("no complete")?;
     assert_eq!(c.path, "/v1/complete");
     let req: CompleteRequest = serde_json::from_slice(c.body.as_deref().unwrap_or_default())?;
@@ -180,7 +182,7 @@ fn confirm_release_rewrites_to_not_executed_with_the_upstream_retry_after() -> T
     let mut m = forwarded(&mut env)?;
     m.on_response_head(&upstream(503, "via_upstream"), false, &mut env)?;
     m.on_response_data(2, true)?;
-    let step = m.on_response_body(b"{}")?;
+    let step = m.on_response_body(b"{}", &mut env)?;
     assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/release"));
     let req: ReleaseRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
     assert_eq!(req.owner, OWNER);
@@ -203,7 +205,7 @@ fn confirm_unknown_outcome_stays_in_flight_and_tells_the_model_to_poll() -> Test
     let mut m = forwarded(&mut env)?;
     m.on_response_head(&upstream(504, "upstream_response_timeout"), false, &mut env)?;
     m.on_response_data(2, true)?;
-    let step = m.on_response_body(b"{}")?;
+    let step = m.on_response_body(b"{}", &mut env)?;
     assert!(call(&step).is_none(), "nothing is recorded: the reconciler decides");
     assert!(counted(&step, Counter::UnknownOutcome));
     assert_eq!(step.flow, Flow::Continue);
@@ -454,7 +456,7 @@ fn events_in_the_wrong_phase_are_errors_and_change_nothing() -> TestResult {
     let mut env = FixedEnv { now: 999 };
     let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
     assert!(m.on_callout(&CalloutAnswer::failed(), &mut env).is_err());
-    assert!(m.on_response_body(b"{}").is_err());
+    assert!(m.on_response_body(b"{}", &mut env).is_err());
     assert!(m.on_response_head(&upstream(201, "via_upstream"), false, &mut env).is_err());
     // Still waiting for its body.
     assert_eq!(call(&m.on_request_body(&body(json!(10)), &mut env)?).map(|c| c.path.as_str()), Some("/v1/acquire"));
@@ -482,7 +484,7 @@ fn preview_mints_into_a_successful_json_answer() -> TestResult {
     assert_eq!(step.flow, Flow::Pause);
     assert_eq!(m.on_response_data(5, false)?, Step::pause());
     assert_eq!(m.on_response_data(10, true)?, Step::need_body());
-    let step = m.on_response_body(br#"{"quote":1}"#)?;
+    let step = m.on_response_body(br#"{"quote":1}"#, &mut env)?;
     let out = step.effects.iter().find_map(|e| match e {
         Effect::ReplaceResponseBody(b) => Some(b.clone()),
         _ => None,
@@ -669,5 +671,193 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
     // Neither: the agent's way is the one to name.
     let (mut m, _) = Machine::start(c()?, &head(None), false, &mut env);
     assert_eq!(reply_status(&m.on_request_body(&body(json!(10)), &mut env)?)?, (428, "fingerprint_missing".into()));
+    Ok(())
+}
+
+// ---- MCP -------------------------------------------------------------------
+
+const TOOLS: &str = r#"{"quote_transfer":{"role":"preview","scope":"pay","bind":"/amount:decimal, /currency"},
+  "execute_transfer":{"role":"confirm","scope":"pay","bind":"/amount:decimal, /currency","status_tool":"get_transfer_status"},
+  "get_transfer_status":{"role":"status","scope":"pay"}}"#;
+
+fn mcp_ctx() -> Result<Ctx, Box<dyn std::error::Error>> {
+    let leaves = [("role", "mcp"), ("tools", TOOLS)];
+    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
+    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
+    Ok(Ctx { config: config()?, policy: Rc::new(p), trace_id: "trace-1".into() })
+}
+
+fn rpc(id: Value, method: &str, params: Value) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string().into_bytes()
+}
+
+fn call_tool(id: Value, name: &str, args: Value) -> Vec<u8> {
+    rpc(id, "tools/call", json!({"name": name, "arguments": args, "_meta": {"progressToken": 0}}))
+}
+
+fn mcp_start(body: &[u8], env: &mut FixedEnv) -> Result<(Machine, Step), Box<dyn std::error::Error>> {
+    let (mut m, first) = Machine::start(mcp_ctx()?, &head(None), false, env);
+    assert_eq!(first.flow, Flow::Pause);
+    let step = m.on_request_body(body, env)?;
+    Ok((m, step))
+}
+
+fn rpc_result(step: &Step) -> Result<Value, Box<dyn std::error::Error>> {
+    let r = step.reply().ok_or("no reply")?;
+    assert_eq!(r.http_status, 200);
+    Ok(serde_json::from_slice(&r.body)?)
+}
+
+#[test]
+fn mcp_passes_what_is_not_a_guarded_tool_call() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    for h in [
+        RequestHead { mcp_method: Some("initialize".into()), ..head(None) },
+        RequestHead { mcp_method: Some("tools/call".into()), mcp_name: Some("other".into()), ..head(None) },
+        RequestHead { method: "GET".into(), ..head(None) },
+    ] {
+        let (m, step) = Machine::start(mcp_ctx()?, &h, false, &mut env);
+        assert!(matches!(m, Machine::Pass) && step == Step::go_on(), "{h:?}");
+    }
+    for body in [
+        rpc(json!(0), "initialize", json!({})),
+        rpc(json!(1), "tools/list", json!({})),
+        call_tool(json!(2), "other", json!({})),
+    ] {
+        let (m, step) = mcp_start(&body, &mut env)?;
+        assert_eq!(step, Step::go_on());
+        assert!(matches!(m, Machine::Pass));
+    }
+    // Batches and garbage are refused clearly, with a JSON-RPC error.
+    let (_, step) = mcp_start(br#"[{"jsonrpc":"2.0","id":1,"method":"tools/call"}]"#, &mut env)?;
+    let r = step.reply().ok_or("no reply")?;
+    let v: Value = serde_json::from_slice(&r.body)?;
+    assert_eq!((r.http_status, v["error"]["code"].as_i64()), (400, Some(-32600)));
+    let (_, step) = mcp_start(b"not json", &mut env)?;
+    assert_eq!(serde_json::from_slice::<Value>(&step.reply().ok_or("no reply")?.body)?["error"]["code"], -32700);
+    Ok(())
+}
+
+/// Quote through MCP: the fingerprint lands in `structuredContent` and a text
+/// line, in the upstream's framing; the `id` is the request's.
+#[test]
+fn mcp_preview_mints_into_the_tool_result() -> TestResult {
+    for sse in [false, true] {
+        let mut env = FixedEnv { now: 100 };
+        let (mut m, step) =
+            mcp_start(&call_tool(json!(7), "quote_transfer", json!({"amount": "10.00", "currency": "EUR"})), &mut env)?;
+        assert_eq!(step.flow, Flow::Continue, "a preview is forwarded at once");
+        let answer = json!({"jsonrpc": "2.0", "id": 7, "result": {"content": [{"type": "text", "text": "{}"}], "structuredContent": {"quote_id": "q_1"}, "isError": false}});
+        let (ct, body) = if sse {
+            ("text/event-stream", format!("data: \nid: 0\n\ndata: {answer}\n\n").into_bytes())
+        } else {
+            ("application/json", answer.to_string().into_bytes())
+        };
+        let h = ResponseHead { status: 200, content_type: Some(ct.into()), ..Default::default() };
+        assert_eq!(m.on_response_head(&h, false, &mut env)?.flow, Flow::Pause);
+        assert_eq!(m.on_response_data(body.len(), true)?.flow, Flow::NeedBody);
+        let step = m.on_response_body(&body, &mut env)?;
+        let out = step.effects.iter().find_map(|e| match e {
+            Effect::ReplaceResponseBody(b) => Some(b.clone()),
+            _ => None,
+        });
+        let out = String::from_utf8(out.ok_or("no body")?)?;
+        let json_text = if sse { out.strip_prefix("data: ").ok_or("not sse")?.trim_end().to_string() } else { out };
+        let v: Value = serde_json::from_str(&json_text)?;
+        assert_eq!(v["id"], 7);
+        let fp = v["result"]["structuredContent"]["fingerprint"].as_str().ok_or("no fingerprint")?;
+        assert_eq!(v["result"]["structuredContent"]["quote_id"], "q_1");
+        assert!(v["result"]["content"][1]["text"].as_str().unwrap_or_default().contains(fp), "{v}");
+        // The minted fingerprint confirms the same arguments.
+        let (_, step) = mcp_start(
+            &call_tool(
+                json!(8),
+                "execute_transfer",
+                json!({"amount": 10, "currency": "EUR", "fingerprint": fp, "memo": "x"}),
+            ),
+            &mut env,
+        )?;
+        assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    }
+    Ok(())
+}
+
+#[test]
+fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let args = json!({"amount": "10.00", "currency": "EUR", "fingerprint": token(1000)?, "memo": "asap"});
+    let (mut m, step) = mcp_start(&call_tool(json!(3), "execute_transfer", args.clone()), &mut env)?;
+    assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    let step = m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+    assert!(step.effects.contains(&Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, KEY.into())));
+    assert!(m.response_needs_headers());
+    // Small enough for the test config's max_response_bytes (64).
+    let result = json!({"structuredContent": {"id": "t_1"}, "isError": false});
+    let body = json!({"jsonrpc": "2.0", "id": 3, "result": result}).to_string().into_bytes();
+    let h = ResponseHead {
+        status: 200,
+        content_type: Some("application/json".into()),
+        code_details: Some("via_upstream".into()),
+        attempts: 1,
+        headers: vec![],
+    };
+    m.on_response_head(&h, false, &mut env)?;
+    m.on_response_data(body.len(), true)?;
+    let step = m.on_response_body(&body, &mut env)?;
+    let c = call(&step).ok_or("no complete")?;
+    let req: CompleteRequest = serde_json::from_slice(c.body.as_deref().unwrap_or_default())?;
+    assert_eq!(req.state, crate::protocol::TerminalState::Done);
+    let recorded: Value =
+        serde_json::from_slice(&crate::protocol::decode_body(&req.result.body_b64).unwrap_or_default())?;
+    assert_eq!(recorded, result, "the JSON-RPC result is what is kept");
+    assert!(
+        !step.effects.iter().any(|e| matches!(e, Effect::ReplaceResponseBody(_))),
+        "the first answer goes through as sent"
+    );
+    let step = m.on_callout(&answer(200, json!({"outcome": "OK"})), &mut env)?;
+    assert!(step.effects.contains(&Effect::ResumeResponse));
+
+    // The retry, with another id: a tool result whose structuredContent is the envelope.
+    let (mut m, _) = mcp_start(&call_tool(json!("retry-9"), "execute_transfer", args), &mut env)?;
+    let done =
+        json!({"outcome": "DONE", "result": {"status": 200, "body_b64": encode_body(result.to_string().as_bytes())}});
+    let v = rpc_result(&m.on_callout(&answer(200, done), &mut env)?)?;
+    assert_eq!(v["id"], "retry-9");
+    assert_eq!(v["result"]["isError"], false);
+    assert_eq!(v["result"]["structuredContent"]["status"], "already_completed");
+    assert_eq!(v["result"]["structuredContent"]["result"], result);
+    Ok(())
+}
+
+#[test]
+fn mcp_refusals_and_tool_errors() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    // Tampered amount: a tool result with isError and the envelope, nothing called.
+    let tampered = json!({"amount": "10.01", "currency": "EUR", "fingerprint": token(1000)?});
+    let (_, step) = mcp_start(&call_tool(json!(4), "execute_transfer", tampered), &mut env)?;
+    let v = rpc_result(&step)?;
+    assert_eq!((v["id"].as_i64(), v["result"]["isError"].as_bool()), (Some(4), Some(true)));
+    assert_eq!(v["result"]["structuredContent"]["status"], "params_changed");
+    assert!(call(&step).is_none());
+    let (_, step) =
+        mcp_start(&call_tool(json!(5), "execute_transfer", json!({"amount": 1, "currency": "EUR"})), &mut env)?;
+    assert_eq!(rpc_result(&step)?["result"]["structuredContent"]["status"], "fingerprint_missing");
+    // The tool answered isError: a definite failure, recorded FAILED.
+    let args = json!({"amount": "10.00", "currency": "EUR", "fingerprint": token(1000)?});
+    let (mut m, _) = mcp_start(&call_tool(json!(6), "execute_transfer", args), &mut env)?;
+    m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+    let body = br#"{"jsonrpc":"2.0","id":6,"result":{"content":[],"structuredContent":{"error":"limit_exceeded"},"isError":true}}"#;
+    let h = ResponseHead {
+        status: 200,
+        content_type: Some("application/json".into()),
+        code_details: Some("via_upstream".into()),
+        attempts: 1,
+        headers: vec![],
+    };
+    m.on_response_head(&h, false, &mut env)?;
+    m.on_response_data(body.len(), true)?;
+    let step = m.on_response_body(body, &mut env)?;
+    let req: CompleteRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert_eq!(req.state, crate::protocol::TerminalState::Failed);
     Ok(())
 }
