@@ -315,6 +315,12 @@ fn parse_decimal(text: &str) -> Result<String, DecimalError> {
     if total_digits > MAX_DIGITS as i64 {
         return Err(DecimalError::OutOfRange);
     }
+    // The canonical text must itself be an accepted literal, or one value would
+    // hash in one spelling (`3e100`) and be refused written out (a fixed point).
+    let text_len = total_digits + i64::from(negative) + i64::from(scale < 0);
+    if text_len > MAX_LITERAL_LEN as i64 {
+        return Err(DecimalError::OutOfRange);
+    }
     let mut out = String::with_capacity(total_digits as usize + 2);
     if negative {
         out.push('-');
@@ -373,9 +379,11 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(normalize_decimal(input).as_deref(), Some(want), "{input}");
         }
-        let tiny = normalize_decimal("5e-100");
-        assert_eq!(tiny.as_deref().map(str::len), Some(102));
+        // The longest canonical text is itself an accepted literal (≤ 100 characters).
+        let tiny = normalize_decimal("5e-98");
+        assert_eq!(tiny.as_deref().map(str::len), Some(100));
         assert!(tiny.is_some_and(|t| t.starts_with("0.000") && t.ends_with('5')));
+        assert_eq!(normalize_decimal("5e-99"), None);
     }
 
     #[test]
@@ -392,12 +400,14 @@ mod tests {
         assert_eq!(parse_decimal("1e999999999"), Err(DecimalError::OutOfRange));
         assert_eq!(parse_decimal("1e101"), Err(DecimalError::OutOfRange));
         assert_eq!(parse_decimal("1e-101"), Err(DecimalError::OutOfRange));
-        assert_eq!(parse_decimal("1e0000000000000000100"), Ok(format!("1{}", "0".repeat(100))));
+        assert_eq!(parse_decimal("1e0000000000000000099"), Ok(format!("1{}", "0".repeat(99))));
+        assert_eq!(parse_decimal("1e0000000000000000100"), Err(DecimalError::OutOfRange));
         assert_eq!(parse_decimal(&"1".repeat(101)), Err(DecimalError::OutOfRange));
-        let long = format!("{}e100", "9".repeat(95));
-        assert_eq!(parse_decimal(&long), Ok(format!("{}{}", "9".repeat(95), "0".repeat(100))));
+        let long = format!("{}e5", "9".repeat(95));
+        assert_eq!(parse_decimal(&long), Ok(format!("{}{}", "9".repeat(95), "0".repeat(5))));
+        assert_eq!(parse_decimal(&format!("{}e6", "9".repeat(95))), Err(DecimalError::OutOfRange));
         let small = format!("0.{}1e-100", "0".repeat(92));
-        assert_eq!(parse_decimal(&small).map(|t| t.len()), Ok(195));
+        assert_eq!(parse_decimal(&small), Err(DecimalError::OutOfRange), "195 characters written out");
         let b = body(r#"{"amount": 1e999999999}"#);
         assert!(matches!(b, Ok(ref v) if matches!(
             param_hash(v, &fields(&[("/amount", false)])),
@@ -513,5 +523,18 @@ mod tests {
         assert!(matches!(e, Err(BodyError::Invalid(ref m)) if m.contains("amount")), "{e:?}");
         let nested = parse_json_body(br#"{"p":{"id":1,"id":2}}"#, 100);
         assert!(matches!(nested, Err(BodyError::Invalid(_))));
+    }
+
+    /// Found by fuzzing (fuzz/regressions/param_hash): a canonical number is
+    /// always an accepted literal, so canonicalising is a fixed point.
+    #[test]
+    fn canonical_numbers_parse_again() {
+        for text in ["3e100", "1e99", "-9.9e98", "1e-98"] {
+            if let Some(normal) = normalize_decimal(text) {
+                assert_eq!(normalize_decimal(&normal).as_deref(), Some(normal.as_str()), "{text}");
+            }
+        }
+        assert_eq!(normalize_decimal("3e100"), None, "too long written out");
+        assert!(normalize_decimal("3e98").is_some());
     }
 }

@@ -250,13 +250,8 @@ fn strict_on_bytes(data: &[u8]) {
             assert!(value.is_object());
             assert!(matches!(&shape, Ok(s) if !s.duplicate));
             assert_eq!(lenient.as_ref().ok(), Some(value), "strict and serde_json read different values");
-            // What the filter writes back (e.g. a preview answer) parses to the same value.
-            // Known exception (reported, core not yet fixed: fuzz/found/strict_json/):
-            // the reserved number key is accepted when not first in its object, but
-            // serde_json writes keys sorted, so it comes first and is refused.
-            if has_reserved_key(value) {
-                return;
-            }
+            // What the filter writes back (e.g. a preview answer) parses to the same value
+            // (fuzz/regressions/strict_json/reserved-key-not-first was the exception).
             let text = serde_json::to_vec(value).unwrap_or_default();
             assert_eq!(parse_json_body(&text, BODY_LIMIT).as_ref(), Ok(value), "{}", String::from_utf8_lossy(&text));
         }
@@ -276,15 +271,6 @@ fn strict_on_bytes(data: &[u8]) {
     assert!(!matches!(parse_json_body(data, data.len()), Err(BodyError::TooLarge { .. })));
     if let Some(limit) = data.len().checked_sub(1) {
         assert_eq!(parse_json_body(data, limit), Err(BodyError::TooLarge { limit }));
-    }
-}
-
-/// An object anywhere in `value` with serde_json's reserved number key.
-fn has_reserved_key(value: &Value) -> bool {
-    match value {
-        Value::Array(items) => items.iter().any(has_reserved_key),
-        Value::Object(map) => map.contains_key(NUMBER_TOKEN) || map.values().any(has_reserved_key),
-        _ => false,
     }
 }
 
@@ -346,23 +332,8 @@ fn assert_fixed_point(value: &Value) {
         Err(e) => panic!("canonical text is not strict JSON: {e}: {first}"),
     };
     let second = reparsed.get("v").map(canonical_value);
-    // Known exception (reported, core not yet fixed: fuzz/found/param_hash/): a
-    // canonical number may be longer than the MAX_LITERAL_LEN characters that
-    // core accepts as input (`3e100` → "3" and 100 zeros), so it is refused.
-    if matches!(second, Some(Err(CanonError::NumberOutOfRange { .. }))) && has_long_number(&reparsed) {
-        return;
-    }
+    // fuzz/regressions/param_hash/canonical-number-longer-than-input-bound was the exception.
     assert_eq!(second, Some(Ok(first.clone())), "canonical form is not a fixed point: {first}");
-}
-
-/// A number literal longer than core's input bound, anywhere in `value`.
-fn has_long_number(value: &Value) -> bool {
-    match value {
-        Value::Number(n) => n.to_string().len() > canonical::MAX_LITERAL_LEN,
-        Value::Array(items) => items.iter().any(has_long_number),
-        Value::Object(map) => map.values().any(has_long_number),
-        _ => false,
-    }
 }
 
 fn top_level_fields(body: &Value) -> Vec<BoundField> {
@@ -375,13 +346,7 @@ fn hash_on_bytes(data: &[u8]) {
     let Ok(body) = parse_json_body(data, BODY_LIMIT) else { return };
     let fields = top_level_fields(&body);
     let hash = canonical::param_hash(&body, &fields);
-    // See `strict_on_bytes`: such a body does not survive re-serialising (reported).
-    let texts = if has_reserved_key(&body) {
-        Vec::new()
-    } else {
-        vec![serde_json::to_string(&body), serde_json::to_string_pretty(&body)]
-    };
-    for text in texts {
+    for text in [serde_json::to_string(&body), serde_json::to_string_pretty(&body)] {
         let Ok(text) = text else { panic!("a parsed body serialises") };
         let again = match parse_json_body(text.as_bytes(), BODY_LIMIT) {
             Ok(v) => v,
@@ -390,9 +355,6 @@ fn hash_on_bytes(data: &[u8]) {
         let mut reversed = fields.clone();
         reversed.reverse();
         assert_eq!(canonical::param_hash(&again, &reversed), hash, "{text}");
-    }
-    if has_reserved_key(&body) {
-        return; // its canonical text puts the reserved key first: refused (reported)
     }
     if let Ok(text) = canonical_params(&body, &fields) {
         match parse_json_body(text.as_bytes(), BODY_LIMIT) {
