@@ -17,11 +17,64 @@ pub struct BoundField {
     pub pointer: String,
     /// Accept a number or a decimal string and hash both as the same number.
     pub decimal: bool,
+    /// The declared JSON type (`/currency:string`): checked, and what tool
+    /// definitions generated from the annotation say about the argument.
+    pub ty: FieldType,
+}
+
+/// A bound field's declared type (`bind: "/amount:decimal, /currency:string"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldType {
+    /// Undeclared: any JSON value, hashed canonically.
+    Any,
+    /// A number or a decimal string, hashed as the same number.
+    Decimal,
+    String,
+    /// A number without fraction or exponent.
+    Integer,
+    Number,
+    Boolean,
+}
+
+impl FieldType {
+    pub fn suffix(self) -> Option<&'static str> {
+        match self {
+            FieldType::Any => None,
+            FieldType::Decimal => Some("decimal"),
+            FieldType::String => Some("string"),
+            FieldType::Integer => Some("integer"),
+            FieldType::Number => Some("number"),
+            FieldType::Boolean => Some("boolean"),
+        }
+    }
+
+    pub fn from_suffix(s: &str) -> Option<FieldType> {
+        [FieldType::Decimal, FieldType::String, FieldType::Integer, FieldType::Number, FieldType::Boolean]
+            .into_iter()
+            .find(|t| t.suffix() == Some(s))
+    }
+
+    fn admits(self, value: &Value) -> bool {
+        match self {
+            FieldType::Any | FieldType::Decimal => true,
+            FieldType::String => value.is_string(),
+            FieldType::Number => value.is_number(),
+            FieldType::Integer => {
+                value.as_number().is_some_and(|n| n.to_string().bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+            }
+            FieldType::Boolean => value.is_boolean(),
+        }
+    }
 }
 
 impl BoundField {
     pub fn new(pointer: &str, decimal: bool) -> BoundField {
-        BoundField { pointer: pointer.to_string(), decimal }
+        let ty = if decimal { FieldType::Decimal } else { FieldType::Any };
+        BoundField { pointer: pointer.to_string(), decimal, ty }
+    }
+
+    pub fn typed(pointer: &str, ty: FieldType) -> BoundField {
+        BoundField { pointer: pointer.to_string(), decimal: ty == FieldType::Decimal, ty }
     }
 }
 
@@ -112,6 +165,10 @@ pub fn canonical_params(body: &Value, fields: &[BoundField]) -> Result<String, C
         let Some(value) = body.pointer(&field.pointer) else { continue };
         if value.is_null() {
             continue;
+        }
+        if !field.ty.admits(value) {
+            let expected = field.ty.suffix().unwrap_or("value");
+            return Err(CanonError::WrongType { pointer: field.pointer.clone(), expected });
         }
         let mut text = String::new();
         if field.decimal {

@@ -4,7 +4,7 @@
 //! out of range must refuse the configuration, never fall back to a default
 //! that quietly weakens idempotency. Every message names the field.
 
-use crate::canonical::BoundField;
+use crate::canonical::{BoundField, FieldType};
 use crate::fingerprint::{Key, Keyring, MIN_SECRET_LEN};
 use crate::json_text::is_json_pointer;
 use crate::strict_json;
@@ -359,6 +359,7 @@ pub const ROUTE_KEYS: &[&str] = &[
     "callers",
     "protocol",
     "tools",
+    "tool",
 ];
 
 const MAX_SCOPE_LEN: usize = 128;
@@ -442,6 +443,49 @@ pub struct RoutePolicy {
     pub callers: Callers,
     /// Role `mcp`: the guarded tools, by name (`tools/call` of any other passes through).
     pub tools: Vec<(String, std::rc::Rc<RoutePolicy>)>,
+    /// `tool`: how agents see this action (`idemd tools` generates definitions from it).
+    pub tool: Option<ToolSpec>,
+}
+
+/// The `tool` annotation: `{"name", "description", "parameters"}`, where
+/// `parameters` is the JSON Schema (an object schema) of the arguments that are
+/// not bound fields. Only checked here; the filter never uses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolSpec {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub parameters: Option<Value>,
+}
+
+fn parse_tool_spec(text: &str) -> Result<ToolSpec, PolicyError> {
+    let Ok(Value::Object(map)) = strict_json::from_slice(text.as_bytes()) else {
+        return perr("tool: expected a JSON object {\"name\", \"description\", \"parameters\"}");
+    };
+    if let Some(k) = map.keys().find(|k| !["name", "description", "parameters"].contains(&k.as_str())) {
+        return perr(format!("tool.{k}: unknown field (expected name, description, parameters)"));
+    }
+    let text_field = |k: &str, max: usize| -> Result<Option<String>, PolicyError> {
+        match map.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= max => Ok(Some(s.clone())),
+            Some(_) => perr(format!("tool.{k}: expected a string of 1 to {max} characters")),
+        }
+    };
+    let name = text_field("name", MAX_TOOL_NAME_LEN)?;
+    if let Some(n) = &name {
+        if !n.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')) {
+            return perr(format!("tool.name: {n:?} may use letters, digits, _ and - only"));
+        }
+    }
+    let description = text_field("description", 4096)?;
+    let parameters = match map.get("parameters") {
+        None => None,
+        Some(p @ Value::Object(o)) if o.get("type").and_then(Value::as_str).is_none_or(|t| t == "object") => {
+            Some(p.clone())
+        }
+        Some(_) => return perr("tool.parameters: expected a JSON Schema object with \"type\": \"object\""),
+    };
+    Ok(ToolSpec { name, description, parameters })
 }
 
 impl RoutePolicy {
@@ -544,6 +588,10 @@ pub fn parse_route_policy(
     if role == Role::Idempotent && !client_keys {
         return perr("client_keys: role idempotent always takes the caller's Idempotency-Key");
     }
+    let tool = match leaf_string(get, "tool")? {
+        Some(text) => Some(parse_tool_spec(&text)?),
+        None => None,
+    };
     let callers = match leaf_string(get, "callers")?.as_deref() {
         None if role == Role::Idempotent => Callers::Programs,
         None => Callers::Agents,
@@ -566,6 +614,7 @@ pub fn parse_route_policy(
         client_keys,
         callers,
         tools: Vec::new(),
+        tool,
     }))
 }
 
@@ -620,6 +669,7 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
         client_keys: false,
         callers: Callers::Agents,
         tools,
+        tool: None,
     })
 }
 
@@ -635,15 +685,23 @@ const TOOL_KEYS: &[&str] = &[
     "status_tool",
     "result_ref",
     "outcomes",
+    "tool",
 ];
 
 /// `"/amount:decimal, /currency /payee_id"`: separated by commas and/or whitespace.
 pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
     let mut fields: Vec<BoundField> = Vec::new();
     for token in text.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
-        let (pointer, decimal) = match token.strip_suffix(":decimal") {
-            Some(p) => (p, true),
-            None => (token, false),
+        let (pointer, ty) = match token.rsplit_once(':') {
+            Some((p, suffix)) if p.starts_with('/') && !suffix.contains('/') => match FieldType::from_suffix(suffix) {
+                Some(ty) => (p, ty),
+                None => {
+                    return perr(format!(
+                        "bind: {token:?}: the suffix may be :decimal, :string, :integer, :number or :boolean"
+                    ))
+                }
+            },
+            _ => (token, FieldType::Any),
         };
         if !pointer.starts_with('/') || !is_json_pointer(pointer) {
             return perr(format!("bind: {token:?} is not a JSON pointer such as /amount"));
@@ -651,7 +709,7 @@ pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
         // A mistyped suffix would otherwise become a pointer to a field that is
         // never present, and an absent field is silently left unbound.
         if pointer.contains(':') {
-            return perr(format!("bind: {token:?}: the only suffix allowed is :decimal"));
+            return perr(format!("bind: {token:?}: one type suffix at most (:decimal, :string, …)"));
         }
         if pointer.len() > MAX_POINTER_LEN {
             return perr(format!("bind: {token:?} is longer than {MAX_POINTER_LEN} characters"));
@@ -662,7 +720,7 @@ pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
         if fields.len() == MAX_BOUND_FIELDS {
             return perr(format!("bind: more than {MAX_BOUND_FIELDS} fields"));
         }
-        fields.push(BoundField { pointer: pointer.to_string(), decimal });
+        fields.push(BoundField::typed(pointer, ty));
     }
     Ok(fields)
 }
@@ -912,6 +970,7 @@ mod tests {
             client_keys: false,
             callers: Callers::Agents,
             tools: Vec::new(),
+            tool: None,
         };
         assert_eq!(p, Some(want));
         Ok(())
@@ -945,7 +1004,7 @@ mod tests {
             (("scope", s(&"a".repeat(129))), "scope:"),
             (("bind", s(" , ")), "bind: required for role preview"),
             (("bind", s("amount")), "bind: \"amount\" is not a JSON pointer"),
-            (("bind", s("/amount:decimall")), "bind: \"/amount:decimall\": the only suffix"),
+            (("bind", s("/amount:decimall")), "bind: \"/amount:decimall\": the suffix may be"),
             (("bind", s("/amount, /amount:decimal")), "bind: \"/amount\" is listed twice"),
             (("bind", s("/a~2")), "bind: \"/a~2\" is not a JSON pointer"),
             (("fingerprint_ttl_s", LeafValue::Num(0.0)), "fingerprint_ttl_s: expected an integer from 1 to 86400"),
@@ -987,6 +1046,29 @@ mod tests {
         ] {
             let got = error_of(&config(extra));
             assert!(got.starts_with(want), "{extra}: {got}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn bound_fields_may_declare_their_type() -> Result<(), Box<dyn std::error::Error>> {
+        let f = parse_bind("/amount:decimal, /currency:string, /count:integer, /rate:number, /urgent:boolean, /memo")?;
+        let types: Vec<FieldType> = f.iter().map(|b| b.ty).collect();
+        use FieldType::*;
+        assert_eq!(types, [Decimal, String, Integer, Number, Boolean, Any]);
+        let hash = |body: serde_json::Value| crate::canonical::param_hash(&body, &f);
+        assert!(hash(
+            serde_json::json!({"amount": "1.00", "currency": "EUR", "count": 3, "rate": 1.5, "urgent": true})
+        )
+        .is_ok());
+        for bad in [
+            serde_json::json!({"currency": 978}),
+            serde_json::json!({"count": 3.5}),
+            serde_json::json!({"count": "3"}),
+            serde_json::json!({"rate": "1.5"}),
+            serde_json::json!({"urgent": "yes"}),
+        ] {
+            assert!(hash(bad.clone()).is_err(), "{bad}");
         }
         Ok(())
     }
