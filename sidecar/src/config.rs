@@ -13,9 +13,11 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod ops;
 pub mod reconcile;
+pub mod tools;
 
 pub use self::ops::OpsArgs;
 pub use self::reconcile::ReconcileArgs;
+pub use self::tools::ToolsArgs;
 
 #[derive(Debug, Parser)]
 #[command(name = "idemd", version, about = "Server-issued idempotency for AI-agent tool calls: the store sidecar")]
@@ -31,6 +33,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Operator tools on the same database: list, show, resolve.
     Ops(OpsArgs),
+    /// Tool definitions for agents (OpenAI, Anthropic, MCP), generated from
+    /// the route annotations the filter enforces.
+    Tools(ToolsArgs),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -6,7 +6,8 @@
 //! table is the truth (`store::sql`); `store` is the state machine over both;
 //! `api` is the HTTP face; `config` the command line. In the background,
 //! `reconcile` decides operations whose executor went silent and `reaper`
-//! deletes terminal rows past the retention; `ops` is the operator's CLI.
+//! deletes terminal rows past the retention; `ops` is the operator's CLI; `tools` generates agents'
+//! tool definitions from the route annotations.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;
@@ -18,3 +19,4 @@ pub mod reaper;
 pub mod reconcile;
 pub mod serve;
 pub mod store;
+pub mod tools;

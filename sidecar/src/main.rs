@@ -1,4 +1,4 @@
-//! `idemd serve` and `idemd ops` — everything else is in the library, so
+//! `idemd serve`, `idemd ops` and `idemd tools` — everything else is in the library, so
 //! tests and the bench drive exactly the code the binary runs.
 
 use std::process::ExitCode;
@@ -10,6 +10,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Ops(args) => idemd::ops::main(args),
+        Command::Tools(args) => idemd::tools::main(args),
         Command::Serve(args) => {
             // Refuse a bad TTL or background setting before touching any store.
             if let Err(broken) = args.validate() {

@@ -1,0 +1,402 @@
+//! `idemd tools`: the tool definitions an agent builder needs, generated from
+//! the annotations the filter enforces, so the schema an agent is given and
+//! the fields the gateway binds cannot drift apart.
+//!
+//! Every annotation is parsed by idem-core (`parse_route_policy`,
+//! `parse_plugin_config`), exactly as the filter parses it; this module only
+//! finds the annotations (Envoy route metadata, route rules of a plugin
+//! configuration, the `tools` table of an MCP route), names the actions,
+//! pairs preview, confirm and status by scope, and writes the descriptions
+//! that teach the protocol. `schema` builds the argument schemas, `formats`
+//! the OpenAI, Anthropic and MCP shapes.
+
+pub mod formats;
+pub mod schema;
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::rc::Rc;
+
+use idem_core::policy::{
+    parse_plugin_config, parse_route_policy, LeafValue, Role, RouteDefaults, RoutePolicy, ROUTE_KEYS, ROUTE_NAMESPACE,
+};
+use serde_json::Value;
+
+use crate::config::tools::ToolsArgs;
+use formats::Definition;
+
+/// One annotated action an agent may call.
+#[derive(Debug, Clone)]
+pub struct Action {
+    /// Where it was found, for messages: `envoy.yaml: route transfer_preview`.
+    pub origin: String,
+    /// The tool name: `tool.name`, else the MCP tool name, else (status) `status_tool`, else the route name.
+    pub name: String,
+    pub policy: Rc<RoutePolicy>,
+    group: Group,
+}
+
+/// What belongs together when pairing preview, confirm and status of one scope:
+/// the same input, virtual host (or rule list) and MCP route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Group {
+    source: usize,
+    block: usize,
+    mcp: Option<usize>,
+}
+
+/// What the inputs hold, and what the reader should hear about on stderr.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub actions: Vec<Action>,
+    pub warnings: Vec<String>,
+    pub notes: Vec<String>,
+    blocks: usize,
+    mcp_routes: usize,
+}
+
+/// `idemd tools`: exit 0 with the definitions on stdout (warnings on stderr),
+/// 2 when an input cannot be read or an annotation is refused.
+pub fn main(args: ToolsArgs) -> ExitCode {
+    let mut collected = Collected::default();
+    let definitions = collected.read(&args).and_then(|()| collected.definitions());
+    for note in &collected.notes {
+        eprintln!("idemd tools: note: {note}");
+    }
+    for warning in &collected.warnings {
+        eprintln!("idemd tools: warning: {warning}");
+    }
+    let definitions = match definitions {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("idemd tools: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if definitions.is_empty() {
+        eprintln!("idemd tools: warning: no annotated preview, confirm or status action found");
+    }
+    match serde_json::to_string_pretty(&formats::render(&definitions, args.format)) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idemd tools: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Any `secret_env` resolves to a placeholder: the definitions need the
+/// annotations, never the secrets, and parsing must not fail for want of them.
+fn placeholder_secret(_: &str) -> Option<String> {
+    Some("x".repeat(64))
+}
+
+impl Collected {
+    /// Every input, Envoy configurations first.
+    pub fn read(&mut self, args: &ToolsArgs) -> Result<(), String> {
+        let inputs = args.envoy.iter().map(|p| (p, true)).chain(args.plugin_config.iter().map(|p| (p, false)));
+        for (source, (path, envoy)) in inputs.enumerate() {
+            let label = path.display().to_string();
+            let bytes = std::fs::read(path).map_err(|e| format!("{label}: cannot read: {e}"))?;
+            if envoy {
+                let text = String::from_utf8(bytes).map_err(|_| format!("{label}: not UTF-8"))?;
+                self.envoy(&label, &text, source)?;
+            } else {
+                self.plugin_config(&label, &bytes, source)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An Envoy configuration: static listeners → HTTP connection managers →
+    /// virtual hosts → routes with `agent_idempotency` metadata, and the
+    /// filter's plugin configuration in the same manager.
+    pub fn envoy(&mut self, label: &str, yaml: &str, source: usize) -> Result<(), String> {
+        let doc: Value = serde_norway::from_str(yaml).map_err(|e| format!("{label}: not valid YAML: {e}"))?;
+        let Some(listeners) = doc.pointer("/static_resources/listeners").and_then(Value::as_array) else {
+            return Err(format!("{label}: no static_resources.listeners"));
+        };
+        for listener in listeners {
+            let listener_name = listener.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
+            let chains = listener
+                .get("filter_chains")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .chain(listener.get("default_filter_chain"));
+            for filter in chains.filter_map(|c| c.get("filters").and_then(Value::as_array)).flatten() {
+                let Some(hcm) = filter.get("typed_config").filter(|t| is_hcm(t)) else { continue };
+                let at = format!("{label}: listener {listener_name}");
+                self.connection_manager(&at, hcm, source)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn connection_manager(&mut self, at: &str, hcm: &Value, source: usize) -> Result<(), String> {
+        let plugin = hcm
+            .get("http_filters")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.pointer("/typed_config/config"))
+            .find(|c| {
+                [c.get("root_id"), c.get("name")].iter().any(|v| v.and_then(Value::as_str) == Some(ROUTE_NAMESPACE))
+            });
+        let defaults = match plugin {
+            Some(config) => {
+                let Some(text) = config.pointer("/configuration/value").and_then(Value::as_str) else {
+                    return Err(format!("{at}: the {ROUTE_NAMESPACE} filter has no configuration.value string"));
+                };
+                let label = format!("{at}: plugin configuration");
+                self.plugin_config(&label, text.as_bytes(), source)?
+            }
+            None => RouteDefaults::default(),
+        };
+        if hcm.get("rds").is_some() {
+            self.notes.push(format!("{at}: routes come from RDS; only static route_config is read"));
+        }
+        let hosts = hcm.pointer("/route_config/virtual_hosts").and_then(Value::as_array).into_iter().flatten();
+        for host in hosts {
+            self.blocks += 1;
+            let group = Group { source, block: self.blocks, mcp: None };
+            let host_name = host.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
+            let routes = host.get("routes").and_then(Value::as_array).into_iter().flatten();
+            for (i, route) in routes.enumerate() {
+                let Some(meta) = route.pointer(&format!("/metadata/filter_metadata/{ROUTE_NAMESPACE}")) else {
+                    continue;
+                };
+                let name = route.get("name").and_then(Value::as_str);
+                let origin = match name {
+                    Some(n) => format!("{at}: route {n}"),
+                    None => format!("{at}: virtual host {host_name}: route #{i} (unnamed)"),
+                };
+                if plugin.is_none() {
+                    self.warnings.push(format!(
+                        "{origin}: annotated, but this connection manager has no {ROUTE_NAMESPACE} filter: nothing enforces it"
+                    ));
+                }
+                let leaves = self.leaves(&origin, meta)?;
+                let policy =
+                    parse_route_policy(&|k| leaves.get(k).cloned(), &defaults).map_err(|e| format!("{origin}: {e}"))?;
+                match policy {
+                    Some(policy) => self.add(&origin, name, policy, group),
+                    None => {
+                        self.notes.push(format!("{origin}: {ROUTE_NAMESPACE} metadata without a role: not guarded"))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Route metadata leaves as the filter reads them: strings and numbers.
+    fn leaves(&mut self, origin: &str, meta: &Value) -> Result<HashMap<String, LeafValue>, String> {
+        let Value::Object(map) = meta else {
+            return Err(format!("{origin}: {ROUTE_NAMESPACE}: expected a map of annotation leaves"));
+        };
+        let mut leaves = HashMap::new();
+        for (key, value) in map {
+            if !ROUTE_KEYS.contains(&key.as_str()) {
+                self.warnings
+                    .push(format!("{origin}: {ROUTE_NAMESPACE}.{key}: not an annotation; the filter ignores it"));
+                continue;
+            }
+            let leaf = match value {
+                Value::String(s) => LeafValue::Str(s.clone()),
+                Value::Number(n) => match n.as_f64() {
+                    Some(f) => LeafValue::Num(f),
+                    None => return Err(format!("{origin}: {ROUTE_NAMESPACE}.{key}: {n} is not a number Envoy keeps")),
+                },
+                other => {
+                    return Err(format!(
+                        "{origin}: {ROUTE_NAMESPACE}.{key}: {other} is neither a string nor a number (the filter reads only those; quote it)"
+                    ))
+                }
+            };
+            leaves.insert(key.clone(), leaf);
+        }
+        Ok(leaves)
+    }
+
+    /// A plugin configuration: validated whole by idem-core, then its route
+    /// rules become actions. Returns its route defaults.
+    pub fn plugin_config(&mut self, label: &str, json: &[u8], source: usize) -> Result<RouteDefaults, String> {
+        let config = parse_plugin_config(json, &placeholder_secret).map_err(|e| format!("{label}: {e}"))?;
+        if config.routes.is_empty() {
+            return Ok(config.defaults);
+        }
+        // idem-core accepted every rule above; read each one's annotation again
+        // (RouteRules keeps them private) with the same leaf conversion.
+        let root: Value = serde_json::from_slice(json).map_err(|e| format!("{label}: {e}"))?;
+        self.blocks += 1;
+        let group = Group { source, block: self.blocks, mcp: None };
+        for rule in root.get("routes").and_then(Value::as_array).into_iter().flatten() {
+            let name = rule.get("name").and_then(Value::as_str);
+            let origin = format!("{label}: rule {}", name.unwrap_or("(unnamed)"));
+            let leaf = |k: &str| match rule.get(k)? {
+                Value::String(s) => Some(LeafValue::Str(s.clone())),
+                Value::Number(n) => n.as_f64().map(LeafValue::Num),
+                other => Some(LeafValue::Str(other.to_string())),
+            };
+            match parse_route_policy(&leaf, &config.defaults).map_err(|e| format!("{origin}: {e}"))? {
+                Some(policy) => self.add(&origin, name, policy, group),
+                None => return Err(format!("{origin}: role: required")),
+            }
+        }
+        Ok(config.defaults)
+    }
+
+    fn add(&mut self, origin: &str, route_name: Option<&str>, policy: RoutePolicy, group: Group) {
+        let explicit = policy.tool.as_ref().and_then(|t| t.name.clone());
+        let name = match policy.role {
+            Role::Idempotent => {
+                self.notes.push(format!(
+                    "{origin}: role idempotent is for programs (their own Idempotency-Key): no agent tool"
+                ));
+                return;
+            }
+            Role::Mcp => {
+                self.mcp_routes += 1;
+                let group = Group { mcp: Some(self.mcp_routes), ..group };
+                for (tool, p) in &policy.tools {
+                    let name = match p.tool.as_ref().and_then(|t| t.name.clone()) {
+                        Some(n) if n != *tool => {
+                            self.warnings.push(format!(
+                                "{origin}: tool {tool}: tool.name {n:?} differs from the tools key; the gateway guards tools/call of {tool:?}"
+                            ));
+                            n
+                        }
+                        _ => tool.clone(),
+                    };
+                    let origin = format!("{origin}: tool {tool}");
+                    self.actions.push(Action { origin, name, policy: Rc::clone(p), group });
+                }
+                return;
+            }
+            Role::Status => explicit.or_else(|| policy.status_tool.clone()),
+            Role::Preview | Role::Confirm => explicit,
+        };
+        match name.or_else(|| route_name.map(str::to_string)) {
+            Some(name) => {
+                self.actions.push(Action { origin: origin.to_string(), name, policy: Rc::new(policy), group })
+            }
+            None => self.warnings.push(format!("{origin}: no route name and no tool.name: skipped (add tool.name)")),
+        }
+    }
+
+    /// One definition per tool name. The same name from two places (a REST
+    /// route and an MCP tool, two MCP endpoints) is listed once when the
+    /// definitions agree, and refused when they differ.
+    pub fn definitions(&mut self) -> Result<Vec<Definition>, String> {
+        let mut out: Vec<(Definition, &str)> = Vec::new();
+        for action in &self.actions {
+            let mut warnings = Vec::new();
+            let def = Definition {
+                name: action.name.clone(),
+                description: describe(action, &self.actions, &mut warnings),
+                parameters: schema::arguments(&action.policy, &action.origin, &mut warnings),
+                read_only: action.policy.role != Role::Confirm,
+            };
+            match out.iter().find(|(d, _)| d.name == def.name) {
+                // Its warnings were given for the first.
+                Some((same, _)) if *same == def => {}
+                Some((_, first)) => {
+                    return Err(format!(
+                        "tool {}: {first} and {} define it differently; give one of them another tool.name",
+                        def.name, action.origin
+                    ))
+                }
+                None => {
+                    self.warnings.extend(warnings);
+                    out.push((def, &action.origin));
+                }
+            }
+        }
+        Ok(out.into_iter().map(|(d, _)| d).collect())
+    }
+}
+
+fn is_hcm(typed_config: &Value) -> bool {
+    typed_config.get("@type").and_then(Value::as_str).is_some_and(|t| t.ends_with(".HttpConnectionManager"))
+}
+
+/// The action of `role` in the same scope, nearest first: the same MCP route
+/// or virtual host, then the same kind (REST or MCP) of the same input, then
+/// any; among equals the first listed.
+fn partner<'a>(me: &Action, role: Role, actions: &'a [Action]) -> Option<&'a Action> {
+    let rank = |a: &Action| {
+        let kind = a.group.mcp.is_some() == me.group.mcp.is_some();
+        match (a.group == me.group, kind && a.group.source == me.group.source, kind) {
+            (true, _, _) => 0,
+            (_, true, _) => 1,
+            (_, _, true) => 2,
+            _ => 3,
+        }
+    };
+    actions
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.policy.role == role && a.policy.scope == me.policy.scope)
+        .min_by_key(|(i, a)| (rank(a), *i))
+        .map(|(_, a)| a)
+}
+
+/// The protocol in a few lines, after the annotation's own `tool.description`.
+fn describe(action: &Action, actions: &[Action], warnings: &mut Vec<String>) -> String {
+    let p = &action.policy;
+    let quoted = |a: &Action| format!("`{}`", a.name);
+    let protocol = match p.role {
+        Role::Preview => {
+            let confirm = partner(action, Role::Confirm, actions).map(quoted).unwrap_or_else(|| {
+                warnings.push(format!("{}: no confirm route or tool has scope {}", action.origin, p.scope));
+                "the confirm tool".to_string()
+            });
+            format!(
+                "Returns a quote and a `fingerprint`. Show the quote to the user; to execute, call {confirm} with the \
+                 same arguments and this fingerprint unchanged. The fingerprint is valid for {} seconds; after that, \
+                 call this tool again.",
+                p.fingerprint_ttl_s
+            )
+        }
+        Role::Confirm => {
+            let status = match &p.status_tool {
+                Some(tool) => {
+                    if !actions.iter().any(|a| a.name == *tool) {
+                        warnings.push(format!(
+                            "{}: status_tool {tool} is not an annotated status route or tool here",
+                            action.origin
+                        ));
+                    }
+                    Some(format!("`{tool}`"))
+                }
+                None => partner(action, Role::Status, actions).map(quoted),
+            };
+            let poll = match status {
+                Some(tool) => format!("call {tool} with the fingerprint after `poll_after_ms`"),
+                None => "call this tool again with the same arguments and fingerprint after `poll_after_ms`".into(),
+            };
+            let from_preview = match partner(action, Role::Preview, actions) {
+                Some(tool) => format!("as {} returned it", quoted(tool)),
+                None => "as the preview returned it".to_string(),
+            };
+            format!(
+                "Executes exactly once per fingerprint. Pass `fingerprint` exactly {from_preview}; never invent or \
+                 edit one. If the answer is `in_progress`, {poll}; `already_completed` means it was done earlier: \
+                 report it, do not call again. Every answer has a `status` and an `instruction`: follow the instruction."
+            )
+        }
+        _ => String::from(
+            "Reports what became of a fingerprint's operation: `already_completed` (with its result), \
+             `already_failed`, `in_progress` (ask again after `poll_after_ms`), `needs_review`, or `not_executed` \
+             (never confirmed). Read-only: it never executes anything. Pass `fingerprint` exactly as the preview returned it.",
+        ),
+    };
+    match p.tool.as_ref().and_then(|t| t.description.as_deref()) {
+        Some(own) => format!("{own}\n{protocol}"),
+        None => protocol,
+    }
+}
