@@ -40,6 +40,8 @@ pub trait Host: Env {
     fn call_answer(&self, num_headers: usize, body_size: usize) -> CalloutAnswer;
     fn count(&mut self, counter: Counter);
     fn log(&self, level: Level, message: &str);
+    /// Store a value in the process-wide shared data (read through `Env::shared_get`).
+    fn shared_set(&mut self, key: &str, value: &[u8]);
 }
 
 #[cfg(target_arch = "wasm32")]
@@ -95,6 +97,10 @@ mod wasm {
         fn random16(&mut self) -> Option<[u8; 16]> {
             let mut bytes = [0u8; 16];
             getrandom::fill(&mut bytes).ok().map(|()| bytes)
+        }
+
+        fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
+            hostcalls::get_shared_data(key).ok().and_then(|(value, _cas)| value)
         }
     }
 
@@ -189,6 +195,11 @@ mod wasm {
 
         fn count(&mut self, counter: Counter) {
             self.metrics.inc(counter);
+        }
+
+        fn shared_set(&mut self, key: &str, value: &[u8]) {
+            // No CAS: the last terminal result written for a slot wins, and any of them is true.
+            warn_on_err("set_shared_data", hostcalls::set_shared_data(key, Some(value), None));
         }
 
         fn log(&self, level: Level, message: &str) {

@@ -224,6 +224,7 @@ impl<H: Host> Stream<H> {
             Effect::Reply(r) => self.host.send_reply(r.http_status, &r.headers, &r.body),
             Effect::ResumeRequest => self.host.resume_request(),
             Effect::ResumeResponse => self.host.resume_response(),
+            Effect::SharedSet { key, value } => self.host.shared_set(&key, &value),
             Effect::Call(call) => {
                 let cfg = Rc::clone(&self.shared.config);
                 match sidecar::dispatch(&mut self.host, &cfg, &call, &self.trace_id) {

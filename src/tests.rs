@@ -36,6 +36,7 @@ struct Fake {
     counters: Vec<Counter>,
     logs: Vec<String>,
     now: u64,
+    shared: HashMap<String, Vec<u8>>,
 }
 
 impl Fake {
@@ -65,6 +66,9 @@ impl Env for Fake {
     }
     fn random16(&mut self) -> Option<[u8; 16]> {
         Some([0xab; 16])
+    }
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
+        self.shared.get(key).cloned()
     }
 }
 
@@ -132,6 +136,9 @@ impl Host for Fake {
     }
     fn count(&mut self, counter: Counter) {
         self.counters.push(counter);
+    }
+    fn shared_set(&mut self, key: &str, value: &[u8]) {
+        self.shared.insert(key.to_string(), value.to_vec());
     }
     fn log(&self, _level: Level, message: &str) {
         // Logs are checked through the counters; keep the text for failing-test output.

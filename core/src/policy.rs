@@ -72,6 +72,8 @@ pub struct PluginConfig {
     pub sidecar_token: Option<Secret>,
     /// Guarded routes named in the configuration (for routes without metadata).
     pub routes: crate::route_rules::RouteRules,
+    /// Terminal results served from Envoy's shared data (`replay_cache`).
+    pub replay_cache: crate::machine::replay_cache::CacheConfig,
 }
 
 /// A secret that never appears in `Debug` output or logs.
@@ -122,6 +124,7 @@ const TOP_FIELDS: &[&str] = &[
     "defaults",
     "sidecar_token",
     "routes",
+    "replay_cache",
 ];
 const TOKEN_FIELDS: &[&str] = &["secret", "secret_env"];
 const KEY_FIELDS: &[&str] = &["kid", "secret", "secret_env"];
@@ -154,6 +157,7 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
     let max_response_bytes = top.int("max_response_bytes", BODY_BYTES)?.unwrap_or(1_048_576);
     let defaults = parse_defaults(&top)?;
     let sidecar_token = parse_token(&top, env)?;
+    let replay_cache = parse_replay_cache(&top)?;
     let routes = match top.get("routes") {
         Some(v) => crate::route_rules::parse_rules(v, &defaults).map_err(|e| ConfigError(e.0))?,
         None => crate::route_rules::RouteRules::default(),
@@ -172,6 +176,23 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
         defaults,
         sidecar_token,
         routes,
+        replay_cache,
+    })
+}
+
+/// `{"slots": 1024, "entry_bytes": 4096, "ttl_s": 3600}`; `slots: 0` turns it off.
+/// `ttl_s` must not exceed idemd's terminal retention (a cached replay of a
+/// reaped row would outlive it).
+fn parse_replay_cache(top: &Obj) -> Result<crate::machine::replay_cache::CacheConfig, ConfigError> {
+    let base = crate::machine::replay_cache::CacheConfig::default();
+    let Some(value) = top.get("replay_cache") else { return Ok(base) };
+    let c = Obj::new(value, "replay_cache".into())?;
+    c.only(&["slots", "entry_bytes", "ttl_s"])?;
+    Ok(crate::machine::replay_cache::CacheConfig {
+        slots: u32::try_from(c.int("slots", 0..=65_536)?.unwrap_or(u64::from(base.slots))).unwrap_or(base.slots),
+        entry_bytes: usize::try_from(c.int("entry_bytes", 256..=1_048_576)?.unwrap_or(base.entry_bytes as u64))
+            .unwrap_or(base.entry_bytes),
+        ttl_s: c.int("ttl_s", 1..=2_592_000)?.unwrap_or(base.ttl_s),
     })
 }
 

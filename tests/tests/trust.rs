@@ -82,14 +82,23 @@ async fn after_expiry_what_exists_is_answered_and_only_nothing_is_expired() -> T
     assert_eq!(tampered.status, 422);
     tampered.assert_prompt("params_changed");
     assert_eq!(counts(&stack).await?, (2, 3), "two executions (done, slow); the upstream saw three confirms");
-    assert_eq!(stack.stat("wasmcustom.idem.expired_lookups").await?, 5);
+    // Done and failed operations were answered from Envoy's replay cache; the in-flight one and the
+    // unused fingerprint were asked about at idemd.
+    assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 3);
+    assert_eq!(stack.stat("wasmcustom.idem.expired_lookups").await?, 2);
     Ok(())
 }
 
 /// With idemd down, an expired fingerprint's reply must not say that nothing ran.
 #[tokio::test]
 async fn expired_while_idemd_is_down_is_unchecked_never_not_executed() -> TestResult {
-    let mut stack = Stack::start(sqlite_only(false)).await?;
+    // Without the replay cache, so that the executed operation is known only to idemd.
+    let mut opts = sqlite_only(false);
+    opts.envoy_edits = vec![(
+        "\"sidecar_timeout_ms\": 2000,".into(),
+        "\"sidecar_timeout_ms\": 2000, \"replay_cache\": {\"slots\": 0},".into(),
+    )];
+    let mut stack = Stack::start(opts).await?;
     let (fp, exp) = preview_at(&stack, "/ttl3/v1/transfers/preview", json!("5.00")).await?;
     assert_eq!(confirm_at(&stack, "/v1/transfers", &fp, json!(5), &[]).await?.status, 201);
     stack.sidecar.kill9();

@@ -12,6 +12,7 @@
 //! fingerprint is sent; from acquire on, nothing differs but the replies'
 //! style (problems for programs, the envelope for agents).
 
+use super::replay_cache::{self, Hit};
 use super::{
     body_fingerprint, retry_after_ms, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Flow, Outcome, RequestHead,
     ResponseHead, Step, Unexpected, IDEMPOTENCY_KEY_HEADER,
@@ -34,6 +35,8 @@ pub struct Confirm {
     /// Client-key mode for programs: problems instead of the envelope, the
     /// upstream's own answer instead of a rewrite.
     problem: bool,
+    /// What a replay-cache entry of this operation must match: (param_hash, subject_hash, scope).
+    binding: Option<(String, String, String)>,
     phase: Phase,
 }
 
@@ -65,8 +68,10 @@ enum Phase {
         head: ResponseHead,
     },
     /// `complete` or `release` is out; the answer is held until it is acked.
+    /// A completed result is cached once the store has taken it.
     Recording {
         call: Record,
+        recorded: Option<(OpKey, TerminalState, StoredResult)>,
     },
     Finished,
 }
@@ -86,7 +91,7 @@ impl Confirm {
             method: head.method.clone(),
             path: head.path.clone(),
         };
-        Confirm { ctx, subject_hash, problem, phase }
+        Confirm { ctx, subject_hash, problem, binding: None, phase }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -123,7 +128,7 @@ impl Confirm {
         };
         if token.is_none() && policy.client_keys {
             let (client_key, method, path) = (client_key.clone(), method.clone(), path.clone());
-            return Ok(self.client_key_request(body, json, client_key.as_deref(), &method, &path));
+            return Ok(self.client_key_request(body, json, client_key.as_deref(), (&method, &path), env));
         }
         let json = match json {
             Ok(v) => v,
@@ -143,6 +148,10 @@ impl Confirm {
             Ok(c) => c,
             Err(refusal) => return Ok(self.finish(refusal)),
         };
+        self.binding = Some((param_hash.clone(), claims.subject_hash.clone(), claims.scope.clone()));
+        if let Some(step) = self.cached(&claims.nonce, env) {
+            return Ok(step);
+        }
         if claims.expired(env.now_s()) {
             // Expiry refuses to start an operation, never to report one that exists.
             let call = Callout { method: "GET", path: operation_path(&claims.nonce), body: None };
@@ -162,8 +171,8 @@ impl Confirm {
         body: &[u8],
         json: Result<serde_json::Value, BodyError>,
         header: Option<&str>,
-        method: &str,
-        path: &str,
+        (method, path): (&str, &str),
+        env: &mut dyn Env,
     ) -> Step {
         self.problem = self.ctx.policy.callers == Callers::Programs;
         let key = match client_key::parse_header(header) {
@@ -196,8 +205,57 @@ impl Confirm {
         };
         let op = client_key::operation_key(&self.subject_hash, &policy.scope, &key);
         let subject_hash = self.subject_hash.clone();
+        self.binding = Some((param_hash.clone(), subject_hash.clone(), policy.scope.clone()));
+        if let Some(step) = self.cached(&op, env) {
+            return step.with(Effect::Count(Counter::ClientKeyRequests));
+        }
         self.acquire(op, param_hash, subject_hash, policy.scope.clone(), KeyMode::ClientKey)
             .with(Effect::Count(Counter::ClientKeyRequests))
+    }
+
+    /// A terminal result of this very operation in Envoy's shared data: replay
+    /// it without a callout, with the checks idemd would make (DESIGN §9).
+    fn cached(&mut self, key: &OpKey, env: &mut dyn Env) -> Option<Step> {
+        let (param_hash, subject_hash, scope) = self.binding.as_ref()?;
+        let slot = replay_cache::slot_key(&self.ctx.config.replay_cache, key)?;
+        let raw = env.shared_get(&slot);
+        let hit = replay_cache::lookup(raw.as_deref(), key, subject_hash, scope, param_hash, env.now_s())?;
+        let step = match hit {
+            Hit::Replay(state, result) => {
+                let kind =
+                    if state == TerminalState::Done { ReplyKind::AlreadyCompleted } else { ReplyKind::AlreadyFailed };
+                self.replay(kind, Some(&result)).with(Effect::Count(Counter::ReplayCacheHits))
+            }
+            Hit::ParamMismatch => {
+                let mut step = self.reply(ReplyKind::ParamsChanged, ReplyContext::default());
+                step.effects.push(Effect::Count(Counter::RejectedParams));
+                step.effects.extend(self.ctx.security_event("params_changed", key));
+                step
+            }
+        };
+        Some(self.finish(step))
+    }
+
+    /// Remember a terminal result (never anything else) for the next retry.
+    fn cache_fill(
+        &self,
+        key: &OpKey,
+        state: TerminalState,
+        result: &StoredResult,
+        env: &mut dyn Env,
+    ) -> Option<Effect> {
+        let (param_hash, subject_hash, scope) = self.binding.clone()?;
+        let cfg = &self.ctx.config.replay_cache;
+        let entry = replay_cache::Entry {
+            key: key.clone(),
+            state,
+            param_hash,
+            subject_hash,
+            scope,
+            result: result.clone(),
+            until: env.now_s().saturating_add(cfg.ttl_s),
+        };
+        replay_cache::store(cfg, &entry)
     }
 
     fn acquire(&mut self, key: OpKey, param_hash: String, subject_hash: String, scope: String, mode: KeyMode) -> Step {
@@ -236,12 +294,12 @@ impl Confirm {
         step
     }
 
-    pub(super) fn on_callout(&mut self, answer: &CalloutAnswer) -> Outcome {
+    pub(super) fn on_callout(&mut self, answer: &CalloutAnswer, env: &mut dyn Env) -> Outcome {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         let step = match phase {
-            Phase::Acquiring { key } => self.on_acquired(answer, key),
-            Phase::CheckingExpired { key } => self.on_expired_lookup(answer, &key),
-            Phase::Recording { call } => on_recorded(call, answer),
+            Phase::Acquiring { key } => self.on_acquired(answer, key, env),
+            Phase::CheckingExpired { key } => self.on_expired_lookup(answer, &key, env),
+            Phase::Recording { call, recorded } => self.on_recorded(call, recorded, answer, env),
             other => {
                 self.phase = other;
                 return self.unexpected("callout");
@@ -250,7 +308,7 @@ impl Confirm {
         Ok(step)
     }
 
-    fn on_acquired(&mut self, answer: &CalloutAnswer, key: OpKey) -> Step {
+    fn on_acquired(&mut self, answer: &CalloutAnswer, key: OpKey, env: &mut dyn Env) -> Step {
         let Some(answer) = answer.json::<AcquireResponse>() else {
             // The acquire may or may not have reached the store; nothing went upstream from here.
             return self.unchecked(&key);
@@ -269,8 +327,16 @@ impl Confirm {
                 // Acquired for an owner we cannot name: never forward; the lease and the reconciler settle it.
                 None => self.unchecked(&key),
             },
-            AcquireOutcome::Done => self.replay(ReplyKind::AlreadyCompleted, answer.result.as_ref()),
-            AcquireOutcome::Failed => self.replay(ReplyKind::AlreadyFailed, answer.result.as_ref()),
+            AcquireOutcome::Done | AcquireOutcome::Failed => {
+                let (state, kind) = if answer.outcome == AcquireOutcome::Done {
+                    (TerminalState::Done, ReplyKind::AlreadyCompleted)
+                } else {
+                    (TerminalState::Failed, ReplyKind::AlreadyFailed)
+                };
+                let mut step = self.replay(kind, answer.result.as_ref());
+                step.effects.extend(answer.result.as_ref().and_then(|r| self.cache_fill(&key, state, r, env)));
+                step
+            }
             AcquireOutcome::InFlight => self.in_progress(ReplyKind::InProgress, &key),
             AcquireOutcome::NeedsReview => self.needs_review(&key),
             AcquireOutcome::ParamMismatch => {
@@ -283,14 +349,22 @@ impl Confirm {
         }
     }
 
-    fn on_expired_lookup(&mut self, answer: &CalloutAnswer, key: &OpKey) -> Step {
+    fn on_expired_lookup(&mut self, answer: &CalloutAnswer, key: &OpKey, env: &mut dyn Env) -> Step {
         match answer.status {
             // No row: never started (or released, which means it never ran), and now it cannot start.
             Some(404) => self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired)),
             Some(200) => match answer.json::<OperationView>() {
                 Some(view) => match view.state {
-                    OpState::Done => self.replay(ReplyKind::AlreadyCompleted, view.result.as_ref()),
-                    OpState::Failed => self.replay(ReplyKind::AlreadyFailed, view.result.as_ref()),
+                    OpState::Done | OpState::Failed => {
+                        let (state, kind) = if view.state == OpState::Done {
+                            (TerminalState::Done, ReplyKind::AlreadyCompleted)
+                        } else {
+                            (TerminalState::Failed, ReplyKind::AlreadyFailed)
+                        };
+                        let mut step = self.replay(kind, view.result.as_ref());
+                        step.effects.extend(view.result.as_ref().and_then(|r| self.cache_fill(key, state, r, env)));
+                        step
+                    }
                     OpState::InFlight => self.in_progress(ReplyKind::InProgress, key),
                     OpState::NeedsReview => self.needs_review(key),
                 },
@@ -399,8 +473,9 @@ impl Confirm {
                     headers: replay_headers(&head.headers),
                     body_b64: crate::protocol::encode_body(body),
                 };
+                let recorded = Some((key.clone(), state, result.clone()));
                 let req = CompleteRequest { key, owner, state, result, trace_id };
-                self.phase = Phase::Recording { call: Record::Complete };
+                self.phase = Phase::Recording { call: Record::Complete, recorded };
                 Step::pause().with(Effect::Call(post("/v1/complete", &req)))
             }
             Verdict::Release => {
@@ -410,7 +485,7 @@ impl Confirm {
                     step.flow = Flow::Pause;
                 }
                 let req = ReleaseRequest { key, owner, trace_id };
-                self.phase = Phase::Recording { call: Record::Release };
+                self.phase = Phase::Recording { call: Record::Release, recorded: None };
                 step.with(Effect::Call(post("/v1/release", &req)))
             }
             Verdict::Unknown => {
@@ -450,6 +525,32 @@ impl Confirm {
         step.with(Effect::ReplaceResponseBody(out.body))
     }
 
+    /// The ack of complete/release: count it and let the held answer go. If the
+    /// store did not take it, the agent still gets the upstream's answer and the
+    /// row stays IN_FLIGHT for the reconciler. A result the store took is cached.
+    fn on_recorded(
+        &mut self,
+        call: Record,
+        recorded: Option<(OpKey, TerminalState, StoredResult)>,
+        answer: &CalloutAnswer,
+        env: &mut dyn Env,
+    ) -> Step {
+        let mut step = Step::go_on();
+        match answer.json::<AckResponse>() {
+            Some(ack) => {
+                let counter = if call == Record::Release { Counter::Released } else { Counter::Completed };
+                step.effects.push(Effect::Count(counter));
+                if ack.outcome != crate::protocol::Ack::Ok {
+                    step.effects.push(Effect::Warn(format!("{call:?} answered {:?}", ack.outcome)));
+                } else if let Some((key, state, result)) = recorded {
+                    step.effects.extend(self.cache_fill(&key, state, &result, env));
+                }
+            }
+            None => step.effects.push(Effect::Count(Counter::SidecarErrors)),
+        }
+        step.with(Effect::ResumeResponse)
+    }
+
     fn phase_name(&self) -> &'static str {
         match self.phase {
             Phase::AwaitBody { .. } => "confirm.await_body",
@@ -461,27 +562,6 @@ impl Confirm {
             Phase::Finished => "confirm.finished",
         }
     }
-}
-
-/// The ack of complete/release: count it and let the held answer go. If the
-/// store did not take it, the agent still gets the upstream's answer and the
-/// row stays IN_FLIGHT for the reconciler.
-fn on_recorded(call: Record, answer: &CalloutAnswer) -> Step {
-    let mut step = Step::go_on();
-    match answer.json::<AckResponse>() {
-        Some(ack) => {
-            step.effects.push(Effect::Count(if call == Record::Release {
-                Counter::Released
-            } else {
-                Counter::Completed
-            }));
-            if ack.outcome != crate::protocol::Ack::Ok {
-                step.effects.push(Effect::Warn(format!("{call:?} answered {:?}", ack.outcome)));
-            }
-        }
-        None => step.effects.push(Effect::Count(Counter::SidecarErrors)),
-    }
-    step.with(Effect::ResumeResponse)
 }
 
 pub(super) fn operation_path(nonce: &str) -> String {

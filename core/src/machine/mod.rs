@@ -15,6 +15,7 @@
 mod confirm;
 mod mcp;
 mod preview;
+pub mod replay_cache;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -45,6 +46,10 @@ pub trait Env {
     fn now_s(&self) -> u64;
     /// 16 random bytes for a nonce; `None` if the host has no randomness.
     fn random16(&mut self) -> Option<[u8; 16]>;
+    /// A value of the process-wide shared data (the replay cache), if the host has one.
+    fn shared_get(&self, _key: &str) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// The request facts an annotated route needs, read once by the host.
@@ -135,10 +140,11 @@ pub enum Counter {
     StatusLookups,
     ExpiredLookups,
     ClientKeyRequests,
+    ReplayCacheHits,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 21] = [
+    pub const ALL: [Counter; 22] = [
         Counter::Minted,
         Counter::Verified,
         Counter::RejectedMissing,
@@ -160,6 +166,7 @@ impl Counter {
         Counter::StatusLookups,
         Counter::ExpiredLookups,
         Counter::ClientKeyRequests,
+        Counter::ReplayCacheHits,
     ];
 
     pub fn name(self) -> &'static str {
@@ -185,6 +192,7 @@ impl Counter {
             Counter::StatusLookups => "idem.status_lookups",
             Counter::ExpiredLookups => "idem.expired_lookups",
             Counter::ClientKeyRequests => "idem.client_key_requests",
+            Counter::ReplayCacheHits => "idem.replay_cache_hits",
         }
     }
 }
@@ -212,6 +220,11 @@ pub enum Effect {
     Call(Callout),
     ResumeRequest,
     ResumeResponse,
+    /// Store a value in the process-wide shared data (the replay cache).
+    SharedSet {
+        key: String,
+        value: Vec<u8>,
+    },
 }
 
 /// What the host returns to its proxy for the current callback.
@@ -498,7 +511,7 @@ impl Machine {
     pub fn on_callout(&mut self, answer: &CalloutAnswer, env: &mut dyn Env) -> Outcome {
         self.with_role(|m| match m {
             Machine::Pass | Machine::Preview(_) => Err(Unexpected { event: "callout", phase: "no call pending" }),
-            Machine::Confirm(c) => c.on_callout(answer),
+            Machine::Confirm(c) => c.on_callout(answer, env),
             Machine::Status(s) => s.on_callout(answer, env),
             Machine::Mcp(m) => m.on_callout(answer, env),
         })

@@ -861,3 +861,106 @@ fn mcp_refusals_and_tool_errors() -> TestResult {
     assert_eq!(req.state, crate::protocol::TerminalState::Failed);
     Ok(())
 }
+
+// ---- replay cache ------------------------------------------------------------
+
+/// An env whose shared data the test fills from the steps' `SharedSet` effects.
+struct SharedEnv {
+    now: u64,
+    data: std::collections::HashMap<String, Vec<u8>>,
+}
+
+impl Env for SharedEnv {
+    fn now_s(&self) -> u64 {
+        self.now
+    }
+    fn random16(&mut self) -> Option<[u8; 16]> {
+        Some(NONCE)
+    }
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
+        self.data.get(key).cloned()
+    }
+}
+
+impl SharedEnv {
+    fn keep(&mut self, step: &Step) -> usize {
+        let mut n = 0;
+        for e in &step.effects {
+            if let Effect::SharedSet { key, value } = e {
+                self.data.insert(key.clone(), value.clone());
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+fn confirm_with(env: &mut SharedEnv, amount: Value) -> Result<(Machine, Step), Box<dyn std::error::Error>> {
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, env);
+    let step = m.on_request_body(&body(amount), env)?;
+    Ok((m, step))
+}
+
+#[test]
+fn terminal_results_are_replayed_from_shared_data_without_a_callout() -> TestResult {
+    let mut env = SharedEnv { now: 999, data: Default::default() };
+    // The first confirm runs and its complete is acked: the result is cached.
+    let (mut m, _) = confirm_with(&mut env, json!(10))?;
+    m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+    m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
+    m.on_response_data(12, true)?;
+    m.on_response_body(br#"{"id":"T-1"}"#, &mut env)?;
+    let ack = m.on_callout(&answer(200, json!({"outcome": "OK"})), &mut env)?;
+    assert_eq!(env.keep(&ack), 1, "stored once the store took it");
+
+    // A retry: replayed at once, no acquire.
+    let (_, step) = confirm_with(&mut env, json!("10.00"))?;
+    assert!(call(&step).is_none(), "no callout for a cached terminal result");
+    assert!(counted(&step, Counter::ReplayCacheHits));
+    let v = reply_json(&step)?;
+    assert_eq!((v["status"].as_str(), v["result"]["id"].as_str()), (Some("already_completed"), Some("T-1")));
+    // A tampered retry is still params_changed and a security event.
+    let (_, step) = confirm_with(&mut env, json!(11))?;
+    assert_eq!(reply_status(&step)?, (422, "params_changed".into()));
+    assert!(step.effects.contains(&Effect::SecurityEvent { kind: "params_changed", nonce: KEY.into() }));
+    // After the cache's ttl, idemd is asked again.
+    env.now = 999 + 3600;
+    let (_, step) = confirm_with(&mut env, json!(10))?;
+    assert!(call(&step).is_some(), "an expired entry is never served");
+    Ok(())
+}
+
+#[test]
+fn nothing_but_terminal_states_is_ever_cached() -> TestResult {
+    for outcome in
+        [json!({"outcome": "IN_FLIGHT"}), json!({"outcome": "NEEDS_REVIEW"}), json!({"outcome": "STORE_UNAVAILABLE"})]
+    {
+        let mut env = SharedEnv { now: 999, data: Default::default() };
+        let (mut m, _) = confirm_with(&mut env, json!(10))?;
+        let step = m.on_callout(&answer(200, outcome.clone()), &mut env)?;
+        assert_eq!(env.keep(&step), 0, "{outcome}");
+    }
+    // An unknown outcome (no complete) and a release are not cached either.
+    for status in [504, 503] {
+        let mut env = SharedEnv { now: 999, data: Default::default() };
+        let (mut m, _) = confirm_with(&mut env, json!(10))?;
+        m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+        let d = if status == 504 { "upstream_response_timeout" } else { "via_upstream" };
+        m.on_response_head(&upstream(status, d), false, &mut env)?;
+        m.on_response_data(2, true)?;
+        let step = m.on_response_body(b"{}", &mut env)?;
+        let mut n = env.keep(&step);
+        if call(&step).is_some() {
+            let acked = m.on_callout(&answer(200, json!({"outcome": "OK"})), &mut env)?;
+            n += env.keep(&acked);
+        }
+        assert_eq!(n, 0, "{status}");
+    }
+    // A DONE from idemd is cached.
+    let mut env = SharedEnv { now: 999, data: Default::default() };
+    let (mut m, _) = confirm_with(&mut env, json!(10))?;
+    let done = json!({"outcome": "DONE", "result": {"status": 201, "body_b64": encode_body(b"{}")}});
+    let step = m.on_callout(&answer(200, done), &mut env)?;
+    assert_eq!(env.keep(&step), 1);
+    Ok(())
+}
