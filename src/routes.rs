@@ -9,7 +9,8 @@
 //! key at once.
 //!
 //! Unannotated routes stay cheap (DESIGN §9): "not mine" is one property read
-//! of the `role` leaf and no parsing. Where the plugin configuration has route
+//! (the annotation struct is absent) and no parsing; an annotated route is one
+//! property read and a hash lookup. Where the plugin configuration has route
 //! rules (meshes without route metadata), a route without an annotation is
 //! then matched against them: three header reads and a scan of the rules.
 
@@ -40,25 +41,29 @@ pub struct RouteCache {
 
 impl RouteCache {
     pub fn lookup(&self, host: &dyn Host, config: &PluginConfig) -> RouteLookup {
-        let Some(role) = leaf_bytes(host, "role") else { return by_rule(host, &config.routes) };
-        let defaults = &config.defaults;
-        let leaves: Vec<(&str, Option<Vec<u8>>)> = ROUTE_KEYS
-            .iter()
-            .map(|key| (*key, if *key == "role" { Some(role.clone()) } else { leaf_bytes(host, key) }))
-            .collect();
-        let key = cache_key(&leaves);
-        if let Some(hit) = self.entries.borrow().get(&key) {
+        // One host call: the whole annotation struct, or nothing for an unannotated route.
+        let Some(raw) = host.property(&["xds", "route_metadata", "filter_metadata", ROUTE_NAMESPACE]) else {
+            return by_rule(host, &config.routes);
+        };
+        if let Some(hit) = self.entries.borrow().get(&raw) {
             return hit.clone();
         }
-        let fresh = parse(&leaves, defaults);
-        if let RouteLookup::Broken(why) = &fresh {
-            host.log(crate::host::Level::Error, &format!("bad route annotation: {why}"));
+        let fresh = match policy::decode_pairs(&raw) {
+            Some(pairs) => parse(&pairs, &config.defaults),
+            None => RouteLookup::Broken("the route's agent_idempotency metadata is not a struct of leaves".into()),
+        };
+        match &fresh {
+            RouteLookup::Broken(why) => host.log(crate::host::Level::Error, &format!("bad route annotation: {why}")),
+            // Annotated, but nothing the filter guards (no role): rules may still apply.
+            RouteLookup::NotMine => return by_rule(host, &config.routes),
+            RouteLookup::Guarded(_) => {}
         }
         let mut entries = self.entries.borrow_mut();
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
-        entries.insert(key, fresh.clone());
+        // Keyed by the annotation's bytes: equal bytes are an equal annotation, whatever the route's name.
+        entries.insert(raw, fresh.clone());
         fresh
     }
 
@@ -80,30 +85,16 @@ fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
     }
 }
 
-fn leaf_bytes(host: &dyn Host, key: &str) -> Option<Vec<u8>> {
-    host.property(&["xds", "route_metadata", "filter_metadata", ROUTE_NAMESPACE, key])
-}
-
-/// Every leaf, length-prefixed (absent and empty differ), so distinct annotations never share a key.
-fn cache_key(leaves: &[(&str, Option<Vec<u8>>)]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(128);
-    for (_, value) in leaves {
-        match value {
-            None => key.extend_from_slice(&u32::MAX.to_le_bytes()),
-            Some(bytes) => {
-                key.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX - 1).to_le_bytes());
-                key.extend_from_slice(bytes);
-            }
-        }
-    }
-    key
-}
-
-fn parse(leaves: &[(&str, Option<Vec<u8>>)], defaults: &RouteDefaults) -> RouteLookup {
+fn parse(pairs: &[(String, Vec<u8>)], defaults: &RouteDefaults) -> RouteLookup {
     let get = |key: &str| {
-        let raw = leaves.iter().find(|(k, _)| *k == key).and_then(|(_, v)| v.clone())?;
+        let raw = pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())?;
         Some(policy::leaf_value(key, raw))
     };
+    if let Some((unknown, _)) = pairs.iter().find(|(k, _)| !ROUTE_KEYS.contains(&k.as_str())) {
+        return RouteLookup::Broken(
+            format!("{unknown}: unknown annotation field (expected one of: {})", ROUTE_KEYS.join(", ")).into(),
+        );
+    }
     match policy::parse_route_policy(&get, defaults) {
         Ok(Some(p)) => RouteLookup::Guarded(Rc::new(p)),
         Ok(None) => RouteLookup::NotMine,

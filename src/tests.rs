@@ -9,7 +9,7 @@ use crate::root::Shared;
 use crate::routes::RouteCache;
 use crate::stream::{Action, Stream};
 use idem_core::machine::{CalloutAnswer, Counter, Env};
-use idem_core::policy::parse_plugin_config;
+use idem_core::policy::{encode_pairs, parse_plugin_config};
 use serde_json::{json, Value};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -37,16 +37,19 @@ struct Fake {
     logs: Vec<String>,
     now: u64,
     shared: HashMap<String, Vec<u8>>,
+    annotation: Vec<(String, String)>,
 }
 
 impl Fake {
+    /// Route metadata as Envoy hands it over: the whole struct in one property, pairs-encoded.
     fn annotate(&mut self, leaves: &[(&str, &str)]) {
         for (k, v) in leaves {
-            self.properties
-                .insert(format!("xds.route_metadata.filter_metadata.agent_idempotency.{k}"), v.as_bytes().to_vec());
+            self.annotation.retain(|(key, _)| key != k);
+            self.annotation.push((k.to_string(), v.to_string()));
         }
+        let pairs: Vec<(&str, &[u8])> = self.annotation.iter().map(|(k, v)| (k.as_str(), v.as_bytes())).collect();
+        self.properties.insert("xds.route_metadata.filter_metadata.agent_idempotency".into(), encode_pairs(&pairs));
     }
-
     fn header(list: &[(String, String)], name: &str) -> Option<String> {
         list.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone())
     }
