@@ -6,8 +6,10 @@
 //! `fuzz/regressions/<target>/` in the normal test run (`tests/corpus.rs`).
 
 pub mod json_gen;
+pub mod mcp;
 mod targets;
 
+pub use mcp::mcp;
 pub use targets::{fingerprint, param_hash, plugin_config, protocol, route_policy, strict_json};
 
 /// A target body: the fuzzer's bytes in, a panic when an invariant breaks.
@@ -21,6 +23,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("plugin_config", plugin_config),
     ("route_policy", route_policy),
     ("protocol", protocol),
+    ("mcp", mcp),
 ];
 
 /// The keys every fingerprint target uses: `k1` (active) and `k0`.
