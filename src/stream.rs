@@ -13,10 +13,10 @@ use crate::root::Shared;
 use crate::routes::RouteLookup;
 use crate::sidecar;
 use idem_core::machine::{
-    self, CalloutAnswer, Counter, Ctx, Effect, Flow, Machine, Outcome, RequestHead, ResponseHead, Step,
+    self, CalloutAnswer, Counter, Ctx, Effect, Flow, HeadNeeds, Machine, Outcome, RequestHead, ResponseHead, Step,
     FINGERPRINT_HEADER, IDEMPOTENCY_KEY_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER,
 };
-use idem_core::policy::SubjectSource;
+use idem_core::policy::{Role, SubjectSource};
 use std::rc::Rc;
 
 /// What the proxy should do with the stream after a callback.
@@ -75,7 +75,7 @@ impl<H: Host> Stream<H> {
                 return Action::Pause;
             }
         };
-        let head = self.read_head();
+        let head = self.read_head(policy.role);
         self.trace_id = head.trace_id.clone();
         self.scope = policy.scope.clone();
         let ctx = Ctx { config: Rc::clone(&self.shared.config), policy, trace_id: head.trace_id.clone() };
@@ -135,7 +135,9 @@ impl<H: Host> Stream<H> {
         machine::trace_id(rid.as_deref(), tp.as_deref())
     }
 
-    fn read_head(&self) -> RequestHead {
+    /// The request facts the route's role needs, and no more (DESIGN §9).
+    fn read_head(&self, role: Role) -> RequestHead {
+        let needs = HeadNeeds::for_role(role);
         let subject = match &self.shared.config.subject {
             SubjectSource::Header(name) => self.host.request_header(name),
             SubjectSource::Property(path) => {
@@ -143,16 +145,17 @@ impl<H: Host> Stream<H> {
                 self.host.property(&path).and_then(|b| String::from_utf8(b).ok())
             }
         };
+        let header = |wanted: bool, name: &str| if wanted { self.host.request_header(name) } else { None };
         RequestHead {
             trace_id: self.read_trace_id(),
             subject: subject.filter(|s| !s.trim().is_empty()),
             content_length: self.host.request_header("content-length").and_then(|l| l.parse().ok()),
-            fingerprint: self.host.request_header(FINGERPRINT_HEADER),
-            path: self.host.request_header(":path").unwrap_or_default(),
-            method: self.host.request_header(":method").unwrap_or_default(),
-            idempotency_key: self.host.request_header(IDEMPOTENCY_KEY_HEADER),
-            mcp_method: self.host.request_header(MCP_METHOD_HEADER),
-            mcp_name: self.host.request_header(MCP_NAME_HEADER),
+            fingerprint: header(needs.fingerprint, FINGERPRINT_HEADER),
+            path: header(needs.path, ":path").unwrap_or_default(),
+            method: header(needs.method, ":method").unwrap_or_default(),
+            idempotency_key: header(needs.idempotency_key, IDEMPOTENCY_KEY_HEADER),
+            mcp_method: header(needs.mcp, MCP_METHOD_HEADER),
+            mcp_name: header(needs.mcp, MCP_NAME_HEADER),
         }
     }
 

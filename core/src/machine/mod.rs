@@ -73,6 +73,29 @@ pub struct RequestHead {
     pub mcp_name: Option<String>,
 }
 
+/// Which request headers a role reads (the trace id, subject and content
+/// length are always read): a preview, the hot path, reads no more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HeadNeeds {
+    pub fingerprint: bool,
+    pub path: bool,
+    pub method: bool,
+    pub idempotency_key: bool,
+    pub mcp: bool,
+}
+
+impl HeadNeeds {
+    pub fn for_role(role: Role) -> HeadNeeds {
+        let all = HeadNeeds { fingerprint: true, path: true, method: true, idempotency_key: true, mcp: false };
+        match role {
+            Role::Preview => HeadNeeds::default(),
+            Role::Confirm | Role::Idempotent => all,
+            Role::Status => HeadNeeds { method: false, ..all },
+            Role::Mcp => HeadNeeds { fingerprint: false, idempotency_key: false, mcp: true, ..all },
+        }
+    }
+}
+
 /// The upstream's answer head, as the host sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResponseHead {

@@ -132,10 +132,65 @@ impl Preview {
 }
 
 /// The upstream's JSON object with `fingerprint` and `fingerprint_expires_at`
-/// added; `None` if it is not a JSON object.
+/// added; `None` if it is not a JSON object. The common case is spliced as
+/// text after the opening brace (no parse, no re-serialisation: the preview is
+/// the hot path); a body that already mentions `"fingerprint"` anywhere goes
+/// through a full parse, so a field of that name is replaced, never duplicated.
 fn splice(body: &[u8], token: &str, exp: u64, limit: usize) -> Option<Vec<u8>> {
+    if let Some(out) = splice_text(body, token, exp) {
+        return Some(out);
+    }
     let Ok(Value::Object(mut obj)) = canonical::parse_json_body(body, limit) else { return None };
     obj.insert(super::FINGERPRINT_FIELD.into(), Value::String(token.to_string()));
     obj.insert("fingerprint_expires_at".into(), Value::from(exp));
     serde_json::to_vec(&obj).ok()
+}
+
+fn splice_text(body: &[u8], token: &str, exp: u64) -> Option<Vec<u8>> {
+    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if body.get(start) != Some(&b'{') || body.get(end) != Some(&b'}') || end <= start {
+        return None;
+    }
+    if body.windows(b"\"fingerprint".len()).any(|w| w == b"\"fingerprint") {
+        return None;
+    }
+    // Base64url and digits: nothing in the inserted text needs escaping.
+    let inner_empty = body.get(start + 1..end).is_some_and(|b| b.iter().all(u8::is_ascii_whitespace));
+    let fields = format!(
+        "\"{}\":\"{token}\",\"fingerprint_expires_at\":{exp}{}",
+        super::FINGERPRINT_FIELD,
+        if inner_empty { "" } else { "," }
+    );
+    let mut out = Vec::with_capacity(body.len() + fields.len());
+    out.extend_from_slice(body.get(..=start)?);
+    out.extend_from_slice(fields.as_bytes());
+    out.extend_from_slice(body.get(start + 1..)?);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fingerprint_is_spliced_into_any_json_object() -> Result<(), Box<dyn std::error::Error>> {
+        for (body, want) in [
+            (r#"{"quote":1}"#, r#"{"fingerprint":"t.s","fingerprint_expires_at":9,"quote":1}"#),
+            (" { } \n", r#" {"fingerprint":"t.s","fingerprint_expires_at":9 }"#),
+        ] {
+            let out = splice(body.as_bytes(), "t.s", 9, 1024).ok_or("not spliced")?;
+            assert_eq!(String::from_utf8(out.clone())?.trim_end(), want.trim_end());
+            assert!(serde_json::from_slice::<Value>(&out)?.is_object());
+        }
+        // A body that already has the field: replaced through a full parse, never duplicated.
+        let out = splice(br#"{"fingerprint":"old","a":{"fingerprint":2}}"#, "t.s", 9, 1024).ok_or("not spliced")?;
+        let v: Value = serde_json::from_slice(&out)?;
+        assert_eq!((v["fingerprint"].as_str(), v["a"]["fingerprint"].as_i64()), (Some("t.s"), Some(2)));
+        assert_eq!(String::from_utf8(out)?.matches("\"fingerprint\":").count(), 2);
+        for not_an_object in ["[1]", "\"x\"", "", "{", "}"] {
+            assert_eq!(splice(not_an_object.as_bytes(), "t.s", 9, 1024), None, "{not_an_object}");
+        }
+        Ok(())
+    }
 }
