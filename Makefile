@@ -54,9 +54,12 @@ test: build lint
 run: build
 	scripts/run.sh
 
+# DESIGN §9 side by side in one run (tests/src/bin/filter-bench/): idemd's store bench, then the filter against
+# plain Envoy, an empty proxy-wasm filter and the raw database; writes target/bench/summary.md and chart.svg.
 bench: build
 	cargo run --release -p idemd --bin idem-bench
 	cargo build --release -p idem-demo -p idemd
+	cargo build --profile wasm --target wasm32-wasip1 -p idem-empty-filter
 	IDEM_E2E_PROFILE=release cargo run --release -p idem-e2e --bin filter-bench -- $(FILTER_BENCH_ARGS)
 
 # Coverage-guided fuzzing of every parser on the filter path: cargo-fuzz (libFuzzer), one

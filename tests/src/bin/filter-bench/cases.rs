@@ -1,0 +1,428 @@
+//! The cases: each runs its sides (a baseline and the filter's variants)
+//! interleaved `--reps` times, in an order rotated per rep, and makes report
+//! rows of chosen pairs of sides (the median of the per-rep ratios). Around each
+//! timed run: Envoy's and idemd's CPU from /proc and idemd's store time from its
+//! `/metrics`, all per request.
+
+use crate::baselines::{plain_duplicate_key, plain_fresh_confirms, RawDb};
+use crate::client::{confirm_request, drive, mint, nonce_of, once, preview_request, Measured, Requests};
+use crate::report::{median, Row, StoreShare};
+use crate::stack::{cpu_ticks, envoy_counter, store_delta, store_times, BenchStack};
+use crate::Opts;
+use idem_e2e::BoxError;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Bounds the fingerprints minted (or plain keys made) for one fresh-confirm run.
+const MAX_MINT: usize = 60_000;
+/// Fresh requests prepared for a warm-up run, which also measures the first rate.
+const WARMUP_FRESH: usize = 400;
+const REPLAY_HITS: &str = "wasmcustom.idem.replay_cache_hits";
+
+/// What one side sends.
+pub(crate) enum Load<'a> {
+    /// The same (or each-once) requests to a listener.
+    Http { port: u16, reqs: Requests, expect: u16 },
+    /// Fresh confirms through the filter: fingerprints minted (untimed) before each run.
+    FilterFresh { port: u16 },
+    /// Fresh confirms through plain Envoy: a new Idempotency-Key per request, made before each run.
+    PlainFresh { port: u16, fingerprint: String },
+    /// Raw single-row commits into idemd's database, no HTTP at all.
+    Raw(&'a RawDb),
+}
+
+pub(crate) struct Side<'a> {
+    pub(crate) label: &'static str,
+    pub(crate) load: Load<'a>,
+}
+
+/// One timed run of one side.
+#[derive(Default)]
+struct Sample {
+    rate: f64,
+    p50_ms: f64,
+    ok: u64,
+    /// CPU µs per request; None when the side does not go through the process.
+    envoy_us: Option<f64>,
+    idemd_us: Option<f64>,
+    /// idemd's store calls during the run: (store op, seconds, calls).
+    store: Vec<(String, f64, u64)>,
+    replay_hits: u64,
+    problems: String,
+}
+
+/// All timed runs of one side.
+#[derive(Default)]
+pub(crate) struct SideStats {
+    samples: Vec<Sample>,
+    notes: String,
+}
+
+impl SideStats {
+    fn rates(&self) -> Vec<f64> {
+        self.samples.iter().map(|s| s.rate).collect()
+    }
+
+    fn med(&self, f: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self.samples.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| median(&v))
+    }
+
+    /// idemd's store time per request over all runs, by store op.
+    fn store_per_request(&self) -> Vec<StoreShare> {
+        let requests: u64 = self.samples.iter().map(|s| s.ok).sum();
+        let mut by_op: BTreeMap<&str, (f64, u64)> = BTreeMap::new();
+        for (op, secs, calls) in self.samples.iter().flat_map(|s| &s.store) {
+            let e = by_op.entry(op.as_str()).or_default();
+            e.0 += secs;
+            e.1 += calls;
+        }
+        by_op
+            .into_iter()
+            .map(|(op, (secs, calls))| StoreShare {
+                op: op.to_owned(),
+                us_per_request: secs * 1e6 / requests.max(1) as f64,
+                calls_per_request: calls as f64 / requests.max(1) as f64,
+            })
+            .collect()
+    }
+
+    pub(crate) fn replay_hits_per_request(&self) -> f64 {
+        let requests: u64 = self.samples.iter().map(|s| s.ok).sum();
+        self.samples.iter().map(|s| s.replay_hits).sum::<u64>() as f64 / requests.max(1) as f64
+    }
+}
+
+/// A report row: side `num` against side `den` of the same run.
+pub(crate) struct Pair {
+    pub(crate) num: usize,
+    pub(crate) den: usize,
+    pub(crate) case: String,
+    pub(crate) baseline: String,
+    pub(crate) target: Option<f64>,
+}
+
+pub(crate) fn row(stats: &[SideStats], p: &Pair) -> Row {
+    let (Some(n), Some(d)) = (stats.get(p.num), stats.get(p.den)) else {
+        return Row { case: p.case.clone(), baseline: p.baseline.clone(), ..Default::default() };
+    };
+    let ratios = n.rates().iter().zip(d.rates()).map(|(f, b)| if b > 0.0 { f / b } else { 0.0 }).collect::<Vec<_>>();
+    let notes = [&n.notes, &d.notes].into_iter().filter(|s| !s.is_empty()).cloned().collect::<Vec<_>>().join("; ");
+    Row {
+        case: p.case.clone(),
+        baseline: p.baseline.clone(),
+        base_rate: median(&d.rates()),
+        rate: median(&n.rates()),
+        p50_ms: n.med(|s| Some(s.p50_ms)).unwrap_or(0.0),
+        base_envoy_us: d.med(|s| s.envoy_us),
+        envoy_us: n.med(|s| s.envoy_us),
+        base_idemd_us: d.med(|s| s.idemd_us),
+        idemd_us: n.med(|s| s.idemd_us),
+        store: n.store_per_request(),
+        ratios,
+        target: p.target,
+        notes,
+    }
+}
+
+/// Everything a side's run needs from the stack.
+pub(crate) struct Probe {
+    envoy: Option<u32>,
+    idemd: Option<u32>,
+    admin: u16,
+    sidecar_port: u16,
+}
+
+impl Probe {
+    pub(crate) fn of(st: &BenchStack) -> Probe {
+        Probe { envoy: st.envoy.pid(), idemd: st.idemd_pid(), admin: st.admin, sidecar_port: st.sidecar_port }
+    }
+}
+
+/// Prepared requests for a fresh run: enough for the fastest rate seen, with headroom.
+fn fresh_count(fastest: f64, secs: f64) -> usize {
+    ((fastest * secs * 1.5) as usize + 300).min(MAX_MINT)
+}
+
+/// One run of a side for `secs` (warm-up or timed). Minting and key-making happen before the clock starts.
+async fn run_side(
+    side: &Side<'_>,
+    probe: &Probe,
+    o: &Opts,
+    secs: f64,
+    fastest: f64,
+    run_tag: &str,
+    nonces: &mut Vec<String>,
+) -> Result<Sample, BoxError> {
+    let warmup = fastest <= 0.0;
+    let n = if warmup { WARMUP_FRESH } else { fresh_count(fastest, secs) };
+    // (port, requests, expected status) for an HTTP side; None for the raw database.
+    let http = match &side.load {
+        Load::Http { port, reqs, expect } => Some((*port, reqs.clone(), *expect)),
+        Load::FilterFresh { port } => {
+            let fps = mint(*port, n, o.conns).await?;
+            nonces.extend(fps.iter().filter_map(|f| nonce_of(f)));
+            let all = fps.iter().map(|f| confirm_request(f, None)).collect();
+            Some((*port, Requests::EachOnce(Arc::new(all), Arc::default()), 201))
+        }
+        Load::PlainFresh { port, fingerprint } => {
+            let all = plain_fresh_confirms(fingerprint, run_tag, n);
+            Some((*port, Requests::EachOnce(Arc::new(all), Arc::default()), 201))
+        }
+        Load::Raw(_) => None,
+    };
+    // A fresh warm-up runs until its requests run out, which measures the first rate.
+    let secs = if warmup && !matches!(side.load, Load::Http { .. }) { secs.max(5.0) } else { secs };
+    let (envoy0, idemd0) = (probe.envoy.map(cpu_ticks), probe.idemd.map(cpu_ticks));
+    let (store0, hits0) = (store_times(probe.sidecar_port).await, envoy_counter(probe.admin, REPLAY_HITS).await);
+    let mut m: Measured = match (&side.load, http) {
+        (Load::Raw(db), _) => db.drive(o.conns, secs, run_tag).await,
+        (_, Some((port, reqs, expect))) => drive(port, &reqs, expect, o.conns, secs).await,
+        (_, None) => Measured::default(),
+    };
+    let (envoy1, idemd1) = (probe.envoy.map(cpu_ticks), probe.idemd.map(cpu_ticks));
+    let (store1, hits1) = (store_times(probe.sidecar_port).await, envoy_counter(probe.admin, REPLAY_HITS).await);
+    if warmup {
+        // A fresh warm-up runs its requests out on purpose.
+        m.exhausted = false;
+    }
+    let ok = m.ok;
+    let per_req = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 * 10_000.0 / ok.max(1) as f64),
+        _ => None,
+    };
+    let through_envoy = !matches!(side.load, Load::Raw(_));
+    Ok(Sample {
+        rate: m.rate(),
+        p50_ms: m.p50_ms(),
+        ok: m.ok,
+        envoy_us: per_req(envoy0, envoy1).filter(|_| through_envoy),
+        idemd_us: per_req(idemd0, idemd1).filter(|_| through_envoy),
+        store: if through_envoy { store_delta(&store0, &store1) } else { Vec::new() },
+        replay_hits: hits1.saturating_sub(hits0),
+        problems: m.problems(),
+    })
+}
+
+/// Every side warmed up once, then `--reps` timed runs each, the order rotated per rep
+/// so drift hits all sides alike.
+pub(crate) async fn run_sides(
+    title: &str,
+    sides: &[Side<'_>],
+    probe: &Probe,
+    o: &Opts,
+    nonces: &mut Vec<String>,
+) -> Result<Vec<SideStats>, BoxError> {
+    eprintln!("\n== {title}");
+    let run_tag = format!("{:06x}", std::process::id() & 0xff_ffff);
+    let mut stats: Vec<SideStats> = sides.iter().map(|_| SideStats::default()).collect();
+    let mut fastest = vec![0.0f64; sides.len()];
+    for (i, s) in sides.iter().enumerate() {
+        let m = run_side(s, probe, o, o.warmup, 0.0, &format!("{run_tag}w{i:x}"), nonces).await?;
+        eprintln!("   warm-up {:<38} {:>9.0} req/s{}", s.label, m.rate, m.problems);
+        if m.ok == 0 {
+            return Err(format!("{title}: {} answers nothing as expected:{}", s.label, m.problems).into());
+        }
+        fastest[i] = m.rate;
+    }
+    let n = sides.len();
+    for rep in 0..o.reps {
+        for k in 0..n {
+            let i = (k + rep) % n;
+            let (Some(s), Some(st)) = (sides.get(i), stats.get_mut(i)) else { continue };
+            let f = fastest.get(i).copied().unwrap_or(0.0).max(1.0);
+            let m = run_side(s, probe, o, o.seconds, f, &format!("{run_tag}{rep:x}{i:x}"), nonces).await?;
+            let us = |v: Option<f64>| v.map(|v| format!("{v:>5.0}")).unwrap_or_else(|| "    -".into());
+            let store_us = m.store.iter().map(|(_, secs, _)| secs).fold(0.0, |a, b| a + b) * 1e6 / m.ok.max(1) as f64;
+            eprintln!(
+                "   rep {} {:<38} {:>9.0} req/s  p50 {:>6.2} ms  envoy {} idemd {} store {store_us:>5.0} us/req{}",
+                rep + 1,
+                s.label,
+                m.rate,
+                m.p50_ms,
+                us(m.envoy_us),
+                us(m.idemd_us),
+                m.problems
+            );
+            if st.notes.is_empty() && !m.problems.is_empty() {
+                st.notes = format!("{}:{}", s.label, m.problems);
+            }
+            if let Some(f) = fastest.get_mut(i) {
+                *f = f.max(m.rate);
+            }
+            st.samples.push(m);
+        }
+    }
+    Ok(stats)
+}
+
+pub(crate) async fn check(
+    what: &str,
+    port: u16,
+    req: &[u8],
+    status: u16,
+    must: &[&str],
+    must_not: &[&str],
+) -> Result<(), BoxError> {
+    let (s, _, text) = once(port, req).await?;
+    let ok = s == status && must.iter().all(|m| text.contains(m)) && !must_not.iter().any(|m| text.contains(m));
+    if !ok {
+        return Err(format!("bench setup check failed: {what}: HTTP {s} {text}").into());
+    }
+    Ok(())
+}
+
+fn same(port: u16, req: &Arc<Vec<u8>>, expect: u16) -> Load<'static> {
+    Load::Http { port, reqs: Requests::Same(req.clone()), expect }
+}
+
+/// The unannotated route (filter, empty filter, 20 route rules, filter disabled on the route,
+/// plain Envoy) and the preview (filter, empty filter, plain Envoy).
+pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Row>) -> Result<(), BoxError> {
+    let probe = Probe::of(st);
+    let unannotated = Arc::new(preview_request("/plain/v1/transfers/preview"));
+    let opted_out = Arc::new(preview_request("/plain-optout/v1/transfers/preview"));
+    for (what, port, req) in [
+        ("unannotated via filter", st.agents, &unannotated),
+        ("unannotated via plain", st.plain, &unannotated),
+        ("unannotated via empty filter", st.empty, &unannotated),
+        ("unannotated via filter with 20 route rules", st.rules, &unannotated),
+        ("opted-out via filter", st.agents, &opted_out),
+    ] {
+        check(what, port, req, 200, &["quote_id"], &["fingerprint"]).await?;
+    }
+    let sides = [
+        Side { label: "plain Envoy", load: same(st.plain, &unannotated, 200) },
+        Side { label: "empty proxy-wasm filter", load: same(st.empty, &unannotated, 200) },
+        Side { label: "filter, unannotated", load: same(st.agents, &unannotated, 200) },
+        Side { label: "filter + 20 route rules, unannotated", load: same(st.rules, &unannotated, 200) },
+        Side { label: "filter, disabled on the route", load: same(st.agents, &opted_out, 200) },
+    ];
+    let stats = run_sides("unannotated route", &sides, &probe, o, &mut st.nonces).await?;
+    let pairs = [
+        (2, 1, "unannotated route", "empty proxy-wasm filter, same request", Some(0.97)),
+        (2, 0, "unannotated route", "plain Envoy, same request", None),
+        (3, 1, "unannotated route, 20 route rules", "empty proxy-wasm filter, same request", Some(0.97)),
+        (4, 0, "unannotated route, filter disabled on it", "plain Envoy, same request", Some(0.97)),
+        (1, 0, "(reference) empty proxy-wasm filter", "plain Envoy, same request", None),
+    ];
+    for (num, den, case, baseline, target) in pairs {
+        rows.push(row(&stats, &Pair { num, den, case: case.into(), baseline: baseline.into(), target }));
+    }
+
+    let preview = Arc::new(preview_request("/v1/transfers/preview"));
+    check("preview via filter", st.agents, &preview, 200, &["quote_id", "\"fingerprint\""], &[]).await?;
+    check("preview via plain", st.plain, &preview, 200, &["quote_id"], &["fingerprint"]).await?;
+    check("preview via empty filter", st.empty, &preview, 200, &["quote_id"], &["fingerprint"]).await?;
+    let sides = [
+        Side { label: "plain Envoy", load: same(st.plain, &preview, 200) },
+        Side { label: "empty proxy-wasm filter", load: same(st.empty, &preview, 200) },
+        Side { label: "filter, preview (mint)", load: same(st.agents, &preview, 200) },
+    ];
+    let stats = run_sides("preview", &sides, &probe, o, &mut st.nonces).await?;
+    rows.push(row(
+        &stats,
+        &Pair {
+            num: 2,
+            den: 0,
+            case: "preview".into(),
+            baseline: "plain Envoy, same preview".into(),
+            target: Some(0.85),
+        },
+    ));
+    rows.push(row(
+        &stats,
+        &Pair {
+            num: 1,
+            den: 0,
+            case: "(reference) preview, empty proxy-wasm filter".into(),
+            baseline: "plain Envoy, same preview".into(),
+            target: None,
+        },
+    ));
+    Ok(())
+}
+
+/// A DONE fingerprint replayed through the filter (served from its replay cache) against
+/// plain Envoy forwarding the same confirm with a fixed Idempotency-Key (the demo's dedup answers).
+pub(crate) async fn duplicate_case(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Row>) -> Result<(), BoxError> {
+    let probe = Probe::of(st);
+    let fp = mint(st.agents, 1, 1).await?.pop().ok_or("no fingerprint")?;
+    st.nonces.extend(nonce_of(&fp));
+    let confirm = Arc::new(confirm_request(&fp, None));
+    check("first confirm via filter", st.agents, &confirm, 201, &["\"executed\""], &[]).await?;
+    check("duplicate via filter", st.agents, &confirm, 201, &["already_completed"], &[]).await?;
+    let key = plain_duplicate_key();
+    let plain_confirm = Arc::new(confirm_request(&fp, Some(&key)));
+    check("first confirm via plain", st.plain, &plain_confirm, 201, &["\"executed\""], &[]).await?;
+    check("duplicate via plain", st.plain, &plain_confirm, 201, &["\"executed\"", key.as_str()], &[]).await?;
+    let sides = [
+        Side { label: "plain Envoy -> demo dedup", load: same(st.plain, &plain_confirm, 201) },
+        Side { label: "filter replay", load: same(st.agents, &confirm, 201) },
+    ];
+    let case = format!("duplicate confirm (replay) [{}]", st.label);
+    let stats = run_sides(&case, &sides, &probe, o, &mut st.nonces).await?;
+    let mut r = row(
+        &stats,
+        &Pair { num: 1, den: 0, case, baseline: "plain Envoy, same confirm, demo dedup".into(), target: Some(1.0) },
+    );
+    if let Some(filter) = stats.get(1) {
+        let hits = format!("{} per request", fmt_share(filter.replay_hits_per_request()));
+        r.notes = [format!("{REPLAY_HITS}: {hits}"), r.notes]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+    }
+    rows.push(r);
+    Ok(())
+}
+
+fn fmt_share(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+/// Fresh confirms (fingerprints minted before each timed run) against plain Envoy
+/// forwarding fresh confirms (a new Idempotency-Key each, so the demo commits its own
+/// row), and against the raw single-row commit rate of idemd's database; interleaved.
+pub(crate) async fn fresh_case(
+    st: &mut BenchStack,
+    raw: &RawDb,
+    dbname: &str,
+    o: &Opts,
+    rows: &mut Vec<Row>,
+) -> Result<(), BoxError> {
+    let probe = Probe::of(st);
+    let fp = mint(st.agents, 1, 1).await?.pop().ok_or("no fingerprint")?;
+    for req in plain_fresh_confirms(&fp, "check", 1) {
+        check("fresh confirm via plain", st.plain, &req, 201, &["\"executed\""], &[]).await?;
+    }
+    let sides = [
+        Side { label: "plain Envoy -> demo, fresh key", load: Load::PlainFresh { port: st.plain, fingerprint: fp } },
+        Side { label: "filter, fresh confirm", load: Load::FilterFresh { port: st.agents } },
+        Side { label: "raw single-row commit", load: Load::Raw(raw) },
+    ];
+    let case = format!("fresh confirm [{}]", st.label);
+    let stats = run_sides(&case, &sides, &probe, o, &mut st.nonces).await?;
+    rows.push(row(
+        &stats,
+        &Pair {
+            num: 1,
+            den: 0,
+            case: case.clone(),
+            baseline: "plain Envoy, fresh confirm (demo commits)".into(),
+            target: Some(0.5),
+        },
+    ));
+    rows.push(row(
+        &stats,
+        &Pair {
+            num: 1,
+            den: 2,
+            case: format!("(reference) {case}"),
+            baseline: format!("raw single-row commit, {dbname}"),
+            target: None,
+        },
+    ));
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! filter-bench: DESIGN §9's performance budget, measured as ratios in ONE run.
+//!
+//! Not a test and never an assertion: the numbers depend on the machine and on
+//! what else runs on it; the ratios against the baselines measured in the same
+//! run are what to read. `make bench` runs it:
+//!
+//! ```text
+//! cargo build --release -p idem-demo -p idemd
+//! cargo build --profile wasm --target wasm32-wasip1 -p idem-empty-filter
+//! IDEM_E2E_PROFILE=release cargo run --release -p idem-e2e --bin filter-bench -- [--seconds 2] [--reps 3] [--conns 16]
+//! ```
+//!
+//! One Envoy (`--concurrency 1`) runs envoy/bench.yaml: listener `agents` with the
+//! agent filter, `plain` without any filter, `empty` with an empty proxy-wasm filter
+//! (bench/empty-filter, spliced in from envoy/bench-empty.yaml) and `rules` with the
+//! agent filter and 20 plugin-config route rules; same routes, the demo as upstream.
+//!
+//! - `client`: the hand-rolled HTTP/1.1 keep-alive load client (one thread, `--conns` connections);
+//! - `cases`: the cases; the sides of a case run interleaved `--reps` times in an order rotated
+//!   per rep, and each row is the median of the per-rep ratios of two of its sides;
+//! - `baselines`: the raw single-row commit rate of idemd's database and the plain-Envoy requests;
+//! - `stack`: the processes, and what is read around each run: Envoy's and idemd's CPU from
+//!   /proc, idemd's store time from its `/metrics`, Envoy's replay-cache hits from `/stats`;
+//! - `report`: the markdown table (stdout, target/bench/summary.md) and target/bench/chart.svg.
+//!
+//! The duplicate and fresh confirms run on idemd with Redis + Postgres and on SQLite
+//! alone. An unreachable backend is skipped loudly. Rows written to the shared
+//! Postgres/Redis are removed at the end.
+
+mod baselines;
+mod cases;
+mod client;
+mod report;
+mod stack;
+
+use baselines::{pg_diagnostics, RawDb};
+use cases::{duplicate_case, fresh_case, proxy_cases};
+use idem_e2e::{backends, repo_root, wasm, BoxError};
+use stack::{empty_wasm, start_stack, Foreign};
+
+#[derive(Debug, Clone)]
+pub(crate) struct Opts {
+    pub(crate) seconds: f64,
+    pub(crate) reps: usize,
+    pub(crate) conns: usize,
+    pub(crate) warmup: f64,
+}
+
+fn parse_args() -> Result<Opts, BoxError> {
+    let mut o = Opts { seconds: 2.0, reps: 3, conns: 16, warmup: 0.5 };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--seconds" => o.seconds = val()?.parse()?,
+            "--reps" => o.reps = val()?.parse()?,
+            "--conns" => o.conns = val()?.parse()?,
+            "--warmup" => o.warmup = val()?.parse()?,
+            "-h" | "--help" => {
+                println!("filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other} (see --help)").into()),
+        }
+    }
+    if o.reps == 0 || o.conns == 0 || o.seconds <= 0.0 {
+        return Err("--reps, --conns and --seconds must be positive".into());
+    }
+    Ok(o)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// The commit measured: short hash, "+ local changes" when the tree is dirty.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .current_dir(repo_root())
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let hash = git(&["rev-parse", "--short", "HEAD"]);
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    match (hash.is_empty(), dirty) {
+        (true, _) => "unknown".into(),
+        (false, true) => format!("{hash} + local changes"),
+        (false, false) => hash,
+    }
+}
+
+fn bench_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+        .join("bench")
+}
+
+async fn bench(o: Opts) -> Result<(), BoxError> {
+    // Per-request log lines would cost the demo more than Envoy: production-like logging.
+    if std::env::var_os("RUST_LOG").is_none() {
+        std::env::set_var("RUST_LOG", "warn");
+    }
+    let wasm_bytes = std::fs::metadata(wasm()?)?.len();
+    let empty_wasm_bytes = std::fs::metadata(empty_wasm()?)?.len();
+    let load_start = loadavg();
+    eprintln!(
+        "filter-bench: load average at start {load_start}; {} s x {} reps, {} connections",
+        o.seconds, o.reps, o.conns
+    );
+    let mut rows = Vec::new();
+    let mut lines = vec![format!("load average (1/5/15 min) at start: {load_start}")];
+    let mut proxied = false;
+
+    // 1) idemd on Redis + Postgres.
+    let pg_up = backends::available("redis", "127.0.0.1:6379")? && backends::available("postgres", "127.0.0.1:5432")?;
+    if pg_up {
+        let mut st = start_stack("redis+postgres", Some(backends::redis_url()), Some(backends::postgres_url())).await?;
+        let pids = st.pids();
+        let foreign = Foreign::start(&pids);
+        let raw = RawDb::postgres(&backends::postgres_url()).await?;
+        lines.extend(pg_diagnostics(&backends::postgres_url()).await);
+        let r = async {
+            proxy_cases(&mut st, &o, &mut rows).await?;
+            proxied = true;
+            duplicate_case(&mut st, &o, &mut rows).await?;
+            fresh_case(&mut st, &raw, "postgres", &o, &mut rows).await
+        }
+        .await;
+        lines.push(format!("foreign CPU during the redis+postgres stack: {:.2} cores", foreign.cores(&pids)));
+        lines.push(st.upstream_summary().await);
+        raw.drop_table().await;
+        st.cleanup().await;
+        if let Err(e) = r {
+            eprintln!("envoy log:\n{}", st.envoy.log_text());
+            return Err(e);
+        }
+    } else {
+        lines.push("SKIPPED BACKEND: idemd on redis+postgres (unreachable, see above)".into());
+    }
+
+    // 2) idemd on SQLite alone.
+    let mut st = start_stack("sqlite-only", None, None).await?;
+    let pids = st.pids();
+    let foreign = Foreign::start(&pids);
+    let raw = RawDb::sqlite(&st.sql_url).await?;
+    let r = async {
+        if !proxied {
+            proxy_cases(&mut st, &o, &mut rows).await?;
+        }
+        duplicate_case(&mut st, &o, &mut rows).await?;
+        fresh_case(&mut st, &raw, "sqlite", &o, &mut rows).await
+    }
+    .await;
+    lines.push(format!("foreign CPU during the sqlite-only stack: {:.2} cores", foreign.cores(&pids)));
+    lines.push(st.upstream_summary().await);
+    raw.drop_table().await;
+    if let Err(e) = r {
+        eprintln!("envoy log:\n{}", st.envoy.log_text());
+        return Err(e);
+    }
+    lines.push(format!("load average at end: {}", loadavg()));
+    let ctx = report::Context { commit: commit(), wasm_bytes, empty_wasm_bytes, lines };
+    report::write(&rows, &o, &ctx, &bench_dir())
+}
+
+fn main() {
+    let result = parse_args().and_then(|o| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(bench(o))
+    });
+    if let Err(e) = result {
+        eprintln!("filter-bench: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,288 @@
+//! The stack under measurement (demo, idemd, one Envoy with the bench listeners)
+//! and what is read from it around each timed run: CPU from /proc, idemd's store
+//! latency histograms from its `/metrics`, Envoy's counters from its `/stats`.
+
+use idem_e2e::{
+    bench_plain_listener, free_port, repo_root, start_demo, start_envoy_with, start_sidecar, wait_ready, BoxError,
+    DemoOpts, Ports, Proc, SidecarOpts,
+};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// envoy/bench.yaml's `empty` and `rules` listeners, moved to free ports like `plain`.
+const BENCH_EMPTY_LISTENER_PORT: u16 = 10002;
+const BENCH_RULES_LISTENER_PORT: u16 = 10003;
+/// The line of envoy/bench.yaml that envoy/bench-empty.yaml replaces.
+const EMPTY_LISTENER_MARKER: &str = "  # @empty-listener (envoy/bench-empty.yaml, spliced in here by filter-bench)\n";
+const EMPTY_WASM: &str = "target/wasm32-wasip1/wasm/idem_empty_filter.wasm";
+
+pub(crate) struct BenchStack {
+    pub(crate) label: &'static str,
+    _dir: tempfile::TempDir,
+    /// The agent filter's listener, plain Envoy, the empty proxy-wasm filter, the agent filter with 20 route rules.
+    pub(crate) agents: u16,
+    pub(crate) plain: u16,
+    pub(crate) empty: u16,
+    pub(crate) rules: u16,
+    pub(crate) admin: u16,
+    pub(crate) sidecar_port: u16,
+    pub(crate) sql_url: String,
+    redis_url: Option<String>,
+    demo: Proc,
+    sidecar: Proc,
+    pub(crate) envoy: Proc,
+    /// Nonces this run wrote into shared stores, removed at the end.
+    pub(crate) nonces: Vec<String>,
+}
+
+/// The empty proxy-wasm filter's .wasm (`make bench` builds it).
+pub(crate) fn empty_wasm() -> Result<std::path::PathBuf, BoxError> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let p = target.join(EMPTY_WASM.trim_start_matches("target/"));
+    if !p.exists() {
+        return Err(format!(
+            "{} is missing: run `cargo build --profile wasm --target wasm32-wasip1 -p idem-empty-filter` (make bench does)",
+            p.display()
+        )
+        .into());
+    }
+    Ok(p)
+}
+
+pub(crate) async fn start_stack(
+    label: &'static str,
+    redis_url: Option<String>,
+    sql_url: Option<String>,
+) -> Result<BenchStack, BoxError> {
+    let dir = tempfile::tempdir()?;
+    let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
+    let (plain, empty, rules) = (free_port()?, free_port()?, free_port()?);
+    let sql_url = sql_url.unwrap_or_else(|| format!("sqlite://{}/idem.db?mode=rwc", dir.path().display()));
+    let mut demo = start_demo(&DemoOpts::default(), ports.demo, dir.path())?;
+    wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
+    let sopts = SidecarOpts { redis_url: redis_url.clone(), database_url: Some(sql_url.clone()), extra_args: vec![] };
+    let mut sidecar = start_sidecar(&sopts, ports.sidecar, dir.path())?;
+    wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
+    let fragment = std::fs::read_to_string(repo_root().join("envoy/bench-empty.yaml"))?;
+    // The fragment's own header comment stays out; its listener goes where the marker is.
+    let listener: String = fragment.lines().skip_while(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+    let listener = listener
+        .replace(EMPTY_WASM, &empty_wasm()?.display().to_string())
+        .replace(&format!("port_value: {BENCH_EMPTY_LISTENER_PORT}"), &format!("port_value: {empty}"));
+    let edits = [
+        bench_plain_listener(plain),
+        (EMPTY_LISTENER_MARKER.to_owned(), listener),
+        (format!("port_value: {BENCH_RULES_LISTENER_PORT}"), format!("port_value: {rules}")),
+    ];
+    let mut envoy = start_envoy_with("bench.yaml", &ports, &edits, dir.path())?;
+    wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
+    Ok(BenchStack {
+        label,
+        _dir: dir,
+        agents: ports.listener,
+        plain,
+        empty,
+        rules,
+        admin: ports.admin,
+        sidecar_port: ports.sidecar,
+        sql_url,
+        redis_url,
+        demo,
+        sidecar,
+        envoy,
+        nonces: Vec::new(),
+    })
+}
+
+impl BenchStack {
+    pub(crate) fn idemd_pid(&self) -> Option<u32> {
+        self.sidecar.pid()
+    }
+
+    /// Upstream requests and connections per cluster (a pool that reconnects per request costs a lot).
+    pub(crate) async fn upstream_summary(&self) -> String {
+        let url = format!(
+            "http://127.0.0.1:{}/stats?filter=^cluster%5C.(demo|idem_sidecar)%5C.upstream_(rq|cx)_total$",
+            self.admin
+        );
+        let text = match reqwest::get(url).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => return String::new(),
+        };
+        let get = |name: &str| {
+            text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(": "))).unwrap_or("?").to_owned()
+        };
+        let mut out = Vec::new();
+        for c in ["demo", "idem_sidecar"] {
+            let (rq, cx) =
+                (get(&format!("cluster.{c}.upstream_rq_total")), get(&format!("cluster.{c}.upstream_cx_total")));
+            out.push(format!("{c} {rq} requests over {cx} connections"));
+        }
+        format!("upstreams of the {} stack: {}", self.label, out.join(", "))
+    }
+
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        [self.demo.pid(), self.sidecar.pid(), self.envoy.pid()].into_iter().flatten().collect()
+    }
+
+    /// Remove this run's rows from the shared Postgres and keys from Redis.
+    pub(crate) async fn cleanup(&mut self) {
+        if self.nonces.is_empty() || !self.sql_url.starts_with("postgres") {
+            return;
+        }
+        if let Ok(pool) = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&self.sql_url).await {
+            for chunk in self.nonces.chunks(5000) {
+                let _ = sqlx::query("DELETE FROM idem_record WHERE idem_key::text = ANY($1)")
+                    .bind(chunk.to_vec())
+                    .execute(&pool)
+                    .await;
+            }
+            pool.close().await;
+        }
+        if let Some(url) = &self.redis_url {
+            if let Ok(client) = redis::Client::open(url.as_str()) {
+                if let Ok(mut con) = client.get_multiplexed_async_connection().await {
+                    for chunk in self.nonces.chunks(1000) {
+                        let keys: Vec<String> = chunk.iter().map(|n| format!("idem:{{{n}}}")).collect();
+                        let _: Result<i64, _> = redis::cmd("DEL").arg(keys).query_async(&mut con).await;
+                    }
+                }
+            }
+        }
+        self.nonces.clear();
+    }
+}
+
+// ---- CPU accounting ----------------------------------------------------------
+
+/// utime + stime of a process, in clock ticks (USER_HZ, 100/s on Linux).
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|r| r.1).unwrap_or("").split_whitespace().collect();
+    let at = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    at(11) + at(12)
+}
+
+/// Busy ticks of the whole machine, and of the processes this bench drives
+/// (itself, the stack, and the Postgres/Redis servers it loads).
+fn cpu_sample(stack_pids: &[u32]) -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let line = stat.lines().next().unwrap_or("");
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal
+    let busy = [0usize, 1, 2, 5, 6, 7].iter().filter_map(|&i| v.get(i)).sum();
+    let mut ours = cpu_ticks(std::process::id()) + stack_pids.iter().map(|&p| cpu_ticks(p)).sum::<u64>();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if matches!(comm.trim(), "postgres" | "redis-server") {
+                ours += cpu_ticks(pid);
+            }
+        }
+    }
+    (busy, ours)
+}
+
+/// CPU used by everything else on the machine (other builds and tests) while a stack ran.
+pub(crate) struct Foreign {
+    start: (u64, u64),
+    at: Instant,
+}
+
+impl Foreign {
+    pub(crate) fn start(stack_pids: &[u32]) -> Foreign {
+        Foreign { start: cpu_sample(stack_pids), at: Instant::now() }
+    }
+
+    /// Average cores busy with foreign work.
+    pub(crate) fn cores(&self, stack_pids: &[u32]) -> f64 {
+        let (busy, ours) = cpu_sample(stack_pids);
+        let foreign = busy.saturating_sub(self.start.0).saturating_sub(ours.saturating_sub(self.start.1));
+        foreign as f64 / 100.0 / self.at.elapsed().as_secs_f64().max(0.001)
+    }
+}
+
+// ---- idemd's /metrics and Envoy's /stats -------------------------------------
+
+/// `idem_store_latency_seconds` of idemd, by "store op": (sum of seconds, count).
+pub(crate) type StoreTimes = BTreeMap<String, (f64, u64)>;
+
+/// idemd's store latency histograms (its /metrics needs no token); empty when unreachable.
+pub(crate) async fn store_times(sidecar_port: u16) -> StoreTimes {
+    let url = format!("http://127.0.0.1:{sidecar_port}/metrics");
+    let text = match reqwest::get(url).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return StoreTimes::new(),
+    };
+    parse_store_times(&text)
+}
+
+fn parse_store_times(text: &str) -> StoreTimes {
+    let mut out = StoreTimes::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("idem_store_latency_seconds_") else { continue };
+        let Some((kind, rest)) = rest.split_once('{') else { continue };
+        let Some((labels, value)) = rest.rsplit_once('}') else { continue };
+        let label = |name: &str| {
+            labels.split(',').find_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                (k.trim() == name).then(|| v.trim().trim_matches('"').to_owned())
+            })
+        };
+        let (Some(store), Some(op)) = (label("store"), label("op")) else { continue };
+        let value: f64 = value.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        let e = out.entry(format!("{store} {op}")).or_insert((0.0, 0));
+        match kind {
+            "sum" => e.0 = value,
+            "count" => e.1 = value as u64,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What happened between two scrapes: (store op, seconds, calls), the ops that were called.
+pub(crate) fn store_delta(before: &StoreTimes, after: &StoreTimes) -> Vec<(String, f64, u64)> {
+    after
+        .iter()
+        .filter_map(|(k, (sum, count))| {
+            let (s0, c0) = before.get(k).copied().unwrap_or((0.0, 0));
+            let calls = count.saturating_sub(c0);
+            (calls > 0).then(|| (k.clone(), (sum - s0).max(0.0), calls))
+        })
+        .collect()
+}
+
+/// One counter of Envoy's /stats (e.g. `wasmcustom.idem.replay_cache_hits`); 0 when absent.
+pub(crate) async fn envoy_counter(admin: u16, name: &str) -> u64 {
+    let url = format!("http://127.0.0.1:{admin}/stats?filter=^{}$", name.replace('.', "%5C."));
+    let text = match reqwest::get(url).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return 0,
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(": ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_times_from_openmetrics() {
+        let text = "# TYPE idem_store_latency_seconds histogram\n\
+            idem_store_latency_seconds_sum{store=\"sql\",op=\"acquire\"} 0.5\n\
+            idem_store_latency_seconds_count{store=\"sql\",op=\"acquire\"} 10\n\
+            idem_store_latency_seconds_bucket{le=\"0.1\",store=\"sql\",op=\"acquire\"} 10\n";
+        let t = parse_store_times(text);
+        assert_eq!(t.get("sql acquire"), Some(&(0.5, 10)));
+        let after: StoreTimes = [("sql acquire".to_owned(), (0.75, 15))].into();
+        assert_eq!(store_delta(&t, &after), vec![("sql acquire".to_owned(), 0.25, 5)]);
+    }
+}
