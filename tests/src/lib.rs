@@ -8,7 +8,7 @@
 use serde_json::Value;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -63,55 +63,7 @@ pub fn free_port() -> Result<u16, BoxError> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// A child process that is killed when dropped; its output goes to a log file
-/// that is printed if the test fails to start it.
-pub struct Proc {
-    name: String,
-    child: Option<Child>,
-    pub log: PathBuf,
-}
-
-impl Proc {
-    pub fn spawn(name: &str, cmd: &mut Command, dir: &Path) -> Result<Proc, BoxError> {
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-        let child = cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).spawn()?;
-        Ok(Proc { name: name.to_owned(), child: Some(child), log })
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// SIGKILL, like an OOM kill or an evicted pod.
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    pub fn exited(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
-            None => true,
-        }
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
+pub use idem_testkit::proc::Proc;
 
 pub async fn wait_ready(url: &str, proc: &mut Proc) -> Result<(), BoxError> {
     let client = reqwest::Client::new();
@@ -298,7 +250,9 @@ impl Stack {
 
 /// Redis + Postgres when both are reachable; None (loud skip) otherwise.
 pub fn real_stores(faults: bool) -> Result<Option<StackOpts>, BoxError> {
-    if !backends::available("redis", "127.0.0.1:6379")? || !backends::available("postgres", "127.0.0.1:5432")? {
+    if !backends::available("redis", &backends::redis_url())?
+        || !backends::available("postgres", &backends::postgres_url())?
+    {
         return Ok(None);
     }
     Ok(Some(StackOpts {
@@ -414,18 +368,14 @@ impl SidecarOpts {
     }
 }
 
-/// The nonce inside a fingerprint (its payload is base64url JSON, DESIGN §3):
-/// the sidecar's key and the downstream's Idempotency-Key.
+/// The nonce inside a fingerprint (DESIGN §3): the sidecar's key and the downstream's Idempotency-Key.
 pub fn nonce_of(fingerprint: &str) -> Result<String, BoxError> {
-    Ok(fingerprint_claims(fingerprint)?["n"].as_str().ok_or("no nonce in the fingerprint")?.to_owned())
+    idem_testkit::fingerprint::nonce(fingerprint)
 }
 
 /// The claims of a fingerprint (`n`, `u`, `s`, `p`, …), unverified.
 pub fn fingerprint_claims(fingerprint: &str) -> Result<Value, BoxError> {
-    use base64::Engine as _;
-    let payload = fingerprint.split('.').next().ok_or("empty fingerprint")?;
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload)?;
-    Ok(serde_json::from_slice(&bytes)?)
+    idem_testkit::fingerprint::claims(fingerprint)
 }
 
 /// `idemd ops --database-url <db> <args…>`: (exit code, stdout, stderr).
@@ -525,99 +475,24 @@ pub fn validate_envoy_config(config: &str) -> Result<(bool, String), BoxError> {
     Ok((out.status.success(), text))
 }
 
-/// Backends from the environment with the machine's defaults; `IDEM_REQUIRE_BACKENDS=1`
-/// (CI) turns a missing backend into a failure instead of a loud skip.
+/// Backends, found from the configured URLs (`IDEM_TEST_*_URL`; see `idem_testkit::backends`):
+/// `IDEM_REQUIRE_BACKENDS=1` (CI) turns a missing backend into a failure instead of a loud skip.
 pub mod backends {
-    use super::BoxError;
+    pub use idem_testkit::backends::{mysql_url, postgres_url, redis_url, OwnPostgres};
 
-    pub fn redis_url() -> String {
-        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    /// A Postgres database of one test's own, dropped with it.
+    pub fn own_postgres() -> Result<Option<OwnPostgres>, super::BoxError> {
+        idem_testkit::backends::own_postgres("idem_e2e")
     }
 
-    pub fn postgres_url() -> String {
-        std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    /// Ok(true): reachable. Ok(false): skipped loudly. Err: required but missing.
+    /// `url` is a backend URL (`backends::redis_url()`) or a `host:port`.
+    pub fn available(name: &str, url: &str) -> Result<bool, super::BoxError> {
+        idem_testkit::backends::available(name, url)
     }
 
-    /// A Postgres database of one test's own, dropped with it: tests whose
-    /// sidecars reconcile must not share a table with stacks that point
-    /// elsewhere (each reconciler asks its own demo about every stale row).
-    /// Created with `psql`. Ok(None): skipped loudly, like a missing backend.
-    pub struct OwnPostgres {
-        pub url: String,
-        admin_url: String,
-        name: String,
-    }
-
-    pub fn own_postgres() -> Result<Option<OwnPostgres>, BoxError> {
-        if !available("postgres", "127.0.0.1:5432")? {
-            return Ok(None);
-        }
-        let admin_url = postgres_url();
-        let mut random = [0u8; 6];
-        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))?;
-        let name = format!("idem_e2e_{}", random.iter().map(|b| format!("{b:02x}")).collect::<String>());
-        if let Err(e) = psql(&admin_url, &format!("CREATE DATABASE {name}")) {
-            if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
-                return Err(e);
-            }
-            skipped(&format!("postgres (own database): {e}"));
-            return Ok(None);
-        }
-        let url = match admin_url.rfind('/') {
-            Some(i) if i > admin_url.find("://").map(|s| s + 2).unwrap_or(0) => {
-                let query = admin_url[i..].find('?').map(|q| &admin_url[i + q..]).unwrap_or("");
-                format!("{}/{name}{query}", &admin_url[..i])
-            }
-            _ => format!("{admin_url}/{name}"),
-        };
-        Ok(Some(OwnPostgres { url, admin_url, name }))
-    }
-
-    fn psql(url: &str, sql: &str) -> Result<(), BoxError> {
-        let out = std::process::Command::new("psql")
-            .arg(url)
-            .args(["-v", "ON_ERROR_STOP=1", "-qAtc", sql])
-            .output()
-            .map_err(|e| format!("cannot run psql: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr).trim()).into());
-        }
-        Ok(())
-    }
-
-    impl Drop for OwnPostgres {
-        fn drop(&mut self) {
-            let _ = psql(&self.admin_url, &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
-        }
-    }
-
-    /// Ok(true): reachable. Ok(false): skip (printed loudly). Err: required but missing.
-    pub fn available(name: &str, addr: &str) -> Result<bool, BoxError> {
-        let reachable = addr
-            .parse::<std::net::SocketAddr>()
-            .ok()
-            .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok());
-        if reachable {
-            return Ok(true);
-        }
-        if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
-            return Err(
-                format!("backend {name} at {addr} is required (IDEM_REQUIRE_BACKENDS=1) but unreachable").into()
-            );
-        }
-        skipped(&format!("{name}: nothing listens at {addr}"));
-        Ok(false)
-    }
-
-    /// Loud: on stderr, and in the file `make test` lists after the run
-    /// (nextest hides the output of passing tests).
+    /// Loud: on stderr, and in the file `make test` lists after the run.
     pub fn skipped(what: &str) {
-        eprintln!("\n*** SKIPPED BACKEND {what} ***\n");
-        if let Some(path) = std::env::var_os("IDEM_SKIP_LOG") {
-            use std::io::Write as _;
-            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-                let _ = writeln!(f, "e2e: {what}");
-            }
-        }
+        idem_testkit::backends::skip(what, "skipped");
     }
 }

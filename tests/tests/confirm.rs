@@ -207,7 +207,7 @@ async fn wait_redis(port: u16) -> Result<(), BoxError> {
 
 #[tokio::test]
 async fn flushdb_after_success_replays_from_sql() -> TestResult {
-    if !backends::available("postgres", "127.0.0.1:5432")? {
+    if !backends::available("postgres", &backends::postgres_url())? {
         return Ok(());
     }
     let scratch = tempfile::tempdir()?;
@@ -238,7 +238,7 @@ async fn flushdb_after_success_replays_from_sql() -> TestResult {
 
 #[tokio::test]
 async fn redis_killed_before_the_confirm_still_executes_once_on_sql() -> TestResult {
-    if !backends::available("postgres", "127.0.0.1:5432")? {
+    if !backends::available("postgres", &backends::postgres_url())? {
         return Ok(());
     }
     let scratch = tempfile::tempdir()?;

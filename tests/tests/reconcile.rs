@@ -74,7 +74,7 @@ async fn acquire_directly(stack: &Stack, fp: &str, lease_ms: u64) -> TestResult 
 
 /// Redis and a Postgres database of this test's own; None (loud skip) otherwise.
 fn stores() -> Result<Option<backends::OwnPostgres>, BoxError> {
-    if !backends::available("redis", "127.0.0.1:6379")? {
+    if !backends::available("redis", &backends::redis_url())? {
         return Ok(None);
     }
     backends::own_postgres()

@@ -1,9 +1,6 @@
-//! Shared test fixtures: real stores, found from the environment.
-//!
-//! - Redis:    IDEM_TEST_REDIS_URL    (default redis://127.0.0.1:6379)
-//! - Postgres: IDEM_TEST_POSTGRES_URL (default postgres://postgres@127.0.0.1:5432/test)
-//! - MariaDB:  IDEM_TEST_MYSQL_URL    (default mysql://root@127.0.0.1:3306/test)
-//! - SQLite:   a fresh file in a temp dir per test
+//! Shared test fixtures: real stores, found from the configured URLs
+//! (`idem_testkit::backends`: IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL,
+//! IDEM_TEST_MYSQL_URL); SQLite is a fresh file in a temp dir per test.
 //!
 //! A backend that cannot be reached skips the test with a loud
 //! `SKIPPED BACKEND <name>: <error>` line on stderr, unless
@@ -48,35 +45,16 @@ impl Backend {
     }
 }
 
-pub fn require_backends() -> bool {
-    std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1")
-}
+// Where the backends are, and the loud skip: shared with the e2e tests, the soak and the bench.
+#[allow(unused_imports)]
+pub use idem_testkit::backends::{
+    mysql_url as mysql_test_url, postgres_url as postgres_test_url, redis_url as redis_test_url,
+    required as require_backends,
+};
 
 /// Say loudly that a backend is missing; fail instead when CI requires it.
 pub fn skip(backend: &str, why: impl std::fmt::Display) {
-    eprintln!("\n==================================================================");
-    eprintln!("SKIPPED BACKEND {backend}: {why}");
-    eprintln!("==================================================================\n");
-    // nextest hides a passing test's output: `make test` lists this file after the run.
-    if let Some(path) = std::env::var_os("IDEM_SKIP_LOG") {
-        use std::io::Write as _;
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            let _ = writeln!(f, "idemd: {backend}: {why}");
-        }
-    }
-    assert!(!require_backends(), "IDEM_REQUIRE_BACKENDS=1 but backend {backend} is unreachable: {why}");
-}
-
-pub fn redis_test_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-pub fn postgres_test_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-pub fn mysql_test_url() -> String {
-    std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    idem_testkit::backends::skip(backend, &why.to_string());
 }
 
 pub fn sql_opts() -> SqlOptions {
