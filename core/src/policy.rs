@@ -362,9 +362,8 @@ impl<'a> Obj<'a> {
 // ---- route annotations -------------------------------------------------
 
 pub const ROUTE_NAMESPACE: &str = "agent_idempotency";
-/// Every annotation leaf a route may carry. The filter reads all of them to
-/// tell two annotations apart: its policy cache is keyed by their bytes, never
-/// by the route's name (names are not unique in Envoy).
+/// Every annotation leaf a route may carry; any other refuses the route (a typo
+/// must never quietly weaken a guard).
 pub const ROUTE_KEYS: &[&str] = &[
     "role",
     "scope",
@@ -717,8 +716,9 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
             return perr(format!("tools: {name:?} is not a tool name"));
         }
         let Value::Object(fields) = spec else { return perr(format!("tools.{name}: expected an object")) };
-        if let Some(k) = fields.keys().find(|k| !TOOL_KEYS.contains(&k.as_str())) {
-            return perr(format!("tools.{name}.{k}: unknown field (expected one of: {})", TOOL_KEYS.join(", ")));
+        if let Some(k) = fields.keys().find(|k| !is_tool_key(k)) {
+            let allowed: Vec<&str> = ROUTE_KEYS.iter().copied().filter(|k| is_tool_key(k)).collect();
+            return perr(format!("tools.{name}.{k}: unknown field (expected one of: {})", allowed.join(", ")));
         }
         let leaf = |k: &str| match fields.get(k)? {
             Value::String(s) => Some(LeafValue::Str(s.clone())),
@@ -752,19 +752,12 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
 }
 
 const MAX_TOOLS: usize = 64;
-/// A tool's annotation: the route annotation's fields, less the route-level ones.
-const TOOL_KEYS: &[&str] = &[
-    "role",
-    "scope",
-    "bind",
-    "fingerprint_ttl_s",
-    "lease_ms",
-    "poll_after_ms",
-    "status_tool",
-    "result_ref",
-    "outcomes",
-    "tool",
-];
+/// A tool's annotation is a route annotation less these route-level fields.
+const ROUTE_ONLY_KEYS: &[&str] = &["replay", "client_keys", "callers", "protocol", "tools"];
+
+fn is_tool_key(k: &str) -> bool {
+    ROUTE_KEYS.contains(&k) && !ROUTE_ONLY_KEYS.contains(&k)
+}
 
 /// `"/amount:decimal, /currency /payee_id"`: separated by commas and/or whitespace.
 pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
