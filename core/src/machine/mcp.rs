@@ -258,11 +258,17 @@ fn read_message(body: &[u8], content_type: Option<&str>) -> (Framing, Option<Val
 /// The tool's verdict as an HTTP status the confirm/preview machines already
 /// classify (DESIGN §4), and what they record or splice: the `result`.
 fn verdict(http: u16, message: Option<&Value>, role: Role) -> (u16, Vec<u8>) {
+    // Not a JSON-RPC answer (a proxy's or the server's plain HTTP error): the HTTP status speaks.
+    let message = message.filter(|m| m.get("jsonrpc").and_then(Value::as_str) == Some("2.0"));
     let Some(m) = message else {
         // No JSON-RPC answer at all: whatever the status says, nothing definite.
         return (if http >= 400 { http } else { 502 }, Vec::new());
     };
     if let Some(result) = m.get("result") {
+        if !result.is_object() {
+            // A tool result is an object; anything else is no definite answer (and mints nothing).
+            return (502, serde_json::to_vec(result).unwrap_or_default());
+        }
         let failed = result.get("isError").and_then(Value::as_bool).unwrap_or(false);
         let payload = match role {
             // The preview splices into what the model reads.
@@ -317,6 +323,16 @@ fn tool_reply(id: &Value, r: &Reply) -> Reply {
         ],
         body: body.to_string().into_bytes(),
     }
+}
+
+/// A request body over `max_body_bytes` on an MCP route: its id is unknown.
+pub(super) fn too_large() -> Step {
+    let mut step =
+        rpc_error(Value::Null, -32600, "the request body is larger than the gateway accepts: nothing was executed");
+    if let Some(Effect::Reply(r)) = step.effects.first_mut() {
+        r.http_status = 413;
+    }
+    step
 }
 
 fn rpc_error(id: Value, code: i64, message: &str) -> Step {

@@ -509,7 +509,12 @@ impl Machine {
         };
         let Some((ctx, limit)) = limit else { return Step::go_on() };
         if size > limit {
-            let step = ctx.body_error(&BodyError::TooLarge { limit });
+            // Every answer on an MCP route is JSON-RPC.
+            let step = if ctx.policy.role == Role::Mcp {
+                mcp::too_large()
+            } else {
+                ctx.body_error(&BodyError::TooLarge { limit })
+            };
             *self = Machine::Pass;
             return step;
         }

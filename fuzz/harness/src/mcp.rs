@@ -219,8 +219,8 @@ enum Want {
     Pass,
     /// A JSON-RPC error with this id (and this code, for the standard ones).
     Error { id: Value, code: Option<i64> },
-    /// Over max_body_bytes. Open finding (fuzz/found/README.md, mcp/body-too-large-is-not-json-rpc):
-    /// answered with the plain §7 envelope (413), not a JSON-RPC response.
+    /// Over max_body_bytes: a JSON-RPC error with a null id (the id is unread), HTTP 413
+    /// (fuzz/regressions/mcp/body-too-large-is-not-json-rpc).
     TooLarge,
     /// A guarded tool's call: its machine decides.
     Tool { id: Value, name: String, policy: Rc<RoutePolicy>, args: Value },
@@ -356,7 +356,8 @@ fn check_request(req: &Request, machine: &Machine, trace: &Trace) -> (Want, Sent
             let [r] = replies.as_slice() else { panic!("{what}: {} replies: {:?}", replies.len(), trace.effects) };
             assert!(matches!(machine, Machine::Pass) && trace.calls().is_empty(), "{what}: {trace:?}");
             assert_eq!(r.http_status, 413, "{what}");
-            assert!(serde_json::from_slice::<Value>(&r.body).is_ok(), "{what}: the reply is not JSON");
+            let v = rpc_body(r, &Value::Null, &what);
+            assert_eq!(v["error"]["code"].as_i64(), Some(-32600), "{what}: {v}");
             Sent::Replied
         }
         Want::Error { id, code } => {
@@ -674,17 +675,13 @@ fn check_preview_answer(machine: &mut Machine, up: &Upstream, param_hash: &str, 
     let sh = fp::subject_hash(subject);
     let scope = tool(PREVIEW_TOOL).map(|p| p.scope.clone()).unwrap_or_default();
     let expect = Expect { subject_hash: &sh, scope: &scope, param_hash: Some(param_hash) };
-    // Open finding (fuzz/found/README.md, mcp/preview-mints-for-non-object-result): a
-    // `result` that is not an object counts as a successful tool call; the preview mints
-    // (header only) and the rewritten answer has no structuredContent to carry it.
-    let open_finding = messages(up).iter().any(|m| m.get("result").is_some_and(|r| !r.is_object()));
     if let Some(token) = header {
         match verify(token, &expect) {
             Ok(c) => assert!(!c.expired(NOW), "{what}: minted expired"),
             Err(e) => panic!("{what}: the minted fingerprint does not verify: {e:?}"),
         }
     }
-    if header.is_some() && !open_finding {
+    if header.is_some() {
         // Only a successful tool call hands out something to confirm.
         let ok = messages(up)
             .iter()
@@ -709,9 +706,6 @@ fn check_preview_answer(machine: &mut Machine, up: &Upstream, param_hash: &str, 
             Ok(v) => v,
             Err(e) => panic!("{what}: the rewritten answer is not JSON ({e}): {json_text}"),
         };
-        if open_finding {
-            continue;
-        }
         let token = v["result"]["structuredContent"]["fingerprint"].as_str();
         let Some(token) = token else { panic!("{what}: no result.structuredContent.fingerprint: {v}") };
         assert_eq!(Some(token), header, "{what}: body and header fingerprints differ");
