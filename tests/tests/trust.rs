@@ -95,8 +95,8 @@ async fn expired_while_idemd_is_down_is_unchecked_never_not_executed() -> TestRe
     // Without the replay cache, so that the executed operation is known only to idemd.
     let mut opts = sqlite_only(false);
     opts.envoy_edits = vec![(
-        "\"sidecar_timeout_ms\": 2000,".into(),
-        "\"sidecar_timeout_ms\": 2000, \"replay_cache\": {\"slots\": 0},".into(),
+        "\"sidecar_timeout_ms\": 5000,".into(),
+        "\"sidecar_timeout_ms\": 5000, \"replay_cache\": {\"slots\": 0},".into(),
     )];
     let mut stack = Stack::start(opts).await?;
     let (fp, exp) = preview_at(&stack, "/ttl3/v1/transfers/preview", json!("5.00")).await?;
