@@ -408,3 +408,41 @@ fn route_rules_inside_an_envoy_configuration() -> TestResult {
     assert_eq!(names(&run.stdout, &["name"]), ["transfer_preview", "transfer_confirm", "get_transfer_status"]);
     Ok(())
 }
+
+/// DESIGN §9's per-route pattern (the filter disabled on hot unannotated routes)
+/// must never reach an annotated route: the check an operator runs over a config.
+#[test]
+fn an_annotated_route_with_the_filter_disabled_is_refused() -> TestResult {
+    let text = std::fs::read_to_string(repo().join("envoy/envoy.yaml"))?;
+    let disable = "                typed_per_filter_config:\n                  envoy.filters.http.wasm:\n                    \"@type\": type.googleapis.com/envoy.config.route.v3.FilterConfig\n                    disabled: true\n";
+    let dir = tempfile::tempdir()?;
+    // On the unannotated catch-all: the intended use, accepted.
+    let ok_text = text.replacen(
+        "              - name: passthrough\n                match: { prefix: / }\n                route: { cluster: demo }\n",
+        &format!("              - name: passthrough\n                match: {{ prefix: / }}\n                route: {{ cluster: demo }}\n{disable}"),
+        1,
+    );
+    assert_ne!(ok_text, text, "envoy.yaml has no passthrough route to edit");
+    let ok_path = dir.path().join("ok.yaml");
+    std::fs::write(&ok_path, &ok_text)?;
+    let ok = tools(&["--envoy", ok_path.to_str().ok_or("path")?])?;
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+    // On the confirm route: a hole, refused with the route named.
+    let bad_text = text.replacen(
+        "                route: { cluster: demo, timeout: 15s }\n",
+        &format!("                route: {{ cluster: demo, timeout: 15s }}\n{disable}"),
+        1,
+    );
+    assert_ne!(bad_text, text, "envoy.yaml has no confirm route to edit");
+    let bad_path = dir.path().join("bad.yaml");
+    std::fs::write(&bad_path, &bad_text)?;
+    let bad = tools(&["--envoy", bad_path.to_str().ok_or("path")?])?;
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(
+        bad.stderr
+            .contains("route transfer_confirm: annotated, but the envoy.filters.http.wasm filter is disabled on it"),
+        "{}",
+        bad.stderr
+    );
+    Ok(())
+}

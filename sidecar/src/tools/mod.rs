@@ -137,6 +137,20 @@ impl Collected {
     }
 
     fn connection_manager(&mut self, at: &str, hcm: &Value, source: usize) -> Result<(), String> {
+        // The http filter entry's name: what typed_per_filter_config disables it by.
+        let filter_name = hcm
+            .get("http_filters")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|f| {
+                f.pointer("/typed_config/config").is_some_and(|c| {
+                    [c.get("root_id"), c.get("name")].iter().any(|v| v.and_then(Value::as_str) == Some(ROUTE_NAMESPACE))
+                })
+            })
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         let plugin = hcm
             .get("http_filters")
             .and_then(Value::as_array)
@@ -178,6 +192,22 @@ impl Collected {
                     self.warnings.push(format!(
                         "{origin}: annotated, but this connection manager has no {ROUTE_NAMESPACE} filter: nothing enforces it"
                     ));
+                }
+                // The per-route pattern for hot unannotated routes must never reach an annotated one.
+                if let Some(filter) = &filter_name {
+                    let disabled = |v: &Value| {
+                        v.pointer(&format!(
+                            "/typed_per_filter_config/{}/disabled",
+                            filter.replace('~', "~0").replace('/', "~1")
+                        ))
+                        .and_then(Value::as_bool)
+                            == Some(true)
+                    };
+                    if disabled(route) || disabled(host) {
+                        return Err(format!(
+                            "{origin}: annotated, but the {filter} filter is disabled on it (typed_per_filter_config): its requests pass unguarded"
+                        ));
+                    }
                 }
                 let leaves = self.leaves(&origin, meta)?;
                 let policy =
