@@ -188,7 +188,9 @@ fn preview(shared: &Rc<Shared>) -> Result<String, Box<dyn std::error::Error>> {
     fake.annotate(PREVIEW);
     request(&mut fake, &json!({"amount": 10, "currency": "EUR"}), &[]);
     let mut s = Stream::new(Rc::clone(shared), fake);
-    assert_eq!(s.on_request_headers(false), Action::Pause);
+    // A preview gates nothing: its headers go on; only the body is buffered for the hash.
+    assert_eq!(s.on_request_headers(false), Action::Continue);
+    assert_eq!(s.on_request_body(5, false), Action::Pause);
     let size = s.host().request_body.len();
     assert_eq!(s.on_request_body(size, true), Action::Continue);
     respond(&mut s, 200, br#"{"quote":"ok"}"#);
@@ -419,7 +421,7 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
     assert_eq!(start("POST", "/v1/transfers/x", false).0, Action::Continue);
     // Route metadata wins over a rule: this route is a preview, which needs no fingerprint.
     let (action, mut s) = start("POST", "/v1/transfers", true);
-    assert_eq!(action, Action::Pause);
+    assert_eq!(action, Action::Continue);
     let size = s.host().request_body.len();
     assert_eq!(s.on_request_body(size, true), Action::Continue);
     assert!(s.host().replies.is_empty());

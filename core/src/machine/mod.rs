@@ -458,6 +458,10 @@ impl Machine {
                 Ok(step) => step,
                 Err(e) => Step::go_on().with(Effect::Warn(e.to_string())),
             }
+        } else if matches!(machine, Machine::Preview(_)) {
+            // A preview gates nothing (it is read-only and mints at response time): its
+            // headers go on at once, and only its body is buffered for the hash.
+            Step::go_on()
         } else {
             // Hold the headers until the body is complete and checked.
             Step::pause()
