@@ -59,7 +59,18 @@ pub fn envoy_bin() -> Result<PathBuf, BoxError> {
     Ok(p)
 }
 
+/// A port nothing listens on, chosen below Linux's ephemeral range (32768–60999): a
+/// port from the kernel's own pick (port 0) is in that range, where the many outgoing
+/// connections of parallel tests can take it before the process we start binds it.
 pub fn free_port() -> Result<u16, BoxError> {
+    let mut seed = [0u8; 2];
+    for _ in 0..64 {
+        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))?;
+        let port = 20_000 + u16::from_le_bytes(seed) % 12_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -136,7 +147,19 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// Starts the three processes; a port taken between its choice and its bind (another
+    /// test's process) is retried with fresh ports, a few times.
     pub async fn start(opts: StackOpts) -> Result<Stack, BoxError> {
+        let mut attempt = 0;
+        loop {
+            match Stack::start_once(opts.clone()).await {
+                Err(e) if attempt < 3 && e.to_string().contains("in use") => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(opts: StackOpts) -> Result<Stack, BoxError> {
         let dir = tempfile::tempdir()?;
         let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
         let mut demo = start_demo(&opts.demo, ports.demo, dir.path())?;
