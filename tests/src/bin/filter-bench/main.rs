@@ -119,7 +119,8 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
     let mut proxied = false;
 
     // 1) idemd on Redis + Postgres.
-    let pg_up = backends::available("redis", "127.0.0.1:6379")? && backends::available("postgres", "127.0.0.1:5432")?;
+    let pg_up = backends::available("redis", &backends::redis_url())?
+        && backends::available("postgres", &backends::postgres_url())?;
     if pg_up {
         let mut st = start_stack("redis+postgres", Some(backends::redis_url()), Some(backends::postgres_url())).await?;
         let pids = st.pids();
