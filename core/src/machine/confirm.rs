@@ -192,15 +192,12 @@ impl Confirm {
         let param_hash = if policy.bound.is_empty() {
             client_key::request_hash(method, path, body, json.as_ref().ok())
         } else {
-            let hashed = json
-                .map_err(|e| self.ctx.body_error(&e))
-                .and_then(|v| canonical::param_hash(&v, &policy.bound).map_err(|e| self.ctx.field_error(&e)));
+            let hashed = json.map_err(|e| self.ctx.body_error_as(&e, self.problem)).and_then(|v| {
+                canonical::param_hash(&v, &policy.bound).map_err(|e| self.ctx.field_error_as(&e, self.problem))
+            });
             match hashed {
                 Ok(h) => h,
-                Err(refusal) => {
-                    let refusal = if self.problem { self.as_problem(refusal) } else { refusal };
-                    return self.finish(refusal);
-                }
+                Err(refusal) => return self.finish(refusal),
             }
         };
         let op = client_key::operation_key(&self.subject_hash, &policy.scope, &key);
@@ -222,16 +219,9 @@ impl Confirm {
         let hit = replay_cache::lookup(raw.as_deref(), key, subject_hash, scope, param_hash, env.now_s())?;
         let step = match hit {
             Hit::Replay(state, result) => {
-                let kind =
-                    if state == TerminalState::Done { ReplyKind::AlreadyCompleted } else { ReplyKind::AlreadyFailed };
-                self.replay(kind, Some(&result)).with(Effect::Count(Counter::ReplayCacheHits))
+                self.replay(replay_kind(state), Some(&result)).with(Effect::Count(Counter::ReplayCacheHits))
             }
-            Hit::ParamMismatch => {
-                let mut step = self.reply(ReplyKind::ParamsChanged, ReplyContext::default());
-                step.effects.push(Effect::Count(Counter::RejectedParams));
-                step.effects.extend(self.ctx.security_event("params_changed", key));
-                step
-            }
+            Hit::ParamMismatch => self.tampered(key),
         };
         Some(self.finish(step))
     }
@@ -277,23 +267,6 @@ impl Confirm {
         Step::pause().with(Effect::Reply(self.ctx.render_as(kind, ctx, self.problem)))
     }
 
-    /// An envelope refusal made before the style was known, re-rendered as a problem.
-    fn as_problem(&self, refusal: Step) -> Step {
-        let kind = refusal
-            .reply()
-            .and_then(|r| serde_json::from_slice::<serde_json::Value>(&r.body).ok())
-            .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_owned));
-        let kind = match kind.as_deref() {
-            Some("body_too_large") => ReplyKind::BodyTooLarge,
-            Some("invalid_field") => ReplyKind::InvalidField,
-            _ => ReplyKind::InvalidJson,
-        };
-        let counts: Vec<Effect> = refusal.effects.into_iter().filter(|e| matches!(e, Effect::Count(_))).collect();
-        let mut step = self.reply(kind, ReplyContext::default());
-        step.effects.extend(counts);
-        step
-    }
-
     pub(super) fn on_callout(&mut self, answer: &CalloutAnswer, env: &mut dyn Env) -> Outcome {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         let step = match phase {
@@ -327,24 +300,11 @@ impl Confirm {
                 // Acquired for an owner we cannot name: never forward; the lease and the reconciler settle it.
                 None => self.unchecked(&key),
             },
-            AcquireOutcome::Done | AcquireOutcome::Failed => {
-                let (state, kind) = if answer.outcome == AcquireOutcome::Done {
-                    (TerminalState::Done, ReplyKind::AlreadyCompleted)
-                } else {
-                    (TerminalState::Failed, ReplyKind::AlreadyFailed)
-                };
-                let mut step = self.replay(kind, answer.result.as_ref());
-                step.effects.extend(answer.result.as_ref().and_then(|r| self.cache_fill(&key, state, r, env)));
-                step
-            }
+            AcquireOutcome::Done => self.replay_terminal(&key, TerminalState::Done, answer.result.as_ref(), env),
+            AcquireOutcome::Failed => self.replay_terminal(&key, TerminalState::Failed, answer.result.as_ref(), env),
             AcquireOutcome::InFlight => self.in_progress(ReplyKind::InProgress, &key),
             AcquireOutcome::NeedsReview => self.needs_review(&key),
-            AcquireOutcome::ParamMismatch => {
-                let mut step = self.reply(ReplyKind::ParamsChanged, ReplyContext::default());
-                step.effects.push(Effect::Count(Counter::RejectedParams));
-                step.effects.extend(self.ctx.security_event("params_changed", &key));
-                step
-            }
+            AcquireOutcome::ParamMismatch => self.tampered(&key),
             AcquireOutcome::StoreUnavailable => self.unchecked(&key),
         }
     }
@@ -355,16 +315,8 @@ impl Confirm {
             Some(404) => self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired)),
             Some(200) => match answer.json::<OperationView>() {
                 Some(view) => match view.state {
-                    OpState::Done | OpState::Failed => {
-                        let (state, kind) = if view.state == OpState::Done {
-                            (TerminalState::Done, ReplyKind::AlreadyCompleted)
-                        } else {
-                            (TerminalState::Failed, ReplyKind::AlreadyFailed)
-                        };
-                        let mut step = self.replay(kind, view.result.as_ref());
-                        step.effects.extend(view.result.as_ref().and_then(|r| self.cache_fill(key, state, r, env)));
-                        step
-                    }
+                    OpState::Done => self.replay_terminal(key, TerminalState::Done, view.result.as_ref(), env),
+                    OpState::Failed => self.replay_terminal(key, TerminalState::Failed, view.result.as_ref(), env),
                     OpState::InFlight => self.in_progress(ReplyKind::InProgress, key),
                     OpState::NeedsReview => self.needs_review(key),
                 },
@@ -372,6 +324,27 @@ impl Confirm {
             },
             _ => self.unchecked(key),
         }
+    }
+
+    /// A recorded terminal result, replayed and remembered in the replay cache.
+    fn replay_terminal(
+        &self,
+        key: &OpKey,
+        state: TerminalState,
+        result: Option<&StoredResult>,
+        env: &mut dyn Env,
+    ) -> Step {
+        let mut step = self.replay(replay_kind(state), result);
+        step.effects.extend(result.and_then(|r| self.cache_fill(key, state, r, env)));
+        step
+    }
+
+    /// The same operation with other bound fields: refused, and a security event.
+    fn tampered(&self, key: &OpKey) -> Step {
+        let mut step = self.reply(ReplyKind::ParamsChanged, ReplyContext::default());
+        step.effects.push(Effect::Count(Counter::RejectedParams));
+        step.effects.extend(self.ctx.security_event("params_changed", key));
+        step
     }
 
     /// The store could not be asked: this call ran nothing, but an earlier one may have.
@@ -561,6 +534,13 @@ impl Confirm {
             Phase::Recording { .. } => "confirm.recording",
             Phase::Finished => "confirm.finished",
         }
+    }
+}
+
+fn replay_kind(state: TerminalState) -> ReplyKind {
+    match state {
+        TerminalState::Done => ReplyKind::AlreadyCompleted,
+        TerminalState::Failed => ReplyKind::AlreadyFailed,
     }
 }
 

@@ -361,16 +361,28 @@ impl Ctx {
     }
 
     fn body_error(&self, e: &BodyError) -> Step {
+        self.body_error_as(e, self.speaks_problem())
+    }
+
+    /// A body that cannot be read, as an envelope or (client-key mode for programs) a problem.
+    fn body_error_as(&self, e: &BodyError, problem: bool) -> Step {
         let kind = match e {
             BodyError::TooLarge { .. } => ReplyKind::BodyTooLarge,
             BodyError::Invalid(_) | BodyError::NotAnObject => ReplyKind::InvalidJson,
         };
-        self.simple(kind).with(Effect::Count(Counter::RejectedBody))
+        let ctx = ReplyContext { retry_after_ms: self.config.defaults.retry_after_ms, ..Default::default() };
+        Step::pause().with(Effect::Reply(self.render_as(kind, ctx, problem))).with(Effect::Count(Counter::RejectedBody))
     }
 
     fn field_error(&self, e: &CanonError) -> Step {
+        self.field_error_as(e, false)
+    }
+
+    fn field_error_as(&self, e: &CanonError, problem: bool) -> Step {
         let detail = e.to_string();
-        self.reply(ReplyKind::InvalidField, ReplyContext { detail: Some(&detail), ..Default::default() })
+        let ctx = ReplyContext { detail: Some(&detail), ..Default::default() };
+        Step::pause()
+            .with(Effect::Reply(self.render_as(ReplyKind::InvalidField, ctx, problem)))
             .with(Effect::Count(Counter::RejectedBody))
     }
 
