@@ -69,6 +69,11 @@ impl RouteRules {
         self.rules.len()
     }
 
+    /// The rules in their configured order (tools read their annotations).
+    pub fn iter(&self) -> impl Iterator<Item = &RouteRule> {
+        self.rules.iter()
+    }
+
     /// The rule for a request: `:method`, `:authority` and `:path` (the query
     /// string is ignored).
     pub fn find(&self, method: &str, authority: &str, path: &str) -> Option<&RouteRule> {

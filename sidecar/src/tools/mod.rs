@@ -259,23 +259,11 @@ impl Collected {
         if config.routes.is_empty() {
             return Ok(config.defaults);
         }
-        // idem-core accepted every rule above; read each one's annotation again
-        // (RouteRules keeps them private) with the same leaf conversion.
-        let root: Value = serde_json::from_slice(json).map_err(|e| format!("{label}: {e}"))?;
         self.blocks += 1;
         let group = Group { source, block: self.blocks, mcp: None };
-        for rule in root.get("routes").and_then(Value::as_array).into_iter().flatten() {
-            let name = rule.get("name").and_then(Value::as_str);
-            let origin = format!("{label}: rule {}", name.unwrap_or("(unnamed)"));
-            let leaf = |k: &str| match rule.get(k)? {
-                Value::String(s) => Some(LeafValue::Str(s.clone())),
-                Value::Number(n) => n.as_f64().map(LeafValue::Num),
-                other => Some(LeafValue::Str(other.to_string())),
-            };
-            match parse_route_policy(&leaf, &config.defaults).map_err(|e| format!("{origin}: {e}"))? {
-                Some(policy) => self.add(&origin, name, policy, group),
-                None => return Err(format!("{origin}: role: required")),
-            }
+        for rule in config.routes.iter() {
+            let origin = format!("{label}: rule {}", rule.name);
+            self.add(&origin, Some(&rule.name), (*rule.policy).clone(), group);
         }
         Ok(config.defaults)
     }
