@@ -1,48 +1,4 @@
-//! What the filter needs from its proxy, as a trait: the proxy-wasm
-//! implementation below, and a fake in the tests. The stream adapter
-//! (`stream.rs`) only talks to this trait, so it runs natively under test and
-//! a second host (a native Envoy module) needs only another implementation.
-
-use idem_core::machine::{CalloutAnswer, Counter, Env};
-use std::time::Duration;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Warn,
-    Error,
-}
-
-pub trait Host: Env {
-    fn request_header(&self, name: &str) -> Option<String>;
-    fn set_request_header(&mut self, name: &str, value: &str);
-    fn remove_request_header(&mut self, name: &str);
-    fn response_header(&self, name: &str) -> Option<String>;
-    fn response_headers(&self) -> Vec<(String, String)>;
-    fn set_response_header(&mut self, name: &str, value: &str);
-    fn remove_response_header(&mut self, name: &str);
-    /// An Envoy property (`xds.route_metadata…`, `response.code_details`, …).
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
-    fn request_body(&self, size: usize) -> Vec<u8>;
-    fn response_body(&self, size: usize) -> Vec<u8>;
-    fn replace_response_body(&mut self, old_size: usize, body: &[u8]);
-    fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]);
-    fn resume_request(&mut self);
-    fn resume_response(&mut self);
-    /// An HTTP callout; `None` if it could not even be dispatched.
-    fn dispatch(
-        &mut self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: Option<&[u8]>,
-        timeout: Duration,
-    ) -> Option<u32>;
-    /// The answer to the callout being reported (`num_headers` 0: it failed).
-    fn call_answer(&self, num_headers: usize, body_size: usize) -> CalloutAnswer;
-    fn count(&mut self, counter: Counter);
-    fn log(&self, level: Level, message: &str);
-    /// Store a value in the process-wide shared data (read through `Env::shared_get`).
-    fn shared_set(&mut self, key: &str, value: &[u8]);
-}
+//! The proxy-wasm implementation of the adapter's `Host` trait.
 
 #[cfg(target_arch = "wasm32")]
 pub use wasm::{wasm_plugin_configuration, WasmHost};
@@ -52,8 +8,8 @@ pub use wasm::{wasm_plugin_configuration, WasmHost};
 /// with it every stream on this worker).
 #[cfg(target_arch = "wasm32")]
 mod wasm {
-    use super::{Host, Level};
     use crate::metrics::Metrics;
+    use idem_adapter::{Host, Level, ROUTE_ANNOTATION_PATH};
     use idem_core::machine::{CalloutAnswer, Counter, Env};
     use proxy_wasm::hostcalls;
     use proxy_wasm::types::{BufferType, MapType};
@@ -136,6 +92,11 @@ mod wasm {
             warn_on_err("remove response header", hostcalls::remove_map_value(MapType::HttpResponseHeaders, name));
         }
 
+        /// The annotation struct in one property read, already in proxy-wasm's pairs encoding.
+        fn route_annotation(&self) -> Option<Vec<u8>> {
+            self.property(&ROUTE_ANNOTATION_PATH)
+        }
+
         fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
             hostcalls::get_property(path.to_vec()).ok().flatten()
         }
@@ -171,11 +132,12 @@ mod wasm {
             headers: &[(&str, &str)],
             body: Option<&[u8]>,
             timeout: Duration,
-        ) -> Option<u32> {
+        ) -> Option<u64> {
             warn_on_err(
                 "dispatch_http_call",
                 hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout),
             )
+            .map(u64::from)
         }
 
         fn call_answer(&self, num_headers: usize, body_size: usize) -> CalloutAnswer {

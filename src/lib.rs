@@ -1,21 +1,18 @@
-//! Envoy proxy-wasm adapter for agent idempotency.
+//! Envoy proxy-wasm build of the agent idempotency filter.
 //!
-//! This crate only moves bytes between Envoy and `idem_core`: `stream` turns
-//! proxy callbacks into events for `idem_core::machine` and carries out the
-//! effects it returns, through the `host::Host` trait (proxy-wasm here, a fake
-//! in the tests). Every decision lives in `core/`, tested natively.
+//! This crate is only the proxy-wasm host: `host.rs` implements
+//! `idem_adapter::Host` with proxy-wasm host calls, `context.rs` hands the
+//! proxy's callbacks to `idem_adapter::Stream`, `root.rs` validates the plugin
+//! configuration. The stream adapter is shared with the native Envoy module
+//! (`native/`); every decision lives in `core/`, tested natively.
 
-// Natively only the tests drive the adapter; the proxy-wasm entry points exist on wasm32.
-#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+// Natively (workspace builds and tests) there is nothing to run: the entry points exist on wasm32.
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, unused_imports))]
 
+mod context;
 mod host;
 mod metrics;
 mod root;
-mod routes;
-mod sidecar;
-mod stream;
-#[cfg(test)]
-mod tests;
 
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{

@@ -1,25 +1,15 @@
 //! The plugin's root context: validates the plugin configuration once, and
-//! hands every HTTP stream the parsed config, the metric ids and the route cache.
-
-use crate::{metrics::Metrics, routes::RouteCache};
-use idem_core::policy::PluginConfig;
-use std::rc::Rc;
-
-/// What every stream on this VM shares.
-pub struct Shared {
-    pub config: Rc<PluginConfig>,
-    pub metrics: Rc<Metrics>,
-    pub routes: RouteCache,
-}
+//! hands every HTTP stream the parsed config, the route cache and the metric ids.
 
 #[cfg(target_arch = "wasm32")]
 pub use wasm::Root;
 
 #[cfg(target_arch = "wasm32")]
 mod wasm {
-    use super::Shared;
+    use crate::context::WasmStream;
     use crate::host::{wasm_plugin_configuration, WasmHost};
-    use crate::{metrics::Metrics, routes::RouteCache, stream::Stream};
+    use crate::metrics::Metrics;
+    use idem_adapter::{Shared, Stream};
     use idem_core::policy;
     use proxy_wasm::traits::{Context, HttpContext, RootContext};
     use proxy_wasm::types::ContextType;
@@ -28,6 +18,7 @@ mod wasm {
     #[derive(Default)]
     pub struct Root {
         shared: Option<Rc<Shared>>,
+        metrics: Option<Rc<Metrics>>,
     }
 
     impl Context for Root {}
@@ -44,9 +35,8 @@ mod wasm {
                         config.keyring.active_kid(),
                         if config.sidecar_token.is_some() { "token" } else { "none" }
                     );
-                    let metrics = Rc::new(Metrics::define());
-                    self.shared =
-                        Some(Rc::new(Shared { config: Rc::new(config), metrics, routes: RouteCache::default() }));
+                    self.metrics = Some(Rc::new(Metrics::define()));
+                    self.shared = Some(Rc::new(Shared::new(config)));
                     true
                 }
                 Err(e) => {
@@ -59,8 +49,8 @@ mod wasm {
 
         fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
             let shared = self.shared.clone()?;
-            let host = WasmHost::new(Rc::clone(&shared.metrics));
-            Some(Box::new(Stream::new(shared, host)))
+            let host = WasmHost::new(self.metrics.clone()?);
+            Some(Box::new(WasmStream(Stream::new(shared, host))))
         }
 
         fn get_type(&self) -> Option<ContextType> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// Dispatch `call` with the cluster, authority, credential and trace id from
 /// the plugin configuration; `None` if the host refused it.
-pub fn dispatch(host: &mut dyn Host, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> Option<u32> {
+pub fn dispatch(host: &mut dyn Host, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> Option<u64> {
     let bearer = cfg.sidecar_token.as_ref().map(|t| format!("Bearer {}", t.expose()));
     let mut headers: Vec<(&str, &str)> =
         vec![(":method", call.method), (":path", &call.path), (":authority", &cfg.sidecar_authority)];

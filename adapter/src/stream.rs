@@ -9,15 +9,27 @@
 //! follows the first answer always finds the result to replay.
 
 use crate::host::{Host, Level};
-use crate::root::Shared;
-use crate::routes::RouteLookup;
+use crate::routes::{RouteCache, RouteLookup};
 use crate::sidecar;
 use idem_core::machine::{
     self, CalloutAnswer, Counter, Ctx, Effect, Flow, HeadNeeds, Machine, Outcome, RequestHead, ResponseHead, Step,
     FINGERPRINT_HEADER, IDEMPOTENCY_KEY_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER,
 };
-use idem_core::policy::{Role, SubjectSource};
+use idem_core::policy::{PluginConfig, Role, SubjectSource};
 use std::rc::Rc;
+
+/// What every stream of one filter configuration shares on one thread (a
+/// proxy-wasm VM, or a worker of the native module).
+pub struct Shared {
+    pub config: Rc<PluginConfig>,
+    pub routes: RouteCache,
+}
+
+impl Shared {
+    pub fn new(config: PluginConfig) -> Shared {
+        Shared { config: Rc::new(config), routes: RouteCache::default() }
+    }
+}
 
 /// What the proxy should do with the stream after a callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +43,7 @@ pub struct Stream<H: Host> {
     host: H,
     machine: Machine,
     /// The callout whose answer the machine waits for.
-    pending: Option<u32>,
+    pending: Option<u64>,
     /// For log lines about this stream.
     trace_id: String,
     scope: String,
@@ -52,12 +64,10 @@ impl<H: Host> Stream<H> {
         }
     }
 
-    #[cfg(test)]
     pub fn host(&self) -> &H {
         &self.host
     }
 
-    #[cfg(test)]
     pub fn host_mut(&mut self) -> &mut H {
         &mut self.host
     }
@@ -119,7 +129,7 @@ impl<H: Host> Stream<H> {
         self.apply_outcome(step)
     }
 
-    pub fn on_callout_answer(&mut self, token: u32, num_headers: usize, body_size: usize) {
+    pub fn on_callout_answer(&mut self, token: u64, num_headers: usize, body_size: usize) {
         if self.pending != Some(token) {
             return;
         }
@@ -263,44 +273,5 @@ impl<H: Host> Stream<H> {
             }
         }
         flow
-    }
-}
-
-#[cfg(target_arch = "wasm32")]
-mod proxy {
-    use super::{Action, Stream};
-    use crate::host::WasmHost;
-    use proxy_wasm::traits::{Context, HttpContext};
-    use proxy_wasm::types::Action as ProxyAction;
-
-    fn to_proxy(a: Action) -> ProxyAction {
-        match a {
-            Action::Continue => ProxyAction::Continue,
-            Action::Pause => ProxyAction::Pause,
-        }
-    }
-
-    impl Context for Stream<WasmHost> {
-        fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _trailers: usize) {
-            self.on_callout_answer(token_id, num_headers, body_size);
-        }
-    }
-
-    impl HttpContext for Stream<WasmHost> {
-        fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> ProxyAction {
-            to_proxy(self.on_request_headers(end_of_stream))
-        }
-
-        fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> ProxyAction {
-            to_proxy(self.on_request_body(body_size, end_of_stream))
-        }
-
-        fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> ProxyAction {
-            to_proxy(self.on_response_headers(end_of_stream))
-        }
-
-        fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> ProxyAction {
-            to_proxy(self.on_response_body(body_size, end_of_stream))
-        }
     }
 }

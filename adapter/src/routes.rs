@@ -15,7 +15,7 @@
 //! then matched against them: three header reads and a scan of the rules.
 
 use crate::host::Host;
-use idem_core::policy::{self, PluginConfig, RouteDefaults, RoutePolicy, ROUTE_KEYS, ROUTE_NAMESPACE};
+use idem_core::policy::{self, PluginConfig, RouteDefaults, RoutePolicy, ROUTE_KEYS};
 use idem_core::route_rules::RouteRules;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -41,8 +41,8 @@ pub struct RouteCache {
 
 impl RouteCache {
     pub fn lookup(&self, host: &dyn Host, config: &PluginConfig) -> RouteLookup {
-        // One host call: the whole annotation struct, or nothing for an unannotated route.
-        let Some(raw) = host.property(&["xds", "route_metadata", "filter_metadata", ROUTE_NAMESPACE]) else {
+        // One host call: the whole annotation, or nothing for an unannotated route.
+        let Some(raw) = host.route_annotation() else {
             return by_rule(host, &config.routes);
         };
         if let Some(hit) = self.entries.borrow().get(&raw) {
@@ -67,9 +67,12 @@ impl RouteCache {
         fresh
     }
 
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.borrow().is_empty()
     }
 }
 

@@ -4,10 +4,7 @@
 #![allow(clippy::type_complexity)]
 
 use crate::host::{Host, Level};
-use crate::metrics::Metrics;
-use crate::root::Shared;
-use crate::routes::RouteCache;
-use crate::stream::{Action, Stream};
+use crate::stream::{Action, Shared, Stream};
 use idem_core::machine::{CalloutAnswer, Counter, Env};
 use idem_core::policy::{encode_pairs, parse_plugin_config};
 use serde_json::{json, Value};
@@ -34,7 +31,6 @@ struct Fake {
     resumed_request: usize,
     resumed_response: usize,
     counters: Vec<Counter>,
-    logs: Vec<String>,
     now: u64,
     shared: HashMap<String, Vec<u8>>,
     annotation: Vec<(String, String)>,
@@ -99,6 +95,9 @@ impl Host for Fake {
     fn remove_response_header(&mut self, name: &str) {
         self.response_headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
     }
+    fn route_annotation(&self) -> Option<Vec<u8>> {
+        self.property(&crate::ROUTE_ANNOTATION_PATH)
+    }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         self.property_reads.set(self.property_reads.get() + 1);
         self.properties.get(&path.join(".")).cloned()
@@ -122,14 +121,14 @@ impl Host for Fake {
     fn resume_response(&mut self) {
         self.resumed_response += 1;
     }
-    fn dispatch(&mut self, cluster: &str, headers: &[(&str, &str)], body: Option<&[u8]>, _t: Duration) -> Option<u32> {
+    fn dispatch(&mut self, cluster: &str, headers: &[(&str, &str)], body: Option<&[u8]>, _t: Duration) -> Option<u64> {
         assert_eq!(cluster, "idem_sidecar");
         if self.refuse_dispatch {
             return None;
         }
         self.calls
             .push((headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), body.map(<[u8]>::to_vec)));
-        u32::try_from(self.calls.len()).ok()
+        u64::try_from(self.calls.len()).ok()
     }
     fn call_answer(&self, num_headers: usize, _body_size: usize) -> CalloutAnswer {
         if num_headers == 0 {
@@ -154,7 +153,7 @@ fn shared() -> Result<Rc<Shared>, Box<dyn std::error::Error>> {
         "active_kid":"k1","subject":{"header":"x-agent-subject"},"max_response_bytes":100,
         "sidecar_token":{"secret":"test-token-0123456789"}}"#;
     let config = parse_plugin_config(text.as_bytes(), &|_| None)?;
-    Ok(Rc::new(Shared { config: Rc::new(config), metrics: Rc::new(Metrics::default()), routes: RouteCache::default() }))
+    Ok(Rc::new(Shared::new(config)))
 }
 
 const CONFIRM: &[(&str, &str)] =
@@ -221,7 +220,7 @@ fn confirm(shared: &Rc<Shared>, fp: &str, now: u64) -> Stream<Fake> {
 
 /// Feed an answer for the pending call.
 fn answer(s: &mut Stream<Fake>, status: u16, body: Value) {
-    let token = u32::try_from(s.host().calls.len()).unwrap_or(0);
+    let token = u64::try_from(s.host().calls.len()).unwrap_or(0);
     s.host_mut().answer = CalloutAnswer { status: Some(status), body: body.to_string().into_bytes() };
     s.on_callout_answer(token, 1, 0);
 }
@@ -393,11 +392,7 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
         "active_kid":"k1","subject":{"header":"x-agent-subject"},
         "routes":[{"name":"confirm","match":{"method":"POST","path":"/v1/transfers"},"role":"confirm","scope":"pay","bind":"/amount"}]}"#;
     let config = parse_plugin_config(text.as_bytes(), &|_| None)?;
-    let shared = Rc::new(Shared {
-        config: Rc::new(config),
-        metrics: Rc::new(Metrics::default()),
-        routes: RouteCache::default(),
-    });
+    let shared = Rc::new(Shared::new(config));
     let start = |method: &str, path: &str, annotate: bool| {
         let mut fake = Fake::default();
         request(&mut fake, &json!({"amount": 1}), &[(":method", method), (":authority", "pay.example")]);

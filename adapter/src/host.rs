@@ -1,0 +1,54 @@
+//! What the adapter needs from its proxy, as a trait: implemented by the
+//! proxy-wasm filter (`src/host.rs`), the native Envoy module
+//! (`native/src/host.rs`) and a fake in the tests.
+
+use idem_core::machine::{CalloutAnswer, Counter, Env};
+use idem_core::policy::ROUTE_NAMESPACE;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Warn,
+    Error,
+}
+
+/// Where route metadata keeps a route's annotation (`xds.route_metadata…`).
+pub const ROUTE_ANNOTATION_PATH: [&str; 4] = ["xds", "route_metadata", "filter_metadata", ROUTE_NAMESPACE];
+
+pub trait Host: Env {
+    fn request_header(&self, name: &str) -> Option<String>;
+    fn set_request_header(&mut self, name: &str, value: &str);
+    fn remove_request_header(&mut self, name: &str);
+    fn response_header(&self, name: &str) -> Option<String>;
+    fn response_headers(&self) -> Vec<(String, String)>;
+    fn set_response_header(&mut self, name: &str, value: &str);
+    fn remove_response_header(&mut self, name: &str);
+    /// The route's annotation as `policy::encode_pairs` bytes (one leaf per
+    /// field; numbers as 8 little-endian bytes of a double), or `None` if
+    /// the route has none. Equal bytes must mean an equal annotation: the
+    /// route cache is keyed by them (never by the route's name).
+    fn route_annotation(&self) -> Option<Vec<u8>>;
+    /// An Envoy property (`response.code_details`, a dynamic-metadata path, …).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// The buffered request body (`size` bytes: the host's count at end of stream).
+    fn request_body(&self, size: usize) -> Vec<u8>;
+    fn response_body(&self, size: usize) -> Vec<u8>;
+    fn replace_response_body(&mut self, old_size: usize, body: &[u8]);
+    fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]);
+    fn resume_request(&mut self);
+    fn resume_response(&mut self);
+    /// An HTTP callout; its token, or `None` if it could not even be dispatched.
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Option<u64>;
+    /// The answer to the callout being reported (`num_headers` 0: it failed).
+    fn call_answer(&self, num_headers: usize, body_size: usize) -> CalloutAnswer;
+    fn count(&mut self, counter: Counter);
+    fn log(&self, level: Level, message: &str);
+    /// Store a value in the process-wide shared data (read through `Env::shared_get`).
+    fn shared_set(&mut self, key: &str, value: &[u8]);
+}
