@@ -6,8 +6,9 @@ VENV  := .venv
 ENVOY := $(VENV)/bin/envoy
 ENVOY_VERSION := 1.40.0
 WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
+NATIVE := target/release/libagent_idempotency_native.so
 
-.PHONY: all bootstrap envoy wasm oci build test lint run bench fuzz soak clean
+.PHONY: all bootstrap envoy wasm native oci build test lint run bench fuzz soak clean
 
 all: build
 
@@ -33,8 +34,14 @@ wasm: bootstrap
 oci: wasm
 	cargo run --quiet -p idem-oci --bin oci-pack -- $(WASM) target/oci $(if $(OCI_TAG),--tag $(OCI_TAG))
 
-# The binaries the end-to-end tests start (demo, idemd) and the test targets.
-build: wasm
+# The same filter as a native Envoy dynamic module (native/): Envoy loads lib<name>.so from
+# ENVOY_DYNAMIC_MODULES_SEARCH_PATH (here target/release) for `dynamic_module_config: { name: agent_idempotency_native }`.
+native:
+	cargo build --release -p agent-idempotency-native
+	@echo "native module: $(NATIVE) ($$(stat -c %s $(NATIVE)) bytes)"
+
+# The binaries the end-to-end tests start (demo, idemd), both filter builds and the test targets.
+build: wasm native
 	cargo build --workspace --bins
 
 lint: bootstrap
@@ -48,6 +55,8 @@ SKIP_LOG := $(CURDIR)/target/skipped-backends.log
 test: build lint
 	@rm -f $(SKIP_LOG)
 	@IDEM_SKIP_LOG=$(SKIP_LOG) cargo nextest run --workspace --no-fail-fast; status=$$?; \
+	echo; echo "*** the end-to-end suite again, on the native dynamic module (IDEM_E2E_HOST=native)"; \
+	IDEM_E2E_HOST=native IDEM_SKIP_LOG=$(SKIP_LOG) cargo nextest run -p idem-e2e --no-fail-fast || status=1; \
 	if [ -s $(SKIP_LOG) ]; then echo; echo "*** SKIPPED BACKENDS (unreachable; these tests passed without them, IDEM_REQUIRE_BACKENDS=1 fails them):"; sort $(SKIP_LOG) | uniq -c; fi; \
 	exit $$status
 

@@ -48,10 +48,7 @@ impl RouteCache {
         if let Some(hit) = self.entries.borrow().get(&raw) {
             return hit.clone();
         }
-        let fresh = match policy::decode_pairs(&raw) {
-            Some(pairs) => parse(&pairs, &config.defaults),
-            None => RouteLookup::Broken("the route's agent_idempotency metadata is not a struct of leaves".into()),
-        };
+        let fresh = RouteLookup::from_annotation(&raw, &config.defaults);
         match &fresh {
             RouteLookup::Broken(why) => host.log(crate::host::Level::Error, &format!("bad route annotation: {why}")),
             // Annotated, but nothing the filter guards (no role): rules may still apply.
@@ -73,6 +70,16 @@ impl RouteCache {
 
     pub fn is_empty(&self) -> bool {
         self.entries.borrow().is_empty()
+    }
+}
+
+impl RouteLookup {
+    /// What an annotation (`policy::encode_pairs` bytes) asks of the filter.
+    pub fn from_annotation(raw: &[u8], defaults: &RouteDefaults) -> RouteLookup {
+        match policy::decode_pairs(raw) {
+            Some(pairs) => parse(&pairs, defaults),
+            None => RouteLookup::Broken("the route's agent_idempotency metadata is not a struct of leaves".into()),
+        }
     }
 }
 

@@ -64,6 +64,10 @@ impl<H: Host> Stream<H> {
         }
     }
 
+    pub fn shared(&self) -> &Rc<Shared> {
+        &self.shared
+    }
+
     pub fn host(&self) -> &H {
         &self.host
     }

@@ -2,6 +2,12 @@
 //! puts its payload into dynamic metadata; the filter binds fingerprints to the
 //! `sub` it reads from there (plugin config `"subject": {"property": [...]}`),
 //! and a client-supplied `x-agent-subject` header means nothing.
+//!
+//! The native module reads dynamic metadata only one level deep (Envoy 1.40's
+//! ABI has no getter for a field inside a struct), so there `jwt_authn` copies
+//! the verified `sub` into a header (`claim_to_headers`) and the filter reads
+//! that header; a client's own copy of that header is overwritten by jwt_authn,
+//! which this test checks by sending a forged one.
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
@@ -26,7 +32,7 @@ fn jwt(sub: &str) -> Result<String, BoxError> {
 }
 
 /// e2e.yaml with `jwt_authn` in front of the filter, and the filter reading the subject from its metadata.
-fn jwt_stack_opts() -> StackOpts {
+fn jwt_stack_opts() -> Result<StackOpts, BoxError> {
     let jwks = json!({"keys": [{"kty": "oct", "alg": "HS256", "k": b64(JWT_SECRET)}]}).to_string();
     let jwt_filter = format!(
         r#"          http_filters:
@@ -38,26 +44,32 @@ fn jwt_stack_opts() -> StackOpts {
                   issuer: e2e-issuer
                   local_jwks: {{ inline_string: '{jwks}' }}
                   payload_in_metadata: jwt_payload
+                  claim_to_headers: [{{ header_name: {VERIFIED_SUB}, claim_name: sub }}]
               rules:
               - match: {{ prefix: /v1/transfers }}
                 requires: {{ provider_name: agents }}
           - name: envoy.filters.http.wasm
 "#
     );
+    let subject = if FilterHost::current()?.is_native() {
+        format!(r#""subject": {{"header": "{VERIFIED_SUB}"}}"#)
+    } else {
+        r#""subject": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "sub"]}"#
+            .to_string()
+    };
     let edits = vec![
         ("          http_filters:\n          - name: envoy.filters.http.wasm\n".to_string(), jwt_filter),
-        (
-            r#""subject": {"header": "x-agent-subject"}"#.to_string(),
-            r#""subject": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "sub"]}"#
-                .to_string(),
-        ),
+        (r#""subject": {"header": "x-agent-subject"}"#.to_string(), subject),
     ];
-    StackOpts { envoy_edits: edits, ..Default::default() }
+    Ok(StackOpts { envoy_edits: edits, ..Default::default() })
 }
+
+/// The header jwt_authn writes the verified `sub` into (the native module's subject source).
+const VERIFIED_SUB: &str = "x-verified-sub";
 
 #[tokio::test]
 async fn fingerprints_bind_to_the_verified_jwt_subject() -> TestResult {
-    let stack = Stack::start(jwt_stack_opts()).await?;
+    let stack = Stack::start(jwt_stack_opts()?).await?;
     let alice = format!("Bearer {}", jwt("alice")?);
     let bob = format!("Bearer {}", jwt("bob")?);
 
@@ -68,7 +80,12 @@ async fn fingerprints_bind_to_the_verified_jwt_subject() -> TestResult {
     let fp = p.json["fingerprint"].as_str().ok_or("no fingerprint")?.to_owned();
 
     let stolen = stack
-        .post("/v1/transfers", "user-alice", &body, &[("authorization", &bob), ("agent-fingerprint", &fp)])
+        .post(
+            "/v1/transfers",
+            "user-alice",
+            &body,
+            &[("authorization", &bob), ("agent-fingerprint", &fp), (VERIFIED_SUB, "alice")],
+        )
         .await?;
     assert_eq!(stolen.status, 403, "bob cannot use alice's fingerprint, whatever header he sends: {stolen:?}");
     stolen.assert_prompt("forbidden");

@@ -1,0 +1,567 @@
+//! The `envoy_dynamic_module_on_*` functions Envoy 1.40 calls. Each one finds
+//! the module's object behind the pointer Envoy hands back, runs inside
+//! `catch_unwind` (a panic must never unwind into Envoy), and passes the event
+//! to the adapter's `Stream`, as `src/context.rs` does for proxy-wasm.
+//!
+//! The `const _: abi::On… = …` lines make the compiler check each hook against
+//! the signature written down in `abi.rs`: Envoy itself never checks them.
+
+use crate::abi::{
+    self, envoy_buffer, envoy_http_header, AbiVersionModulePtr, FilterConfigEnvoyPtr, FilterConfigModulePtr,
+    FilterEnvoyPtr, FilterModulePtr, HttpCalloutResult, HttpStreamResetReason, LocalReplyStatus,
+    PerRouteConfigModulePtr, RequestBodyStatus, RequestHeadersStatus, RequestTrailersStatus, ResponseBodyStatus,
+    ResponseHeadersStatus, ResponseTrailersStatus,
+};
+use crate::config::{annotation_pairs, FilterConfig, RouteConfig};
+use crate::host::{log, resume, NativeHost};
+use idem_adapter::{Action, Stream};
+use idem_core::machine::{self, CalloutAnswer};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// One stream's filter.
+struct Filter {
+    stream: Stream<NativeHost>,
+    /// A hook panicked: the stream was answered (or left) and nothing more is done with it.
+    failed: bool,
+}
+
+/// Run `f`; a panic is logged and becomes `fallback()`.
+fn guard<T>(what: &str, f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
+    caught(f).unwrap_or_else(|| {
+        log(abi::LogLevel::ERROR, &format!("agent_idempotency: internal error in {what}; the stream is refused"));
+        fallback()
+    })
+}
+
+/// `f`'s value, or `None` if it panicked: the panic stops here, never unwinding into Envoy.
+pub fn caught<T>(f: impl FnOnce() -> T) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(f)).ok()
+}
+
+/// The filter behind Envoy's handle, unless an earlier hook failed.
+///
+/// # Safety
+/// `ptr` must be a pointer `on_http_filter_new` returned and `on_http_filter_destroy` has not freed.
+unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<&'a mut Filter> {
+    // SAFETY: see above; Envoy calls one stream's hooks on one thread, never concurrently.
+    let f = unsafe { ptr.cast_mut().cast::<Filter>().as_mut() }?;
+    (!f.failed).then_some(f)
+}
+
+/// A hook of `filter` panicked: refuse the stream the way a broken annotation is refused
+/// (503 `status_unavailable`: retryable, and it does not claim nothing ran).
+fn refuse(ptr: FilterModulePtr) {
+    // SAFETY: as in `filter`; the panic left the filter's memory intact (it unwound, nothing freed it).
+    let Some(f) = (unsafe { ptr.cast_mut().cast::<Filter>().as_mut() }) else { return };
+    f.failed = true;
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let reply = machine::misconfigured(&f.stream.shared().config, "");
+        idem_adapter::Host::send_reply(f.stream.host_mut(), reply.http_status, &reply.headers, &reply.body);
+    }));
+}
+
+fn stop_request_headers(a: Action) -> RequestHeadersStatus {
+    match a {
+        Action::Continue => RequestHeadersStatus::CONTINUE,
+        // Headers are held while the body still reaches this filter (proxy-wasm's Pause).
+        Action::Pause => RequestHeadersStatus::STOP_ITERATION,
+    }
+}
+
+fn stop_request_body(a: Action) -> RequestBodyStatus {
+    match a {
+        Action::Continue => RequestBodyStatus::CONTINUE,
+        Action::Pause => RequestBodyStatus::STOP_ITERATION_AND_BUFFER,
+    }
+}
+
+fn stop_response_headers(a: Action) -> ResponseHeadersStatus {
+    match a {
+        Action::Continue => ResponseHeadersStatus::CONTINUE,
+        Action::Pause => ResponseHeadersStatus::STOP_ITERATION,
+    }
+}
+
+fn stop_response_body(a: Action) -> ResponseBodyStatus {
+    match a {
+        Action::Continue => ResponseBodyStatus::CONTINUE,
+        Action::Pause => ResponseBodyStatus::STOP_ITERATION_AND_BUFFER,
+    }
+}
+
+// ------------------------------------------------------------------ module and configurations
+
+static ABI_VERSION: &[u8] = abi::ABI_VERSION_NUL;
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> AbiVersionModulePtr {
+    ABI_VERSION.as_ptr().cast()
+}
+const _: abi::OnProgramInit = envoy_dynamic_module_on_program_init;
+
+/// # Safety
+/// Envoy's buffers, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    envoy: FilterConfigEnvoyPtr,
+    _name: envoy_buffer,
+    config: envoy_buffer,
+) -> FilterConfigModulePtr {
+    guard(
+        "the filter configuration",
+        || {
+            // SAFETY: lent for this call; copied by FilterConfig::new.
+            let bytes = unsafe { config.as_bytes() };
+            let mut define = |name: &str| {
+                let mut id = 0usize;
+                // SAFETY: Envoy's config pointer, inside the config hook (the only place counters may be defined).
+                let r = unsafe {
+                    abi::envoy_dynamic_module_callback_http_filter_config_define_counter(
+                        envoy,
+                        abi::module_buffer::new(name.as_bytes()),
+                        std::ptr::null(),
+                        0,
+                        &mut id,
+                    )
+                };
+                (r == abi::MetricsResult::SUCCESS).then_some(id)
+            };
+            match FilterConfig::new(bytes, &mut define) {
+                Ok(c) => {
+                    log(abi::LogLevel::INFO, "agent_idempotency: configured (native module)");
+                    Box::into_raw(Box::new(c)).cast_const().cast()
+                }
+                Err(e) => {
+                    // A null pointer makes Envoy refuse the configuration: better than running without idempotency.
+                    log(abi::LogLevel::ERROR, &format!("agent_idempotency: invalid plugin configuration: {e}"));
+                    std::ptr::null()
+                }
+            }
+        },
+        std::ptr::null,
+    )
+}
+const _: abi::OnHttpFilterConfigNew = envoy_dynamic_module_on_http_filter_config_new;
+
+/// # Safety
+/// A pointer `on_http_filter_config_new` returned, freed once.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: FilterConfigModulePtr) {
+    if !config.is_null() {
+        // SAFETY: made by Box::into_raw in the config hook; Envoy destroys it once.
+        drop(unsafe { Box::from_raw(config.cast_mut().cast::<FilterConfig>()) });
+    }
+}
+const _: abi::OnHttpFilterConfigDestroy = envoy_dynamic_module_on_http_filter_config_destroy;
+
+/// # Safety
+/// Envoy's buffers, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_new(
+    _name: envoy_buffer,
+    config: envoy_buffer,
+) -> PerRouteConfigModulePtr {
+    guard(
+        "a per-route configuration",
+        || {
+            // SAFETY: lent for this call; annotation_pairs copies what it keeps.
+            match annotation_pairs(unsafe { config.as_bytes() }) {
+                Ok(annotation) => Box::into_raw(Box::new(RouteConfig { annotation })).cast_const().cast(),
+                Err(e) => {
+                    log(abi::LogLevel::ERROR, &format!("agent_idempotency: {e}"));
+                    std::ptr::null()
+                }
+            }
+        },
+        std::ptr::null,
+    )
+}
+const _: abi::OnHttpFilterPerRouteConfigNew = envoy_dynamic_module_on_http_filter_per_route_config_new;
+
+/// # Safety
+/// A pointer `on_http_filter_per_route_config_new` returned, freed once.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(config: PerRouteConfigModulePtr) {
+    if !config.is_null() {
+        // SAFETY: made by Box::into_raw in the per-route hook; Envoy destroys it once.
+        drop(unsafe { Box::from_raw(config.cast_mut().cast::<RouteConfig>()) });
+    }
+}
+const _: abi::OnHttpFilterPerRouteConfigDestroy = envoy_dynamic_module_on_http_filter_per_route_config_destroy;
+
+// ------------------------------------------------------------------ one stream
+
+/// # Safety
+/// `config` is a pointer `on_http_filter_config_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    config: FilterConfigModulePtr,
+    envoy: FilterEnvoyPtr,
+) -> FilterModulePtr {
+    guard(
+        "a new stream",
+        || {
+            let config = config.cast::<FilterConfig>();
+            // SAFETY: alive for as long as any stream of it.
+            let Some(shared) = (unsafe { config.as_ref() }).and_then(FilterConfig::shared) else {
+                return std::ptr::null();
+            };
+            let stream = Stream::new(shared, NativeHost::new(envoy, config));
+            Box::into_raw(Box::new(Filter { stream, failed: false })).cast_const().cast()
+        },
+        std::ptr::null,
+    )
+}
+const _: abi::OnHttpFilterNew = envoy_dynamic_module_on_http_filter_new;
+
+/// # Safety
+/// A pointer `on_http_filter_new` returned, freed once.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: FilterModulePtr) {
+    if !filter.is_null() {
+        // SAFETY: made by Box::into_raw in on_http_filter_new; Envoy destroys it once.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(filter.cast_mut().cast::<Filter>()) })));
+    }
+}
+const _: abi::OnHttpFilterDestroy = envoy_dynamic_module_on_http_filter_destroy;
+
+/// # Safety
+/// `module` is this stream's filter.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    _envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    end_of_stream: bool,
+) -> RequestHeadersStatus {
+    guard(
+        "request headers",
+        // SAFETY: this stream's filter.
+        || match unsafe { filter(module) } {
+            Some(f) => stop_request_headers(f.stream.on_request_headers(end_of_stream)),
+            None => RequestHeadersStatus::CONTINUE,
+        },
+        || {
+            refuse(module);
+            RequestHeadersStatus::STOP_ITERATION
+        },
+    )
+}
+const _: abi::OnHttpFilterRequestHeaders = envoy_dynamic_module_on_http_filter_request_headers;
+
+/// # Safety
+/// `module` is this stream's filter.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    end_of_stream: bool,
+) -> RequestBodyStatus {
+    guard(
+        "the request body",
+        // SAFETY: this stream's filter.
+        || match unsafe { filter(module) } {
+            Some(f) => {
+                // SAFETY: a live filter pointer.
+                let size = unsafe {
+                    body_size(envoy, abi::BodyType::BUFFERED_REQUEST_BODY, abi::BodyType::RECEIVED_REQUEST_BODY)
+                };
+                f.stream.host_mut().in_body_hook = true;
+                let action = f.stream.on_request_body(size, end_of_stream);
+                f.stream.host_mut().in_body_hook = false;
+                stop_request_body(action)
+            }
+            None => RequestBodyStatus::CONTINUE,
+        },
+        || {
+            refuse(module);
+            RequestBodyStatus::STOP_ITERATION_NO_BUFFER
+        },
+    )
+}
+const _: abi::OnHttpFilterRequestBody = envoy_dynamic_module_on_http_filter_request_body;
+
+/// What the adapter calls the body's size: all of it so far, buffered and in hand.
+///
+/// # Safety
+/// `envoy` is a live filter pointer.
+unsafe fn body_size(envoy: FilterEnvoyPtr, buffered: abi::BodyType, received: abi::BodyType) -> usize {
+    // SAFETY: see above.
+    unsafe {
+        let same = if buffered == abi::BodyType::BUFFERED_REQUEST_BODY {
+            abi::envoy_dynamic_module_callback_http_received_buffered_request_body(envoy)
+        } else {
+            abi::envoy_dynamic_module_callback_http_received_buffered_response_body(envoy)
+        };
+        let b = abi::envoy_dynamic_module_callback_http_get_body_size(envoy, buffered);
+        if same {
+            b
+        } else {
+            b.saturating_add(abi::envoy_dynamic_module_callback_http_get_body_size(envoy, received))
+        }
+    }
+}
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+) -> RequestTrailersStatus {
+    RequestTrailersStatus::CONTINUE
+}
+const _: abi::OnHttpFilterRequestTrailers = envoy_dynamic_module_on_http_filter_request_trailers;
+
+/// # Safety
+/// `module` is this stream's filter.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    _envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    end_of_stream: bool,
+) -> ResponseHeadersStatus {
+    guard(
+        "response headers",
+        // SAFETY: this stream's filter.
+        || match unsafe { filter(module) } {
+            Some(f) => stop_response_headers(f.stream.on_response_headers(end_of_stream)),
+            None => ResponseHeadersStatus::CONTINUE,
+        },
+        || {
+            refuse(module);
+            ResponseHeadersStatus::STOP_ITERATION
+        },
+    )
+}
+const _: abi::OnHttpFilterResponseHeaders = envoy_dynamic_module_on_http_filter_response_headers;
+
+/// # Safety
+/// `module` is this stream's filter.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    end_of_stream: bool,
+) -> ResponseBodyStatus {
+    guard(
+        "the response body",
+        // SAFETY: this stream's filter.
+        || match unsafe { filter(module) } {
+            Some(f) => {
+                // SAFETY: a live filter pointer.
+                let size = unsafe {
+                    body_size(envoy, abi::BodyType::BUFFERED_RESPONSE_BODY, abi::BodyType::RECEIVED_RESPONSE_BODY)
+                };
+                f.stream.host_mut().in_body_hook = true;
+                let action = f.stream.on_response_body(size, end_of_stream);
+                f.stream.host_mut().in_body_hook = false;
+                stop_response_body(action)
+            }
+            None => ResponseBodyStatus::CONTINUE,
+        },
+        || {
+            refuse(module);
+            ResponseBodyStatus::STOP_ITERATION_NO_BUFFER
+        },
+    )
+}
+const _: abi::OnHttpFilterResponseBody = envoy_dynamic_module_on_http_filter_response_body;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+) -> ResponseTrailersStatus {
+    ResponseTrailersStatus::CONTINUE
+}
+const _: abi::OnHttpFilterResponseTrailers = envoy_dynamic_module_on_http_filter_response_trailers;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+) {
+}
+const _: abi::OnHttpFilterStreamComplete = envoy_dynamic_module_on_http_filter_stream_complete;
+
+/// The answer to a callout to idemd: copied out of Envoy's arrays, then handed to the adapter.
+///
+/// # Safety
+/// `module` is this stream's filter; the arrays are Envoy's, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    callout_id: u64,
+    result: HttpCalloutResult,
+    headers: *const envoy_http_header,
+    headers_len: usize,
+    chunks: *const envoy_buffer,
+    chunks_len: usize,
+) {
+    guard(
+        "a callout answer",
+        || {
+            // SAFETY: this stream's filter.
+            let Some(f) = (unsafe { filter(module) }) else { return };
+            let answer = if result == HttpCalloutResult::SUCCESS && !headers.is_null() && headers_len > 0 {
+                // SAFETY: Envoy's arrays of the given lengths, valid for this call; copied at once.
+                unsafe { callout_answer(headers, headers_len, chunks, chunks_len) }
+            } else {
+                CalloutAnswer::failed()
+            };
+            let answered = usize::from(answer.status.is_some());
+            f.stream.host_mut().answer = Some(answer);
+            f.stream.on_callout_answer(callout_id, answered, 0);
+            f.stream.host_mut().answer = None;
+            // Last, and with `f` no longer used: Envoy re-enters this filter's hooks from inside the resume.
+            if let Some(direction) = f.stream.host_mut().take_resume() {
+                resume(envoy, direction);
+            }
+        },
+        || refuse(module),
+    )
+}
+const _: abi::OnHttpFilterHttpCalloutDone = envoy_dynamic_module_on_http_filter_http_callout_done;
+
+/// # Safety
+/// Arrays of the given lengths (or null), valid for the call.
+unsafe fn callout_answer(
+    headers: *const envoy_http_header,
+    headers_len: usize,
+    chunks: *const envoy_buffer,
+    chunks_len: usize,
+) -> CalloutAnswer {
+    // SAFETY: see above.
+    let headers = unsafe { std::slice::from_raw_parts(headers, headers_len) };
+    let status = headers.iter().find_map(|h| {
+        // SAFETY: lent for the call.
+        let key = unsafe { envoy_buffer { ptr: h.key_ptr, len: h.key_len }.as_bytes() };
+        (key == b":status").then(|| {
+            // SAFETY: lent for the call.
+            let v = unsafe { envoy_buffer { ptr: h.value_ptr, len: h.value_len }.as_bytes() };
+            std::str::from_utf8(v).ok().and_then(|s| s.parse().ok())
+        })?
+    });
+    let mut body = Vec::new();
+    if !chunks.is_null() {
+        // SAFETY: see above.
+        for c in unsafe { std::slice::from_raw_parts(chunks, chunks_len) } {
+            // SAFETY: lent for the call; copied at once.
+            body.extend_from_slice(unsafe { c.as_bytes() });
+        }
+    }
+    CalloutAnswer { status, body }
+}
+
+// ------------------------------------------------------------------ events this filter never asks for
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: u64,
+    _: *const envoy_http_header,
+    _: usize,
+    _: bool,
+) {
+}
+const _: abi::OnHttpFilterHttpStreamHeaders = envoy_dynamic_module_on_http_filter_http_stream_headers;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: u64,
+    _: *const envoy_buffer,
+    _: usize,
+    _: bool,
+) {
+}
+const _: abi::OnHttpFilterHttpStreamData = envoy_dynamic_module_on_http_filter_http_stream_data;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: u64,
+    _: *const envoy_http_header,
+    _: usize,
+) {
+}
+const _: abi::OnHttpFilterHttpStreamTrailers = envoy_dynamic_module_on_http_filter_http_stream_trailers;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: u64,
+) {
+}
+const _: abi::OnHttpFilterHttpStreamComplete = envoy_dynamic_module_on_http_filter_http_stream_complete;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: u64,
+    _: HttpStreamResetReason,
+) {
+}
+const _: abi::OnHttpFilterHttpStreamReset = envoy_dynamic_module_on_http_filter_http_stream_reset;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(_: FilterEnvoyPtr, _: FilterModulePtr, _: u64) {}
+const _: abi::OnHttpFilterScheduled = envoy_dynamic_module_on_http_filter_scheduled;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+) {
+}
+const _: abi::OnHttpFilterDownstreamAboveWriteBufferHighWatermark =
+    envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+) {
+}
+const _: abi::OnHttpFilterDownstreamBelowWriteBufferLowWatermark =
+    envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark;
+
+/// # Safety
+/// Called by Envoy.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
+    _: FilterEnvoyPtr,
+    _: FilterModulePtr,
+    _: u32,
+    _: envoy_buffer,
+    _: bool,
+) -> LocalReplyStatus {
+    LocalReplyStatus::CONTINUE
+}
+const _: abi::OnHttpFilterLocalReply = envoy_dynamic_module_on_http_filter_local_reply;

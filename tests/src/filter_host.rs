@@ -1,0 +1,146 @@
+//! Which build of the filter a stack loads: the proxy-wasm `.wasm` (default)
+//! or the native Envoy dynamic module (`IDEM_E2E_HOST=native`). The committed
+//! configs load the `.wasm`; for the native module the harness rewrites each
+//! wasm filter into the dynamic-module filter with the same plugin
+//! configuration JSON, so both hosts run the very same routes and tests.
+
+use crate::BoxError;
+use std::path::PathBuf;
+
+/// The dynamic module's name: Envoy loads `lib<NAME>.so` from `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+pub const NATIVE_MODULE: &str = "agent_idempotency_native";
+/// The filter's name in the chain (and under `typed_per_filter_config`) for both hosts' configs.
+const WASM_FILTER: &str = "envoy.filters.http.wasm";
+const NATIVE_FILTER: &str = "envoy.filters.http.dynamic_modules";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterHost {
+    Wasm,
+    Native,
+}
+
+impl FilterHost {
+    /// `IDEM_E2E_HOST`: `wasm` (default) or `native`; anything else is an error, never a silent default.
+    pub fn current() -> Result<FilterHost, BoxError> {
+        match std::env::var("IDEM_E2E_HOST").ok().as_deref().map(str::trim) {
+            None | Some("") | Some("wasm") => Ok(FilterHost::Wasm),
+            Some("native") => Ok(FilterHost::Native),
+            Some(other) => Err(format!("IDEM_E2E_HOST={other}: expected `wasm` or `native`").into()),
+        }
+    }
+
+    pub fn is_native(self) -> bool {
+        self == FilterHost::Native
+    }
+}
+
+/// A rendered config as the current host runs it, and `cmd` (an `envoy`) told where the module is
+/// when the config loads it: a committed native config (`envoy/native.yaml`) runs as it is, on any host.
+pub fn for_current_host(yaml: &str, cmd: &mut std::process::Command) -> Result<String, BoxError> {
+    let text = if FilterHost::current()?.is_native() && yaml.contains(WASM_FILTER) {
+        to_native(yaml)?
+    } else {
+        yaml.to_owned()
+    };
+    if text.contains("DynamicModuleFilter") {
+        cmd.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", native_module_dir()?);
+    }
+    Ok(text)
+}
+
+/// Where `make native` puts the module (`target/release/libagent_idempotency_native.so`).
+pub fn native_module_dir() -> Result<PathBuf, BoxError> {
+    let dir = crate::target_dir().join("release");
+    let lib = dir.join(format!("lib{NATIVE_MODULE}.so"));
+    if !lib.exists() {
+        return Err(format!("{} is missing: run `make native` first", lib.display()).into());
+    }
+    Ok(dir)
+}
+
+/// Rewrite every proxy-wasm filter of an Envoy config into the native module's
+/// filter carrying the same plugin configuration (`configuration.value`), and
+/// the per-route filter configs that name it. An Envoy config without a wasm
+/// filter, or one whose filter has no inline configuration, is an error.
+pub fn to_native(yaml: &str) -> Result<String, BoxError> {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    let mut converted = 0;
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let indent = line.len() - line.trim_start().len();
+        if line.trim_start() != format!("- name: {WASM_FILTER}") {
+            out.push(line.replace(&format!("{WASM_FILTER}:"), &format!("{NATIVE_FILTER}:")));
+            i += 1;
+            continue;
+        }
+        // The filter's block: every following line indented deeper than its `- name:`.
+        let end = (i + 1..lines.len())
+            .find(|&j| {
+                let l = lines[j];
+                !l.trim().is_empty() && l.len() - l.trim_start().len() <= indent
+            })
+            .unwrap_or(lines.len());
+        let block = &lines[i + 1..end];
+        let config = plugin_configuration(block).ok_or("a wasm filter without an inline `configuration.value`")?;
+        let pad = " ".repeat(indent);
+        out.push(format!("{pad}- name: {NATIVE_FILTER}"));
+        out.push(format!("{pad}  typed_config:"));
+        out.push(format!(
+            "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"
+        ));
+        out.push(format!("{pad}    dynamic_module_config: {{ name: {NATIVE_MODULE} }}"));
+        out.push(format!("{pad}    filter_name: agent_idempotency"));
+        out.push(format!("{pad}    filter_config:"));
+        out.push(format!("{pad}      \"@type\": type.googleapis.com/google.protobuf.StringValue"));
+        out.push(format!("{pad}      value: |"));
+        for c in config {
+            out.push(format!("{pad}        {c}"));
+        }
+        converted += 1;
+        i = end;
+    }
+    if converted == 0 {
+        return Err("no proxy-wasm filter to convert".into());
+    }
+    let mut text = out.join("\n");
+    text.push('\n');
+    Ok(text)
+}
+
+/// The lines of `configuration: { value: | … }` in a wasm filter block, unindented.
+fn plugin_configuration(block: &[&str]) -> Option<Vec<String>> {
+    let start = block.iter().position(|l| l.trim_start().starts_with("configuration:"))?;
+    let value = (start + 1..block.len()).find(|&j| block[j].trim_start().starts_with("value: |"))?;
+    let value_indent = block[value].len() - block[value].trim_start().len();
+    let body: Vec<&str> = block[value + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > value_indent)
+        .copied()
+        .collect();
+    let strip = body.iter().filter(|l| !l.trim().is_empty()).map(|l| l.len() - l.trim_start().len()).min()?;
+    Some(body.iter().map(|l| l.get(strip..).unwrap_or("").trim_end().to_string()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_committed_test_config_converts_with_its_plugin_configuration() -> Result<(), BoxError> {
+        for config in ["e2e.yaml", "e2e-rds.yaml", "bench.yaml", "envoy.yaml", "soak.yaml"] {
+            let text = std::fs::read_to_string(crate::repo_root().join("envoy").join(config))?;
+            let native = to_native(&text)?;
+            assert!(!native.contains("envoy.extensions.filters.http.wasm.v3.Wasm"), "{config}");
+            assert!(native.contains("\"sidecar_cluster\""), "{config}: the plugin configuration moved along");
+            assert!(native.contains(&format!("dynamic_module_config: {{ name: {NATIVE_MODULE} }}")), "{config}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_config_without_a_wasm_filter_is_an_error() {
+        assert!(to_native("static_resources: {}\n").is_err());
+    }
+}
