@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make run`: demo + idemd + Envoy in the foreground; Ctrl-C stops all three.
 # Embedded default: idemd on SQLite under ./data, no Redis. Set IDEM_REDIS_URL
-# and/or IDEM_DATABASE_URL to use real stores (see README).
+# and/or IDEM_DATABASE_URL to use real stores (see README). IDEM_HOST=native runs the
+# native dynamic module (envoy/native.yaml) instead of the .wasm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p data
@@ -20,7 +21,12 @@ target/debug/demo --listen 127.0.0.1:8080 --db sqlite://./data/demo.db & pids+=(
 target/debug/idemd serve --listen 127.0.0.1:9090 \
   --status-endpoint 'payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}' \
   --status-reading 'payments.transfer=pointer=/status;done=executed;failed=failed;done_status=201' & pids+=($!)
-.venv/bin/envoy -c envoy/envoy.yaml --disable-hot-restart --log-level warn --component-log-level wasm:info & pids+=($!)
+if [ "${IDEM_HOST:-wasm}" = native ]; then
+  ENVOY_DYNAMIC_MODULES_SEARCH_PATH=target/release .venv/bin/envoy -c envoy/native.yaml --disable-hot-restart \
+    --log-level warn --component-log-level dynamic_modules:info & pids+=($!)
+else
+  .venv/bin/envoy -c envoy/envoy.yaml --disable-hot-restart --log-level warn --component-log-level wasm:info & pids+=($!)
+fi
 
 for url in http://127.0.0.1:8080/healthz http://127.0.0.1:9090/healthz http://127.0.0.1:9901/ready; do
   for _ in $(seq 1 200); do curl -fs -o /dev/null "$url" && break; sleep 0.1; done
@@ -51,7 +57,7 @@ cat <<'WALK'
 
   5. Try a changed amount (422 params_changed) or another subject (403 forbidden).
      How many times did the transfer really run?   curl -s localhost:8080/v1/executions
-     Filter stats:                                  curl -s localhost:9901/stats | grep wasmcustom.idem
+     Filter stats:                                  curl -s localhost:9901/stats | grep custom.idem
 
   6. Operators see every operation and its audit trail (the key is the Idempotency-Key from step 2):
        target/debug/idemd ops list --state done          (also: in_flight, needs_review, failed)

@@ -12,6 +12,7 @@
 //! threads; the parsed configuration holds `Rc`s, so each worker parses its
 //! own copy once, on its first stream (a thread-local keyed by configuration).
 
+use crate::abi;
 use idem_adapter::{RouteLookup, Shared};
 use idem_core::machine::Counter;
 use idem_core::policy::{self, RouteDefaults, SubjectSource};
@@ -73,7 +74,14 @@ impl FilterConfig {
             if let Some(shared) = map.get(&self.id) {
                 return Some(Rc::clone(shared));
             }
-            let parsed = policy::parse_plugin_config(&self.raw, &env).ok()?;
+            // Checked when Envoy loaded it; only an environment changed since then can fail here.
+            let parsed = match policy::parse_plugin_config(&self.raw, &env) {
+                Ok(p) => p,
+                Err(e) => {
+                    crate::host::log(abi::LogLevel::ERROR, &format!("agent_idempotency: plugin configuration: {e}"));
+                    return None;
+                }
+            };
             if map.len() >= MAX_PER_WORKER {
                 map.clear();
             }
