@@ -77,31 +77,47 @@ impl RouteRules {
     /// The rule for a request: `:method`, `:authority` and `:path` (the query
     /// string is ignored).
     pub fn find(&self, method: &str, authority: &str, path: &str) -> Option<&RouteRule> {
-        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let path = without_query(path);
         let host = strip_port(authority);
         self.rules.iter().find(|r| r.matcher.matches(method, host, path))
     }
+
+    /// Whether any rule's path matches `path`: most requests a mesh sends
+    /// through the filter match no rule's path, and a host that must fetch
+    /// each header (proxy-wasm copies every value into the VM) can stop here.
+    pub fn any_path_matches(&self, path: &str) -> bool {
+        let path = without_query(path);
+        self.rules.iter().any(|r| r.matcher.path_matches(path))
+    }
+}
+
+fn without_query(path: &str) -> &str {
+    path.split(['?', '#']).next().unwrap_or_default()
 }
 
 impl RouteMatch {
     fn matches(&self, method: &str, host: &str, path: &str) -> bool {
         self.method.as_deref().is_none_or(|m| m == method)
             && self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
-            && match &self.path {
-                PathMatch::Prefix(p) => path.starts_with(p.as_str()),
-                PathMatch::Exact(want) => {
-                    let mut got = path.split('/');
-                    let mut want = want.iter();
-                    loop {
-                        match (got.next(), want.next()) {
-                            (None, None) => break true,
-                            (Some(g), Some(Segment::Literal(w))) if g == w => {}
-                            (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
-                            _ => break false,
-                        }
+            && self.path_matches(path)
+    }
+
+    fn path_matches(&self, path: &str) -> bool {
+        match &self.path {
+            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Exact(want) => {
+                let mut got = path.split('/');
+                let mut want = want.iter();
+                loop {
+                    match (got.next(), want.next()) {
+                        (None, None) => break true,
+                        (Some(g), Some(Segment::Literal(w))) if g == w => {}
+                        (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
+                        _ => break false,
                     }
                 }
             }
+        }
     }
 
     /// Could one request match both? Conservative: a method or host left open
@@ -331,6 +347,15 @@ mod tests {
         assert_eq!(hit, Some(Role::Confirm));
         let lease = r.find("POST", "h", "/v1/transfers").map(|x| x.policy.lease_ms);
         assert_eq!(lease, Some(60_000), "numbers arrive as JSON numbers");
+        // The path pre-check agrees with `find`: it may say yes where method or host then differ, never no where find says yes.
+        for p in
+            ["/v1/transfers?x=1", "/v1/accounts/a-1/pay", "/v1/status/x", "/v1/transfers/", "/v1/accounts//pay", "/"]
+        {
+            let found = ["POST", "PUT", "GET"].iter().any(|m| r.find(m, "pay.example.com", p).is_some());
+            assert!(!found || r.any_path_matches(p), "{p}");
+        }
+        assert!(r.any_path_matches("/v1/transfers?x=1") && r.any_path_matches("/v1/status/x"));
+        assert!(!r.any_path_matches("/v1/transfers/") && !r.any_path_matches("/healthz"));
         Ok(())
     }
 
