@@ -7,9 +7,12 @@
 use crate::baselines::{plain_duplicate_key, plain_fresh_confirms, RawDb};
 use crate::client::{confirm_request, drive, mint, nonce_of, once, preview_request, Measured, Requests};
 use crate::report::{median, Row, StoreShare};
-use crate::stack::{cpu_ticks, envoy_counter, store_delta, store_times, BenchStack};
+use crate::stack::{
+    cpu_ticks, envoy_counter, host_name, replay_hits_counter, server_ticks, store_delta, store_times, BenchStack, HOSTS,
+};
+use crate::standalone::{self, Standalone};
 use crate::Opts;
-use idem_e2e::BoxError;
+use idem_e2e::{BoxError, FilterHost};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -17,7 +20,8 @@ use std::sync::Arc;
 const MAX_MINT: usize = 60_000;
 /// Fresh requests prepared for a warm-up run, which also measures the first rate.
 const WARMUP_FRESH: usize = 400;
-const REPLAY_HITS: &str = "wasmcustom.idem.replay_cache_hits";
+/// What a replay is measured against: the demo's own dedup behind plain Envoy.
+pub(crate) const DEDUP_BASELINE: &str = "plain Envoy, same confirm, demo dedup";
 
 /// What one side sends.
 pub(crate) enum Load<'a> {
@@ -32,8 +36,17 @@ pub(crate) enum Load<'a> {
 }
 
 pub(crate) struct Side<'a> {
-    pub(crate) label: &'static str,
+    pub(crate) label: String,
     pub(crate) load: Load<'a>,
+    /// The process proxying this side's requests when it is not the bench's Envoy (the
+    /// standalone proxy): its CPU goes in the Envoy column, and idemd has no part in it.
+    pub(crate) proxy_pid: Option<u32>,
+}
+
+impl<'a> Side<'a> {
+    pub(crate) fn new(label: impl Into<String>, load: Load<'a>) -> Side<'a> {
+        Side { label: label.into(), load, proxy_pid: None }
+    }
 }
 
 /// One timed run of one side.
@@ -45,6 +58,8 @@ struct Sample {
     /// CPU µs per request; None when the side does not go through the process.
     envoy_us: Option<f64>,
     idemd_us: Option<f64>,
+    /// The Redis server's, for a side proxied by another process (the standalone proxy's store).
+    redis_us: Option<f64>,
     /// idemd's store calls during the run: (store op, seconds, calls).
     store: Vec<(String, f64, u64)>,
     replay_hits: u64,
@@ -87,6 +102,11 @@ impl SideStats {
             .collect()
     }
 
+    /// The Redis server's CPU µs per request (median over the runs), for a side that measures it.
+    pub(crate) fn redis_us(&self) -> Option<f64> {
+        self.med(|s| s.redis_us)
+    }
+
     pub(crate) fn replay_hits_per_request(&self) -> f64 {
         let requests: u64 = self.samples.iter().map(|s| s.ok).sum();
         self.samples.iter().map(|s| s.replay_hits).sum::<u64>() as f64 / requests.max(1) as f64
@@ -122,6 +142,7 @@ pub(crate) fn row(stats: &[SideStats], p: &Pair) -> Row {
         ratios,
         target: p.target,
         notes,
+        unmeasured: None,
     }
 }
 
@@ -173,15 +194,18 @@ async fn run_side(
     };
     // A fresh warm-up runs until its requests run out, which measures the first rate.
     let secs = if warmup && !matches!(side.load, Load::Http { .. }) { secs.max(5.0) } else { secs };
-    let (envoy0, idemd0) = (probe.envoy.map(cpu_ticks), probe.idemd.map(cpu_ticks));
-    let (store0, hits0) = (store_times(probe.sidecar_port).await, envoy_counter(probe.admin, REPLAY_HITS).await);
+    let proxy = side.proxy_pid.or(probe.envoy);
+    let idemd = probe.idemd.filter(|_| side.proxy_pid.is_none());
+    let redis = || side.proxy_pid.map(|_| server_ticks(&["redis-server"]));
+    let (envoy0, idemd0, redis0) = (proxy.map(cpu_ticks), idemd.map(cpu_ticks), redis());
+    let (store0, hits0) = (store_times(probe.sidecar_port).await, replay_hits(probe.admin).await);
     let mut m: Measured = match (&side.load, http) {
         (Load::Raw(db), _) => db.drive(o.conns, secs, run_tag).await,
         (_, Some((port, reqs, expect))) => drive(port, &reqs, expect, o.conns, secs).await,
         (_, None) => Measured::default(),
     };
-    let (envoy1, idemd1) = (probe.envoy.map(cpu_ticks), probe.idemd.map(cpu_ticks));
-    let (store1, hits1) = (store_times(probe.sidecar_port).await, envoy_counter(probe.admin, REPLAY_HITS).await);
+    let (envoy1, idemd1, redis1) = (proxy.map(cpu_ticks), idemd.map(cpu_ticks), redis());
+    let (store1, hits1) = (store_times(probe.sidecar_port).await, replay_hits(probe.admin).await);
     if warmup {
         // A fresh warm-up runs its requests out on purpose.
         m.exhausted = false;
@@ -198,10 +222,20 @@ async fn run_side(
         ok: m.ok,
         envoy_us: per_req(envoy0, envoy1).filter(|_| through_envoy),
         idemd_us: per_req(idemd0, idemd1).filter(|_| through_envoy),
+        redis_us: per_req(redis0, redis1),
         store: if through_envoy { store_delta(&store0, &store1) } else { Vec::new() },
         replay_hits: hits1.saturating_sub(hits0),
         problems: m.problems(),
     })
+}
+
+/// Both hosts' replay-cache hits: only the host a side runs through adds to them during its run.
+async fn replay_hits(admin: u16) -> u64 {
+    let mut hits = 0;
+    for host in HOSTS {
+        hits += envoy_counter(admin, replay_hits_counter(host)).await;
+    }
+    hits
 }
 
 /// Every side warmed up once, then `--reps` timed runs each, the order rotated per rep
@@ -219,7 +253,7 @@ pub(crate) async fn run_sides(
     let mut fastest = vec![0.0f64; sides.len()];
     for (i, s) in sides.iter().enumerate() {
         let m = run_side(s, probe, o, o.warmup, 0.0, &format!("{run_tag}w{i:x}"), nonces).await?;
-        eprintln!("   warm-up {:<38} {:>9.0} req/s{}", s.label, m.rate, m.problems);
+        eprintln!("   warm-up {:<46} {:>9.0} req/s{}", s.label, m.rate, m.problems);
         if m.ok == 0 {
             return Err(format!("{title}: {} answers nothing as expected:{}", s.label, m.problems).into());
         }
@@ -235,7 +269,7 @@ pub(crate) async fn run_sides(
             let us = |v: Option<f64>| v.map(|v| format!("{v:>5.0}")).unwrap_or_else(|| "    -".into());
             let store_us = m.store.iter().map(|(_, secs, _)| secs).fold(0.0, |a, b| a + b) * 1e6 / m.ok.max(1) as f64;
             eprintln!(
-                "   rep {} {:<38} {:>9.0} req/s  p50 {:>6.2} ms  envoy {} idemd {} store {store_us:>5.0} us/req{}",
+                "   rep {} {:<46} {:>9.0} req/s  p50 {:>6.2} ms  envoy {} idemd {} store {store_us:>5.0} us/req{}",
                 rep + 1,
                 s.label,
                 m.rate,
@@ -276,106 +310,161 @@ fn same(port: u16, req: &Arc<Vec<u8>>, expect: u16) -> Load<'static> {
     Load::Http { port, reqs: Requests::Same(req.clone()), expect }
 }
 
-/// The unannotated route (filter, empty filter, 20 route rules, filter disabled on the route,
-/// plain Envoy) and the preview (filter, empty filter, plain Envoy).
+/// Report rows of pairs of sides: (num, den, case, baseline, target).
+fn push_rows(rows: &mut Vec<Row>, stats: &[SideStats], pairs: Vec<(usize, usize, String, &str, Option<f64>)>) {
+    for (num, den, case, baseline, target) in pairs {
+        rows.push(row(stats, &Pair { num, den, case, baseline: baseline.into(), target }));
+    }
+}
+
+/// The two baselines of a preview-shaped request: plain Envoy and the empty proxy-wasm filter
+/// (sides 0 and 1), each checked to answer it without a fingerprint.
+async fn baseline_sides(st: &BenchStack, what: &str, req: &Arc<Vec<u8>>) -> Result<Vec<Side<'static>>, BoxError> {
+    let mut sides = Vec::new();
+    for (label, port) in [("plain Envoy", st.plain), ("empty proxy-wasm filter", st.empty)] {
+        check(&format!("{what} via {label}"), port, req, 200, &["quote_id"], &["fingerprint"]).await?;
+        sides.push(Side::new(label, same(port, req, 200)));
+    }
+    Ok(sides)
+}
+
+/// The unannotated route (plain Envoy, empty proxy-wasm filter, and on each host: the filter,
+/// the filter with 20 route rules, the filter disabled on the route) and the preview (plain
+/// Envoy, empty filter, the filter on each host).
 pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     let probe = Probe::of(st);
     let unannotated = Arc::new(preview_request("/plain/v1/transfers/preview"));
     let opted_out = Arc::new(preview_request("/plain-optout/v1/transfers/preview"));
-    for (what, port, req) in [
-        ("unannotated via filter", st.agents, &unannotated),
-        ("unannotated via plain", st.plain, &unannotated),
-        ("unannotated via empty filter", st.empty, &unannotated),
-        ("unannotated via filter with 20 route rules", st.rules, &unannotated),
-        ("opted-out via filter", st.agents, &opted_out),
-    ] {
-        check(what, port, req, 200, &["quote_id"], &["fingerprint"]).await?;
+    let mut sides = baseline_sides(st, "unannotated", &unannotated).await?;
+    for host in HOSTS {
+        let (f, h) = (st.filter(host), host_name(host));
+        for (what, port, req) in [
+            ("unannotated via filter", f.agents, &unannotated),
+            ("unannotated via filter with 20 route rules", f.rules, &unannotated),
+            ("opted-out via filter", f.agents, &opted_out),
+        ] {
+            check(&format!("{what} ({h})"), port, req, 200, &["quote_id"], &["fingerprint"]).await?;
+        }
+        sides.push(Side::new(format!("filter ({h}), unannotated"), same(f.agents, &unannotated, 200)));
+        sides.push(Side::new(format!("filter ({h}) + 20 route rules, unannotated"), same(f.rules, &unannotated, 200)));
+        sides.push(Side::new(format!("filter ({h}), disabled on the route"), same(f.agents, &opted_out, 200)));
     }
-    let sides = [
-        Side { label: "plain Envoy", load: same(st.plain, &unannotated, 200) },
-        Side { label: "empty proxy-wasm filter", load: same(st.empty, &unannotated, 200) },
-        Side { label: "filter, unannotated", load: same(st.agents, &unannotated, 200) },
-        Side { label: "filter + 20 route rules, unannotated", load: same(st.rules, &unannotated, 200) },
-        Side { label: "filter, disabled on the route", load: same(st.agents, &opted_out, 200) },
-    ];
     let stats = run_sides("unannotated route", &sides, &probe, o, &mut st.nonces).await?;
-    let pairs = [
-        (2, 1, "unannotated route", "empty proxy-wasm filter, same request", Some(0.97)),
-        (2, 0, "unannotated route", "plain Envoy, same request", None),
-        (3, 1, "unannotated route, 20 route rules", "empty proxy-wasm filter, same request", Some(0.97)),
-        (4, 0, "unannotated route, filter disabled on it", "plain Envoy, same request", Some(0.97)),
-        (1, 0, "(reference) empty proxy-wasm filter", "plain Envoy, same request", None),
-    ];
-    for (num, den, case, baseline, target) in pairs {
-        rows.push(row(&stats, &Pair { num, den, case: case.into(), baseline: baseline.into(), target }));
-    }
+    // Sides: 0 plain, 1 empty filter, then per host (wasm at 2, native at 5): filter, 20 rules, disabled.
+    let (w, n) = (2, 5);
+    let (empty, plain) = ("empty proxy-wasm filter, same request", "plain Envoy, same request");
+    push_rows(
+        rows,
+        &stats,
+        vec![
+            (w, 1, "unannotated route (wasm)".into(), empty, Some(0.97)),
+            (w, 0, "unannotated route (wasm)".into(), plain, None),
+            (n, 0, "unannotated route (native)".into(), plain, Some(0.95)),
+            (w + 1, 1, "unannotated route, 20 route rules (wasm)".into(), empty, Some(0.97)),
+            (n + 1, 0, "unannotated route, 20 route rules (native)".into(), plain, Some(0.95)),
+            (w + 2, 0, "unannotated route, filter disabled on it (wasm)".into(), plain, Some(0.97)),
+            (n + 2, 0, "unannotated route, filter disabled on it (native)".into(), plain, Some(0.97)),
+            (1, 0, "(reference) empty proxy-wasm filter".into(), plain, None),
+        ],
+    );
 
     let preview = Arc::new(preview_request("/v1/transfers/preview"));
-    check("preview via filter", st.agents, &preview, 200, &["quote_id", "\"fingerprint\""], &[]).await?;
-    check("preview via plain", st.plain, &preview, 200, &["quote_id"], &["fingerprint"]).await?;
-    check("preview via empty filter", st.empty, &preview, 200, &["quote_id"], &["fingerprint"]).await?;
-    let sides = [
-        Side { label: "plain Envoy", load: same(st.plain, &preview, 200) },
-        Side { label: "empty proxy-wasm filter", load: same(st.empty, &preview, 200) },
-        Side { label: "filter, preview (mint)", load: same(st.agents, &preview, 200) },
-    ];
+    let mut sides = baseline_sides(st, "preview", &preview).await?;
+    for host in HOSTS {
+        let (port, h) = (st.filter(host).agents, host_name(host));
+        check(&format!("preview via filter ({h})"), port, &preview, 200, &["quote_id", "\"fingerprint\""], &[]).await?;
+        sides.push(Side::new(format!("filter ({h}), preview (mint)"), same(port, &preview, 200)));
+    }
     let stats = run_sides("preview", &sides, &probe, o, &mut st.nonces).await?;
-    rows.push(row(
+    let plain = "plain Envoy, same preview";
+    push_rows(
+        rows,
         &stats,
-        &Pair {
-            num: 2,
-            den: 0,
-            case: "preview".into(),
-            baseline: "plain Envoy, same preview".into(),
-            target: Some(0.85),
-        },
-    ));
-    rows.push(row(
-        &stats,
-        &Pair {
-            num: 1,
-            den: 0,
-            case: "(reference) preview, empty proxy-wasm filter".into(),
-            baseline: "plain Envoy, same preview".into(),
-            target: None,
-        },
-    ));
+        vec![
+            (2, 0, "preview (wasm)".into(), plain, Some(0.85)),
+            (3, 0, "preview (native)".into(), plain, Some(0.9)),
+            (1, 0, "(reference) preview, empty proxy-wasm filter".into(), plain, None),
+        ],
+    );
     Ok(())
 }
 
-/// A DONE fingerprint replayed through the filter (served from its replay cache) against
-/// plain Envoy forwarding the same confirm with a fixed Idempotency-Key (the demo's dedup answers).
-pub(crate) async fn duplicate_case(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Row>) -> Result<(), BoxError> {
+/// A DONE fingerprint replayed through the filter on each host (served from its replay cache)
+/// against plain Envoy forwarding the same confirm with a fixed Idempotency-Key (the demo's
+/// dedup answers), and, when given, the same confirm through a standalone idempotency proxy.
+pub(crate) async fn duplicate_case(
+    st: &mut BenchStack,
+    o: &Opts,
+    standalone: Option<&Standalone>,
+    rows: &mut Vec<Row>,
+) -> Result<(), BoxError> {
     let probe = Probe::of(st);
-    let fp = mint(st.agents, 1, 1).await?.pop().ok_or("no fingerprint")?;
-    st.nonces.extend(nonce_of(&fp));
-    let confirm = Arc::new(confirm_request(&fp, None));
-    check("first confirm via filter", st.agents, &confirm, 201, &["\"executed\""], &[]).await?;
-    check("duplicate via filter", st.agents, &confirm, 201, &["already_completed"], &[]).await?;
+    let mut confirms = Vec::new();
+    for host in HOSTS {
+        let (port, h) = (st.filter(host).agents, host_name(host));
+        let fp = mint(port, 1, 1).await?.pop().ok_or("no fingerprint")?;
+        st.nonces.extend(nonce_of(&fp));
+        let confirm = Arc::new(confirm_request(&fp, None));
+        check(&format!("first confirm via filter ({h})"), port, &confirm, 201, &["\"executed\""], &[]).await?;
+        check(&format!("duplicate via filter ({h})"), port, &confirm, 201, &["already_completed"], &[]).await?;
+        confirms.push((host, port, fp, confirm));
+    }
+    let fp = confirms.first().map(|c| c.2.clone()).unwrap_or_default();
     let key = plain_duplicate_key();
     let plain_confirm = Arc::new(confirm_request(&fp, Some(&key)));
     check("first confirm via plain", st.plain, &plain_confirm, 201, &["\"executed\""], &[]).await?;
     check("duplicate via plain", st.plain, &plain_confirm, 201, &["\"executed\"", key.as_str()], &[]).await?;
-    let sides = [
-        Side { label: "plain Envoy -> demo dedup", load: same(st.plain, &plain_confirm, 201) },
-        Side { label: "filter replay", load: same(st.agents, &confirm, 201) },
-    ];
+    let mut sides = vec![Side::new("plain Envoy -> demo dedup", same(st.plain, &plain_confirm, 201))];
+    for (host, port, _, confirm) in &confirms {
+        sides.push(Side::new(format!("filter ({}) replay", host_name(*host)), same(*port, confirm, 201)));
+    }
+    let proxy = match standalone {
+        Some(Standalone::Running(p)) => {
+            let req = Arc::new(p.confirm(&fp));
+            p.check(&req).await?;
+            sides.push(Side {
+                proxy_pid: p.proc.pid(),
+                ..Side::new("standalone proxy replay", same(p.port, &req, 201))
+            });
+            Some(sides.len() - 1)
+        }
+        _ => None,
+    };
     let case = format!("duplicate confirm (replay) [{}]", st.label);
     let stats = run_sides(&case, &sides, &probe, o, &mut st.nonces).await?;
-    let mut r = row(
-        &stats,
-        &Pair { num: 1, den: 0, case, baseline: "plain Envoy, same confirm, demo dedup".into(), target: Some(1.0) },
-    );
-    if let Some(filter) = stats.get(1) {
-        let hits = format!("{} per request", fmt_share(filter.replay_hits_per_request()));
-        r.notes = [format!("{REPLAY_HITS}: {hits}"), r.notes]
-            .into_iter()
-            .filter(|s| !s.is_empty())
-            .collect::<Vec<_>>()
-            .join("; ");
+    for (i, host) in HOSTS.into_iter().enumerate() {
+        let case = format!("{case} ({})", host_name(host));
+        let mut r = row(
+            &stats,
+            &Pair { num: i + 1, den: 0, case: case.clone(), baseline: DEDUP_BASELINE.into(), target: Some(1.0) },
+        );
+        if let Some(filter) = stats.get(i + 1) {
+            let hits = fmt_share(filter.replay_hits_per_request());
+            prepend_note(&mut r, format!("{}: {hits} per request", replay_hits_counter(host)));
+        }
+        rows.push(r);
+        if let Some(den) = proxy {
+            let baseline = format!("{}, same confirm", standalone::NAME);
+            rows.push(row(&stats, &Pair { num: i + 1, den, case, baseline, target: Some(1.0) }));
+        }
     }
-    rows.push(r);
+    match (proxy, standalone) {
+        (Some(num), _) => {
+            let (case, baseline) = (standalone::row_case(), DEDUP_BASELINE.into());
+            let mut r = row(&stats, &Pair { num, den: 0, case, baseline, target: None });
+            if let Some(redis) = stats.get(num).and_then(SideStats::redis_us) {
+                prepend_note(&mut r, format!("Redis server CPU during its runs: {redis:.0} µs per request"));
+            }
+            rows.push(r);
+        }
+        (None, Some(Standalone::NotMeasured(why))) => rows.push(standalone::unmeasured_row(why)),
+        (None, _) => {}
+    }
     Ok(())
+}
+
+fn prepend_note(r: &mut Row, note: String) {
+    r.notes = if r.notes.is_empty() { note } else { format!("{note}; {}", r.notes) };
 }
 
 fn fmt_share(x: f64) -> String {
@@ -393,36 +482,29 @@ pub(crate) async fn fresh_case(
     rows: &mut Vec<Row>,
 ) -> Result<(), BoxError> {
     let probe = Probe::of(st);
-    let fp = mint(st.agents, 1, 1).await?.pop().ok_or("no fingerprint")?;
+    let fp = mint(st.filter(FilterHost::Wasm).agents, 1, 1).await?.pop().ok_or("no fingerprint")?;
     for req in plain_fresh_confirms(&fp, "check", 1) {
         check("fresh confirm via plain", st.plain, &req, 201, &["\"executed\""], &[]).await?;
     }
-    let sides = [
-        Side { label: "plain Envoy -> demo, fresh key", load: Load::PlainFresh { port: st.plain, fingerprint: fp } },
-        Side { label: "filter, fresh confirm", load: Load::FilterFresh { port: st.agents } },
-        Side { label: "raw single-row commit", load: Load::Raw(raw) },
+    let mut sides = vec![
+        Side::new("plain Envoy -> demo, fresh key", Load::PlainFresh { port: st.plain, fingerprint: fp }),
+        Side::new("raw single-row commit", Load::Raw(raw)),
     ];
+    for host in HOSTS {
+        let port = st.filter(host).agents;
+        sides.push(Side::new(format!("filter ({}), fresh confirm", host_name(host)), Load::FilterFresh { port }));
+    }
     let case = format!("fresh confirm [{}]", st.label);
     let stats = run_sides(&case, &sides, &probe, o, &mut st.nonces).await?;
-    rows.push(row(
-        &stats,
-        &Pair {
-            num: 1,
-            den: 0,
-            case: case.clone(),
-            baseline: "plain Envoy, fresh confirm (demo commits)".into(),
-            target: Some(0.5),
-        },
-    ));
-    rows.push(row(
-        &stats,
-        &Pair {
-            num: 1,
-            den: 2,
-            case: format!("(reference) {case}"),
-            baseline: format!("raw single-row commit, {dbname}"),
-            target: None,
-        },
-    ));
+    // Sides: 0 plain, 1 raw commit, then the filter per host (wasm at 2, native at 3).
+    let raw_baseline = format!("raw single-row commit, {dbname}");
+    let plain = "plain Envoy, fresh confirm (demo commits)";
+    let mut pairs = Vec::new();
+    for (i, host) in HOSTS.into_iter().enumerate() {
+        let case = format!("{case} ({})", host_name(host));
+        pairs.push((i + 2, 0, case.clone(), plain, Some(0.5)));
+        pairs.push((i + 2, 1, format!("(reference) {case}"), raw_baseline.as_str(), None));
+    }
+    push_rows(rows, &stats, pairs);
     Ok(())
 }

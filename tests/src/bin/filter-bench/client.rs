@@ -323,11 +323,16 @@ pub(crate) fn preview_request(path: &str) -> Vec<u8> {
 }
 
 pub(crate) fn confirm_request(fingerprint: &str, idempotency_key: Option<&str>) -> Vec<u8> {
+    confirm_request_to("/v1/transfers", fingerprint, idempotency_key)
+}
+
+/// The same confirm (headers and body) to another path, e.g. a standalone proxy's route to the demo.
+pub(crate) fn confirm_request_to(path: &str, fingerprint: &str, idempotency_key: Option<&str>) -> Vec<u8> {
     let mut h = vec![("x-agent-subject", SUBJECT), ("agent-fingerprint", fingerprint)];
     if let Some(k) = idempotency_key {
         h.push(("idempotency-key", k));
     }
-    request("POST", "/v1/transfers", &h, &body())
+    request("POST", path, &h, &body())
 }
 
 pub(crate) fn nonce_of(fingerprint: &str) -> Option<String> {

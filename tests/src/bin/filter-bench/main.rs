@@ -5,6 +5,7 @@
 //! run are what to read. `make bench` runs it:
 //!
 //! ```text
+//! make wasm native
 //! cargo build --release -p idem-demo -p idemd
 //! cargo build --profile wasm --target wasm32-wasip1 -p idem-empty-filter
 //! IDEM_E2E_PROFILE=release cargo run --release -p idem-e2e --bin filter-bench -- [--seconds 2] [--reps 3] [--conns 16]
@@ -14,13 +15,30 @@
 //! agent filter, `plain` without any filter, `empty` with an empty proxy-wasm filter
 //! (bench/empty-filter, spliced in from envoy/bench-empty.yaml) and `rules` with the
 //! agent filter and 20 plugin-config route rules; same routes, the demo as upstream.
+//! Both builds of the filter run in that one Envoy: `agents` and `rules` load the
+//! `.wasm`, and their twins `agents_native` and `rules_native` (made from them by the
+//! harness's wasm-to-native conversion, spliced in at bench.yaml's `@native-listeners`
+//! line) load the native dynamic module (`make native`) with the same plugin
+//! configuration. So every case's wasm side, native side and baselines (plain Envoy,
+//! the empty proxy-wasm filter: the reference of hosting any wasm filter, kept as is)
+//! run interleaved in the same reps, and its rows end in "(wasm)" and "(native)".
+//! `IDEM_E2E_HOST` does not apply here (it is ignored): the bench always runs both.
+//!
+//! Optional: `IDEM_BENCH_STANDALONE_PROXY=<binary>` adds a standalone Redis-backed
+//! idempotency proxy (ldclabs/idempotent-proxy) to the duplicate case on Redis + Postgres
+//! (`standalone`): the same confirm through it, interleaved with the filter's replays.
+//! This repository neither contains nor builds it: build it outside the repository from
+//! that project's own sources, following its README. Without the variable its row
+//! says "not measured".
 //!
 //! - `client`: the hand-rolled HTTP/1.1 keep-alive load client (one thread, `--conns` connections);
 //! - `cases`: the cases; the sides of a case run interleaved `--reps` times in an order rotated
 //!   per rep, and each row is the median of the per-rep ratios of two of its sides;
 //! - `baselines`: the raw single-row commit rate of idemd's database and the plain-Envoy requests;
 //! - `stack`: the processes, and what is read around each run: Envoy's and idemd's CPU from
-//!   /proc, idemd's store time from its `/metrics`, Envoy's replay-cache hits from `/stats`;
+//!   /proc, idemd's store time from its `/metrics`, Envoy's replay-cache hits from `/stats`
+//!   (`wasmcustom.idem.replay_cache_hits`, `dynamicmodulescustom.idem.replay_cache_hits`);
+//! - `standalone`: the optional standalone idempotency proxy;
 //! - `report`: the markdown table (stdout, target/bench/summary.md) and target/bench/chart.svg.
 //!
 //! The duplicate and fresh confirms run on idemd with Redis + Postgres and on SQLite
@@ -32,11 +50,13 @@ mod cases;
 mod client;
 mod report;
 mod stack;
+mod standalone;
 
 use baselines::{pg_diagnostics, RawDb};
 use cases::{duplicate_case, fresh_case, proxy_cases};
 use idem_e2e::{backends, repo_root, wasm, BoxError};
-use stack::{empty_wasm, start_stack, Foreign};
+use stack::{empty_wasm, native_module, start_stack, Foreign};
+use standalone::Standalone;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Opts {
@@ -45,6 +65,21 @@ pub(crate) struct Opts {
     pub(crate) conns: usize,
     pub(crate) warmup: f64,
 }
+
+const HELP: &str = "\
+filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5]
+
+The agent filter as proxy-wasm (.wasm) and as the native Envoy dynamic module (make native), side by side
+in one Envoy, against plain Envoy and an empty proxy-wasm filter; writes target/bench/summary.md and chart.svg.
+
+Environment:
+  IDEM_BENCH_STANDALONE_PROXY=<path>  optional: a binary of ldclabs/idempotent-proxy's idempotent-proxy-server,
+      built OUTSIDE this repository from that project's own sources following its own README (this repository
+      neither contains nor builds it). filter-bench runs it in front of the demo on 127.0.0.1, on Redis database 15
+      with one tokio worker (TOKIO_WORKER_THREADS=1 unless set), and measures its duplicate-confirm replays with
+      the same client and body, interleaved with the filter's replays (the Redis + Postgres stack only).
+      Unset: its row says \"not measured\".
+  IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL  the backends (default 127.0.0.1:6379, postgres@127.0.0.1:5432/test).";
 
 fn parse_args() -> Result<Opts, BoxError> {
     let mut o = Opts { seconds: 2.0, reps: 3, conns: 16, warmup: 0.5 };
@@ -57,7 +92,7 @@ fn parse_args() -> Result<Opts, BoxError> {
             "--conns" => o.conns = val()?.parse()?,
             "--warmup" => o.warmup = val()?.parse()?,
             "-h" | "--help" => {
-                println!("filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5]");
+                println!("{HELP}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other} (see --help)").into()),
@@ -107,8 +142,16 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
     if std::env::var_os("RUST_LOG").is_none() {
         std::env::set_var("RUST_LOG", "warn");
     }
+    // Both hosts run side by side: the harness must not convert the .wasm listeners too.
+    if std::env::var_os("IDEM_E2E_HOST").is_some() {
+        eprintln!(
+            "filter-bench: IDEM_E2E_HOST ignored: the bench measures the .wasm and the native module side by side"
+        );
+        std::env::remove_var("IDEM_E2E_HOST");
+    }
     let wasm_bytes = std::fs::metadata(wasm()?)?.len();
     let empty_wasm_bytes = std::fs::metadata(empty_wasm()?)?.len();
+    let native_bytes = std::fs::metadata(native_module()?)?.len();
     let load_start = loadavg();
     eprintln!(
         "filter-bench: load average at start {load_start}; {} s x {} reps, {} connections",
@@ -123,14 +166,16 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
         && backends::available("postgres", &backends::postgres_url())?;
     if pg_up {
         let mut st = start_stack("redis+postgres", Some(backends::redis_url()), Some(backends::postgres_url())).await?;
-        let pids = st.pids();
+        let standalone = Standalone::start(st.demo_port, &backends::redis_url()).await;
+        lines.push(standalone.about());
+        let pids: Vec<u32> = st.pids().into_iter().chain(standalone.pid()).collect();
         let foreign = Foreign::start(&pids);
         let raw = RawDb::postgres(&backends::postgres_url()).await?;
         lines.extend(pg_diagnostics(&backends::postgres_url()).await);
         let r = async {
             proxy_cases(&mut st, &o, &mut rows).await?;
             proxied = true;
-            duplicate_case(&mut st, &o, &mut rows).await?;
+            duplicate_case(&mut st, &o, Some(&standalone), &mut rows).await?;
             fresh_case(&mut st, &raw, "postgres", &o, &mut rows).await
         }
         .await;
@@ -138,12 +183,14 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
         lines.push(st.upstream_summary().await);
         raw.drop_table().await;
         st.cleanup().await;
+        standalone.cleanup().await;
         if let Err(e) = r {
             eprintln!("envoy log:\n{}", st.envoy.log_text());
             return Err(e);
         }
     } else {
         lines.push("SKIPPED BACKEND: idemd on redis+postgres (unreachable, see above)".into());
+        rows.push(standalone::unmeasured_row("not measured (Redis unreachable)"));
     }
 
     // 2) idemd on SQLite alone.
@@ -155,7 +202,7 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
         if !proxied {
             proxy_cases(&mut st, &o, &mut rows).await?;
         }
-        duplicate_case(&mut st, &o, &mut rows).await?;
+        duplicate_case(&mut st, &o, None, &mut rows).await?;
         fresh_case(&mut st, &raw, "sqlite", &o, &mut rows).await
     }
     .await;
@@ -167,7 +214,7 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
         return Err(e);
     }
     lines.push(format!("load average at end: {}", loadavg()));
-    let ctx = report::Context { commit: commit(), wasm_bytes, empty_wasm_bytes, lines };
+    let ctx = report::Context { commit: commit(), wasm_bytes, empty_wasm_bytes, native_bytes, lines };
     report::write(&rows, &o, &ctx, &bench_dir())
 }
 

@@ -1,6 +1,7 @@
 //! The report: a markdown table (stdout and target/bench/summary.md) and a chart
 //! (target/bench/chart.svg; plotters' SVG backend only): each case's ratio
-//! against its target, and the CPU per request in Envoy and idemd.
+//! against its target, and the CPU per request in Envoy and idemd. A case runs on
+//! both filter hosts: its rows end in "(wasm)" and "(native)", next to each other.
 
 use crate::Opts;
 use idem_e2e::BoxError;
@@ -35,6 +36,8 @@ pub(crate) struct Row {
     pub(crate) ratios: Vec<f64>,
     pub(crate) target: Option<f64>,
     pub(crate) notes: String,
+    /// Why the case has no numbers (an optional side that was not run).
+    pub(crate) unmeasured: Option<String>,
 }
 
 impl Row {
@@ -43,7 +46,7 @@ impl Row {
     }
 
     fn met(&self) -> Option<bool> {
-        self.target.map(|t| self.ratio() >= t)
+        self.target.filter(|_| self.unmeasured.is_none()).map(|t| self.ratio() >= t)
     }
 
     fn store_us(&self) -> f64 {
@@ -66,6 +69,7 @@ pub(crate) struct Context {
     pub(crate) commit: String,
     pub(crate) wasm_bytes: u64,
     pub(crate) empty_wasm_bytes: u64,
+    pub(crate) native_bytes: u64,
     pub(crate) lines: Vec<String>,
 }
 
@@ -92,6 +96,10 @@ pub(crate) fn markdown(rows: &[Row], o: &Opts, ctx: &Context) -> String {
     let _ = writeln!(s, "| case | baseline | baseline req/s | req/s | ratio | per rep | target | met | p50 ms |");
     let _ = writeln!(s, "|---|---|---:|---:|---:|---|---:|---|---:|");
     for r in rows {
+        if let Some(why) = &r.unmeasured {
+            let _ = writeln!(s, "| {} | {} | | | {why} | | | | |", r.case, r.baseline);
+            continue;
+        }
         let reps = r.ratios.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
         let target = r.target.map(|t| format!("≥ {t:.2}×")).unwrap_or_else(|| "–".into());
         let met = match r.met() {
@@ -118,6 +126,7 @@ pub(crate) fn markdown(rows: &[Row], o: &Opts, ctx: &Context) -> String {
         kb(ctx.empty_wasm_bytes),
         if ctx.wasm_bytes < 1024 * 1024 { "yes" } else { "**no**" }
     );
+    let _ = writeln!(s, "| native module `.so` size | – | | {:.0} KB | | | – | | |", kb(ctx.native_bytes));
     let _ = writeln!(s);
     let _ = writeln!(s, "## Where the time goes (per request)");
     let _ = writeln!(s);
@@ -128,7 +137,7 @@ pub(crate) fn markdown(rows: &[Row], o: &Opts, ctx: &Context) -> String {
     let _ = writeln!(s, "|---|---:|---:|---:|---|");
     // A side measured against two baselines is listed once.
     let mut seen = std::collections::BTreeSet::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| r.unmeasured.is_none()) {
         if !seen.insert(r.case.trim_start_matches("(reference) ")) {
             continue;
         }
@@ -163,7 +172,9 @@ pub(crate) fn markdown(rows: &[Row], o: &Opts, ctx: &Context) -> String {
         "ratio: median over the reps of (this side's rate / the baseline's rate in the same rep). CPU per request \
          from /proc (utime+stime, 10 ms ticks) of the Envoy and idemd processes over each timed run; store time \
          from idemd's `idem_store_latency_seconds` sum/count, scraped before and after each run (wall time inside \
-         store calls, overlapping across connections). Fresh-confirm fingerprints are minted before the clock \
+         store calls, overlapping across connections). (wasm): the proxy-wasm filter; (native): the same filter as \
+         the Envoy dynamic module, in the same Envoy, interleaved with the wasm side and the baselines. The \
+         standalone proxy's row counts its own process's CPU in the Envoy column (not Redis's). Fresh-confirm fingerprints are minted before the clock \
          starts. Client, Envoy, demo, idemd and the stores share this machine's cores: foreign CPU above ~0.1 \
          cores makes the numbers noisy; re-run when the machine is quiet. The bench never asserts timings."
     );
@@ -176,6 +187,8 @@ const GREY: RGBColor = RGBColor(150, 150, 150);
 const LIGHT: RGBColor = RGBColor(200, 200, 200);
 const BLUE: RGBColor = RGBColor(31, 119, 180);
 const ORANGE: RGBColor = RGBColor(255, 127, 14);
+/// The names of the native module's rows.
+const PURPLE: RGBColor = RGBColor(118, 42, 131);
 
 /// Ratio per case with its target marker; CPU µs per request per case.
 pub(crate) fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), BoxError> {
@@ -199,6 +212,17 @@ pub(crate) fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), BoxErr
     c.configure_mesh().disable_y_mesh().disable_y_axis().x_desc("× baseline").draw()?;
     for (i, r) in rows.iter().enumerate() {
         let b = band(i);
+        // The case's name, in the label column, level with its bar; the native module's in purple.
+        let (_, py) = c.backend_coord(&(0.0, b + 0.5));
+        let name: String = r.case.chars().take(60).collect();
+        let versus: String = format!("vs {}", r.baseline).chars().take(70).collect();
+        let host_color = if r.case.ends_with("(native)") { PURPLE } else { BLACK };
+        labels.draw(&Text::new(name, (8, py - 12), ("sans-serif", 12).into_font().color(&host_color)))?;
+        labels.draw(&Text::new(versus, (16, py + 3), ("sans-serif", 10).into_font().color(&GREY)))?;
+        if let Some(why) = &r.unmeasured {
+            c.draw_series(std::iter::once(Text::new(why.clone(), (xmax * 0.01, b + 0.65), ("sans-serif", 11))))?;
+            continue;
+        }
         let color = match r.met() {
             Some(true) => GREEN,
             Some(false) => RED,
@@ -216,12 +240,6 @@ pub(crate) fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), BoxErr
                 BLACK.stroke_width(3),
             )))?;
         }
-        // The case's name, in the label column, level with its bar.
-        let (_, py) = c.backend_coord(&(0.0, b + 0.5));
-        let name: String = r.case.chars().take(60).collect();
-        let versus: String = format!("vs {}", r.baseline).chars().take(70).collect();
-        labels.draw(&Text::new(name, (8, py - 12), ("sans-serif", 12).into_font()))?;
-        labels.draw(&Text::new(versus, (16, py + 3), ("sans-serif", 10).into_font().color(&GREY)))?;
     }
     c.draw_series(std::iter::once(PathElement::new(vec![(1.0, 0.0), (1.0, n as f64)], GREY.stroke_width(1))))?;
 
@@ -240,7 +258,7 @@ pub(crate) fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), BoxErr
         .y_label_area_size(0)
         .build_cartesian_2d(0f64..cmax, y)?;
     c.configure_mesh().disable_y_mesh().disable_y_axis().x_desc("µs / request").draw()?;
-    for (i, r) in rows.iter().enumerate() {
+    for (i, r) in rows.iter().enumerate().filter(|(_, r)| r.unmeasured.is_none()) {
         let b = band(i);
         let (e, d) = (r.envoy_us.unwrap_or(0.0), r.idemd_us.unwrap_or(0.0));
         let (be, bd) = (r.base_envoy_us.unwrap_or(0.0), r.base_idemd_us.unwrap_or(0.0));

@@ -1,10 +1,12 @@
-//! The stack under measurement (demo, idemd, one Envoy with the bench listeners)
-//! and what is read from it around each timed run: CPU from /proc, idemd's store
-//! latency histograms from its `/metrics`, Envoy's counters from its `/stats`.
+//! The stack under measurement (demo, idemd, one Envoy with the bench listeners
+//! of both filter hosts) and what is read from it around each timed run: CPU from
+//! /proc, idemd's store latency histograms from its `/metrics`, Envoy's counters
+//! from its `/stats`.
 
+use idem_e2e::filter_host::{native_module_dir, to_native, NATIVE_MODULE};
 use idem_e2e::{
     bench_plain_listener, free_port, repo_root, start_demo, start_envoy_with, start_sidecar, wait_ready, BoxError,
-    DemoOpts, Ports, Proc, SidecarOpts,
+    DemoOpts, FilterHost, Ports, Proc, SidecarOpts,
 };
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -14,17 +16,51 @@ const BENCH_EMPTY_LISTENER_PORT: u16 = 10002;
 const BENCH_RULES_LISTENER_PORT: u16 = 10003;
 /// The line of envoy/bench.yaml that envoy/bench-empty.yaml replaces.
 const EMPTY_LISTENER_MARKER: &str = "  # @empty-listener (envoy/bench-empty.yaml, spliced in here by filter-bench)\n";
+/// The line of envoy/bench.yaml where the native twins of `agents` and `rules` go.
+const NATIVE_LISTENERS_MARKER: &str =
+    "  # @native-listeners (agents_native and rules_native, made by filter-bench from the two above)\n";
 const EMPTY_WASM: &str = "target/wasm32-wasip1/wasm/idem_empty_filter.wasm";
+
+/// The filter's two builds, measured side by side in the same Envoy.
+pub(crate) const HOSTS: [FilterHost; 2] = [FilterHost::Wasm, FilterHost::Native];
+
+/// How a report row names the host: "wasm" or "native".
+pub(crate) fn host_name(host: FilterHost) -> &'static str {
+    if host.is_native() {
+        "native"
+    } else {
+        "wasm"
+    }
+}
+
+/// The filter's replay-cache hit counter in Envoy's /stats, as each host names it.
+pub(crate) fn replay_hits_counter(host: FilterHost) -> &'static str {
+    if host.is_native() {
+        "dynamicmodulescustom.idem.replay_cache_hits"
+    } else {
+        "wasmcustom.idem.replay_cache_hits"
+    }
+}
+
+/// One host's listeners: the agent filter, and the agent filter with 20 route rules.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FilterPorts {
+    pub(crate) agents: u16,
+    pub(crate) rules: u16,
+}
 
 pub(crate) struct BenchStack {
     pub(crate) label: &'static str,
     _dir: tempfile::TempDir,
-    /// The agent filter's listener, plain Envoy, the empty proxy-wasm filter, the agent filter with 20 route rules.
-    pub(crate) agents: u16,
+    /// The agent filter's listeners as proxy-wasm (`agents`, `rules`) and as the native module
+    /// (`agents_native`, `rules_native`); plain Envoy; the empty proxy-wasm filter.
+    wasm: FilterPorts,
+    native: FilterPorts,
     pub(crate) plain: u16,
     pub(crate) empty: u16,
-    pub(crate) rules: u16,
     pub(crate) admin: u16,
+    /// The demo (the upstream), for a proxy of another kind in front of it.
+    pub(crate) demo_port: u16,
     pub(crate) sidecar_port: u16,
     pub(crate) sql_url: String,
     redis_url: Option<String>,
@@ -51,6 +87,38 @@ pub(crate) fn empty_wasm() -> Result<std::path::PathBuf, BoxError> {
     Ok(p)
 }
 
+/// The native module's .so (`make native` builds it).
+pub(crate) fn native_module() -> Result<std::path::PathBuf, BoxError> {
+    Ok(native_module_dir()?.join(format!("lib{NATIVE_MODULE}.so")))
+}
+
+/// The listener `name` of envoy/bench.yaml: its `  - name: <name>` line and every line
+/// after it that is blank or indented deeper.
+fn listener_block(yaml: &str, name: &str) -> Result<String, BoxError> {
+    let head = format!("  - name: {name}");
+    let mut lines = yaml.lines().skip_while(|l| *l != head);
+    let first = lines.next().ok_or_else(|| format!("envoy/bench.yaml has no listener `{name}`"))?;
+    let rest = lines.take_while(|l| l.trim().is_empty() || l.starts_with("    "));
+    Ok(std::iter::once(first).chain(rest).map(|l| format!("{l}\n")).collect())
+}
+
+/// bench.yaml's listener `name` with the native module in place of the .wasm (the harness's
+/// `to_native`, as `IDEM_E2E_HOST=native` runs the e2e suite: the same plugin configuration),
+/// renamed `<name>_native` (stats prefix and route-table anchor too) and moved to `port`.
+/// The route table is its own copy, so per-route filter configs name the native filter.
+fn native_listener(yaml: &str, name: &str, port: u16) -> Result<String, BoxError> {
+    let native = to_native(&listener_block(yaml, name)?)?;
+    let renamed = native
+        .replacen(&format!("  - name: {name}\n"), &format!("  - name: {name}_native\n"), 1)
+        .replace(&format!("stat_prefix: {name}\n"), &format!("stat_prefix: {name}_native\n"))
+        .replace("&routes\n", "&routes_native\n")
+        .replace("*routes\n", "*routes_native\n");
+    // The listener's own address is the block's only `port_value`.
+    let (before, after) = renamed.split_once("port_value: ").ok_or_else(|| format!("listener `{name}` has no port"))?;
+    let digits = after.find(|c: char| !c.is_ascii_digit()).unwrap_or(after.len());
+    Ok(format!("{before}port_value: {port}{}", after.get(digits..).unwrap_or("")))
+}
+
 pub(crate) async fn start_stack(
     label: &'static str,
     redis_url: Option<String>,
@@ -59,6 +127,7 @@ pub(crate) async fn start_stack(
     let dir = tempfile::tempdir()?;
     let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
     let (plain, empty, rules) = (free_port()?, free_port()?, free_port()?);
+    let native = FilterPorts { agents: free_port()?, rules: free_port()? };
     let sql_url = sql_url.unwrap_or_else(|| format!("sqlite://{}/idem.db?mode=rwc", dir.path().display()));
     let mut demo = start_demo(&DemoOpts::default(), ports.demo, dir.path())?;
     wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
@@ -71,21 +140,25 @@ pub(crate) async fn start_stack(
     let listener = listener
         .replace(EMPTY_WASM, &empty_wasm()?.display().to_string())
         .replace(&format!("port_value: {BENCH_EMPTY_LISTENER_PORT}"), &format!("port_value: {empty}"));
+    let bench = std::fs::read_to_string(repo_root().join("envoy/bench.yaml"))?;
+    let natives = native_listener(&bench, "agents", native.agents)? + &native_listener(&bench, "rules", native.rules)?;
     let edits = [
         bench_plain_listener(plain),
         (EMPTY_LISTENER_MARKER.to_owned(), listener),
         (format!("port_value: {BENCH_RULES_LISTENER_PORT}"), format!("port_value: {rules}")),
+        (NATIVE_LISTENERS_MARKER.to_owned(), natives),
     ];
     let mut envoy = start_envoy_with("bench.yaml", &ports, &edits, dir.path())?;
     wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
     Ok(BenchStack {
         label,
         _dir: dir,
-        agents: ports.listener,
+        wasm: FilterPorts { agents: ports.listener, rules },
+        native,
         plain,
         empty,
-        rules,
         admin: ports.admin,
+        demo_port: ports.demo,
         sidecar_port: ports.sidecar,
         sql_url,
         redis_url,
@@ -97,6 +170,15 @@ pub(crate) async fn start_stack(
 }
 
 impl BenchStack {
+    /// The listeners of the filter on `host`.
+    pub(crate) fn filter(&self, host: FilterHost) -> FilterPorts {
+        if host.is_native() {
+            self.native
+        } else {
+            self.wasm
+        }
+    }
+
     pub(crate) fn idemd_pid(&self) -> Option<u32> {
         self.sidecar.pid()
     }
@@ -142,16 +224,18 @@ impl BenchStack {
             pool.close().await;
         }
         if let Some(url) = &self.redis_url {
-            if let Ok(client) = redis::Client::open(url.as_str()) {
-                if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-                    for chunk in self.nonces.chunks(1000) {
-                        let keys: Vec<String> = chunk.iter().map(|n| format!("idem:{{{n}}}")).collect();
-                        let _: Result<i64, _> = redis::cmd("DEL").arg(keys).query_async(&mut con).await;
-                    }
-                }
-            }
+            redis_del(url, self.nonces.iter().map(|n| format!("idem:{{{n}}}")).collect()).await;
         }
         self.nonces.clear();
+    }
+}
+
+/// DEL `keys` on the Redis at `url`, best effort (what a run wrote, at its end).
+pub(crate) async fn redis_del(url: &str, keys: Vec<String>) {
+    let Ok(client) = redis::Client::open(url) else { return };
+    let Ok(mut con) = client.get_multiplexed_async_connection().await else { return };
+    for chunk in keys.chunks(1000) {
+        let _: Result<i64, _> = redis::cmd("DEL").arg(chunk).query_async(&mut con).await;
     }
 }
 
@@ -173,18 +257,24 @@ fn cpu_sample(stack_pids: &[u32]) -> (u64, u64) {
     let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
     // user nice system idle iowait irq softirq steal
     let busy = [0usize, 1, 2, 5, 6, 7].iter().filter_map(|&i| v.get(i)).sum();
-    let mut ours = cpu_ticks(std::process::id()) + stack_pids.iter().map(|&p| cpu_ticks(p)).sum::<u64>();
+    let ours = cpu_ticks(std::process::id()) + stack_pids.iter().map(|&p| cpu_ticks(p)).sum::<u64>();
+    (busy, ours + server_ticks(&["postgres", "redis-server"]))
+}
+
+/// CPU ticks of every process named one of `names` (/proc/<pid>/comm), e.g. the Redis server.
+pub(crate) fn server_ticks(names: &[&str]) -> u64 {
+    let mut ticks = 0;
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
             let name = e.file_name();
             let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if matches!(comm.trim(), "postgres" | "redis-server") {
-                ours += cpu_ticks(pid);
+            if names.contains(&comm.trim()) {
+                ticks += cpu_ticks(pid);
             }
         }
     }
-    (busy, ours)
+    ticks
 }
 
 /// CPU used by everything else on the machine (other builds and tests) while a stack ran.
@@ -273,6 +363,27 @@ pub(crate) async fn envoy_counter(admin: u16, name: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn native_listeners_are_the_wasm_ones_on_the_native_module() -> Result<(), BoxError> {
+        let bench = std::fs::read_to_string(repo_root().join("envoy/bench.yaml"))?;
+        assert!(bench.contains(NATIVE_LISTENERS_MARKER) && bench.contains(EMPTY_LISTENER_MARKER));
+        let agents = native_listener(&bench, "agents", 31000)?;
+        let rules = native_listener(&bench, "rules", 31001)?;
+        for (text, name, port) in [(&agents, "agents_native", 31000), (&rules, "rules_native", 31001)] {
+            assert!(text.starts_with(&format!("  - name: {name}\n")), "{text}");
+            assert!(text.contains(&format!("stat_prefix: {name}\n")));
+            assert!(text.contains(&format!("port_value: {port} ")));
+            assert!(text.contains(&format!("dynamic_module_config: {{ name: {NATIVE_MODULE} }}")));
+            assert!(!text.contains("envoy.filters.http.wasm") && !text.contains("envoy.extensions.filters.http.wasm"));
+            assert!(!text.contains("clusters:") && !text.contains("- name: plain\n"), "one listener only");
+        }
+        // Its own route table, whose opted-out route disables the native filter.
+        assert!(agents.contains("route_config: &routes_native\n") && rules.contains("route_config: *routes_native\n"));
+        assert!(agents.contains("envoy.filters.http.dynamic_modules:\n"));
+        assert_eq!(rules.matches("\"name\": \"rule_").count(), 20, "the 20 route rules came along");
+        Ok(())
+    }
 
     #[test]
     fn store_times_from_openmetrics() {
