@@ -199,6 +199,8 @@ fn preview(shared: &Rc<Shared>) -> Result<String, Box<dyn std::error::Error>> {
     assert_eq!(s.on_response_body(n, true), Action::Continue);
     let body: Value = serde_json::from_slice(&s.host().response_body)?;
     assert_eq!(body["quote"], "ok");
+    let length = Fake::header(&s.host().response_headers, "content-length");
+    assert_eq!(length, Some(s.host().response_body.len().to_string()), "the held headers get the new length");
     assert_eq!(Fake::header(&s.host().response_headers, "agent-fingerprint").as_deref(), body["fingerprint"].as_str());
     assert!(s.host().calls.is_empty(), "a preview does no I/O");
     Ok(body["fingerprint"].as_str().ok_or("no fingerprint")?.to_string())

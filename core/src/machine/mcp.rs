@@ -213,8 +213,11 @@ impl Mcp {
     fn translate(&self, step: Step) -> Step {
         let Phase::Tool { id, role, framing, message, .. } = &self.phase else { return step };
         let mut out = Step { effects: Vec::with_capacity(step.effects.len()), flow: step.flow };
+        // The tool machine sized its own body; the JSON-RPC message around it gets its own length.
+        let sized = step.effects.iter().any(|e| matches!(e, Effect::SetResponseHeader(n, _) if n == "content-length"));
         for effect in step.effects {
-            out.effects.push(match effect {
+            let translated = match effect {
+                Effect::SetResponseHeader(name, _) if name == "content-length" => continue,
                 Effect::Reply(r) => Effect::Reply(tool_reply(id, &r)),
                 Effect::SetResponseHeader(name, _) if name == ":status" => {
                     Effect::SetResponseHeader(name, "200".into())
@@ -223,7 +226,11 @@ impl Mcp {
                     Effect::SetResponseHeader(name, "application/json".into())
                 }
                 Effect::ReplaceResponseBody(b) if *role == Role::Preview => {
-                    Effect::ReplaceResponseBody(splice_preview(message, &b, *framing))
+                    let body = splice_preview(message, &b, *framing);
+                    if sized {
+                        out.effects.push(Effect::SetResponseHeader("content-length".into(), body.len().to_string()));
+                    }
+                    Effect::ReplaceResponseBody(body)
                 }
                 Effect::ReplaceResponseBody(b) => {
                     // A rewritten confirm answer (in_progress, not_executed): JSON, whatever the upstream framed.
@@ -231,7 +238,8 @@ impl Mcp {
                     Effect::ReplaceResponseBody(tool_reply(id, &r).body)
                 }
                 other => other,
-            });
+            };
+            out.effects.push(translated);
         }
         out
     }

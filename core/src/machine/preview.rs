@@ -109,9 +109,13 @@ impl Preview {
             return Err(Unexpected { event: "response_body", phase: self.phase_name() });
         };
         let step = match splice(body, token, *exp, self.ctx.config.max_response_bytes) {
-            Some(out) => Step::go_on().with(Effect::ReplaceResponseBody(out)),
+            // The headers are still held: give them the new length, so the answer goes out as one
+            // sized message instead of chunks.
+            Some(out) => Step::go_on()
+                .with(Effect::SetResponseHeader("content-length".into(), out.len().to_string()))
+                .with(Effect::ReplaceResponseBody(out)),
             // A body we cannot extend still carries the fingerprint in the header.
-            None => Step::go_on(),
+            None => Step::go_on().with(Effect::SetResponseHeader("content-length".into(), body.len().to_string())),
         };
         Ok(self.finish(step))
     }

@@ -762,6 +762,15 @@ fn mcp_preview_mints_into_the_tool_result() -> TestResult {
             _ => None,
         });
         let out = String::from_utf8(out.ok_or("no body")?)?;
+        let lengths: Vec<&String> = step
+            .effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::SetResponseHeader(n, v) if n == "content-length" => Some(v),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(lengths, vec![&out.len().to_string()], "one length, the JSON-RPC message's");
         let json_text = if sse { out.strip_prefix("data: ").ok_or("not sse")?.trim_end().to_string() } else { out };
         let v: Value = serde_json::from_str(&json_text)?;
         assert_eq!(v["id"], 7);

@@ -370,6 +370,9 @@ pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Ro
 
     let preview = Arc::new(preview_request("/v1/transfers/preview"));
     let mut sides = baseline_sides(st, "preview", &preview).await?;
+    check("preview via plain Envoy + buffer filter", st.buffered, &preview, 200, &["quote_id"], &["fingerprint"])
+        .await?;
+    sides.push(Side::new("plain Envoy + buffer filter, preview", same(st.buffered, &preview, 200)));
     for host in HOSTS {
         let (port, h) = (st.filter(host).agents, host_name(host));
         check(&format!("preview via filter ({h})"), port, &preview, 200, &["quote_id", "\"fingerprint\""], &[]).await?;
@@ -381,9 +384,10 @@ pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Ro
         rows,
         &stats,
         vec![
-            (2, 0, "preview (wasm)".into(), plain, Some(0.85)),
-            (3, 0, "preview (native)".into(), plain, Some(0.9)),
+            (3, 0, "preview (wasm)".into(), plain, Some(0.85)),
+            (4, 0, "preview (native)".into(), plain, Some(0.9)),
             (1, 0, "(reference) preview, empty proxy-wasm filter".into(), plain, None),
+            (2, 0, "(reference) preview, Envoy's buffer filter holding the request".into(), plain, None),
         ],
     );
     Ok(())

@@ -14,6 +14,8 @@ use std::time::Instant;
 /// envoy/bench.yaml's `empty` and `rules` listeners, moved to free ports like `plain`.
 const BENCH_EMPTY_LISTENER_PORT: u16 = 10002;
 const BENCH_RULES_LISTENER_PORT: u16 = 10003;
+/// envoy/bench.yaml's `buffered` listener (plain Envoy + its buffer filter), moved likewise.
+const BENCH_BUFFERED_LISTENER_PORT: u16 = 10004;
 /// The line of envoy/bench.yaml that envoy/bench-empty.yaml replaces.
 const EMPTY_LISTENER_MARKER: &str = "  # @empty-listener (envoy/bench-empty.yaml, spliced in here by filter-bench)\n";
 /// The line of envoy/bench.yaml where the native twins of `agents` and `rules` go.
@@ -58,6 +60,8 @@ pub(crate) struct BenchStack {
     native: FilterPorts,
     pub(crate) plain: u16,
     pub(crate) empty: u16,
+    /// Plain Envoy with its buffer filter: the request held until complete, nothing else.
+    pub(crate) buffered: u16,
     pub(crate) admin: u16,
     /// The demo (the upstream), for a proxy of another kind in front of it.
     pub(crate) demo_port: u16,
@@ -126,7 +130,7 @@ pub(crate) async fn start_stack(
 ) -> Result<BenchStack, BoxError> {
     let dir = tempfile::tempdir()?;
     let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
-    let (plain, empty, rules) = (free_port()?, free_port()?, free_port()?);
+    let (plain, empty, rules, buffered) = (free_port()?, free_port()?, free_port()?, free_port()?);
     let native = FilterPorts { agents: free_port()?, rules: free_port()? };
     let sql_url = sql_url.unwrap_or_else(|| format!("sqlite://{}/idem.db?mode=rwc", dir.path().display()));
     let mut demo = start_demo(&DemoOpts::default(), ports.demo, dir.path())?;
@@ -146,6 +150,7 @@ pub(crate) async fn start_stack(
         bench_plain_listener(plain),
         (EMPTY_LISTENER_MARKER.to_owned(), listener),
         (format!("port_value: {BENCH_RULES_LISTENER_PORT}"), format!("port_value: {rules}")),
+        (format!("port_value: {BENCH_BUFFERED_LISTENER_PORT}"), format!("port_value: {buffered}")),
         (NATIVE_LISTENERS_MARKER.to_owned(), natives),
     ];
     let mut envoy = start_envoy_with("bench.yaml", &ports, &edits, dir.path())?;
@@ -157,6 +162,7 @@ pub(crate) async fn start_stack(
         native,
         plain,
         empty,
+        buffered,
         admin: ports.admin,
         demo_port: ports.demo,
         sidecar_port: ports.sidecar,
