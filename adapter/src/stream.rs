@@ -64,6 +64,12 @@ impl<H: Host> Stream<H> {
         }
     }
 
+    /// Nothing to do on this stream (an unannotated route, or a guarded one already decided):
+    /// a host may skip reading what the next callback would need.
+    pub fn passes(&self) -> bool {
+        matches!(self.machine, Machine::Pass)
+    }
+
     pub fn shared(&self) -> &Rc<Shared> {
         &self.shared
     }

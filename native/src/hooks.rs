@@ -260,6 +260,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
         "the request body",
         // SAFETY: this stream's filter.
         || match unsafe { filter(module) } {
+            // Nothing to do: skip reading the body's size (three calls into Envoy per chunk).
+            Some(f) if f.stream.passes() => RequestBodyStatus::CONTINUE,
             Some(f) => {
                 // SAFETY: a live filter pointer.
                 let size = unsafe {
@@ -347,6 +349,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
         "the response body",
         // SAFETY: this stream's filter.
         || match unsafe { filter(module) } {
+            // Nothing to do: skip reading the body's size (three calls into Envoy per chunk).
+            Some(f) if f.stream.passes() => ResponseBodyStatus::CONTINUE,
             Some(f) => {
                 // SAFETY: a live filter pointer.
                 let size = unsafe {
