@@ -187,8 +187,8 @@ fn preview(shared: &Rc<Shared>) -> Result<String, Box<dyn std::error::Error>> {
     fake.annotate(PREVIEW);
     request(&mut fake, &json!({"amount": 10, "currency": "EUR"}), &[]);
     let mut s = Stream::new(Rc::clone(shared), fake);
-    // A preview gates nothing: its headers go on; only the body is buffered for the hash.
-    assert_eq!(s.on_request_headers(false), Action::Continue);
+    // The headers wait for the body (hashed, checked), then go upstream together with it.
+    assert_eq!(s.on_request_headers(false), Action::Pause);
     assert_eq!(s.on_request_body(5, false), Action::Pause);
     let size = s.host().request_body.len();
     assert_eq!(s.on_request_body(size, true), Action::Continue);
@@ -419,9 +419,9 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
     assert_eq!((action, s.host().header_reads.get()), (Action::Continue, 1));
     // Route metadata wins over a rule: this route is a preview, which needs no fingerprint.
     let (action, mut s) = start("POST", "/v1/transfers", true);
-    assert_eq!(action, Action::Continue);
+    assert_eq!(action, Action::Pause);
     let size = s.host().request_body.len();
     assert_eq!(s.on_request_body(size, true), Action::Continue);
-    assert!(s.host().replies.is_empty());
+    assert!(s.host().replies.is_empty(), "no fingerprint asked for: the body goes on with its headers");
     Ok(())
 }

@@ -64,10 +64,15 @@ pub(crate) struct Opts {
     pub(crate) reps: usize,
     pub(crate) conns: usize,
     pub(crate) warmup: f64,
+    /// Only the cases without idemd (unannotated, preview), on the SQLite stack: a quick look
+    /// while changing the filter's hot paths. The README's figures come from full runs.
+    pub(crate) proxy_only: bool,
 }
 
 const HELP: &str = "\
-filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5]
+filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5] [--proxy-only]
+
+--proxy-only: only the cases without idemd (unannotated route, preview), on the SQLite stack.
 
 The agent filter as proxy-wasm (.wasm) and as the native Envoy dynamic module (make native), side by side
 in one Envoy, against plain Envoy and an empty proxy-wasm filter; writes target/bench/summary.md and chart.svg.
@@ -82,7 +87,7 @@ Environment:
   IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL  the backends (default 127.0.0.1:6379, postgres@127.0.0.1:5432/test).";
 
 fn parse_args() -> Result<Opts, BoxError> {
-    let mut o = Opts { seconds: 2.0, reps: 3, conns: 16, warmup: 0.5 };
+    let mut o = Opts { seconds: 2.0, reps: 3, conns: 16, warmup: 0.5, proxy_only: false };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -91,6 +96,7 @@ fn parse_args() -> Result<Opts, BoxError> {
             "--reps" => o.reps = val()?.parse()?,
             "--conns" => o.conns = val()?.parse()?,
             "--warmup" => o.warmup = val()?.parse()?,
+            "--proxy-only" => o.proxy_only = true,
             "-h" | "--help" => {
                 println!("{HELP}");
                 std::process::exit(0);
@@ -162,7 +168,8 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
     let mut proxied = false;
 
     // 1) idemd on Redis + Postgres.
-    let pg_up = backends::available("redis", &backends::redis_url())?
+    let pg_up = !o.proxy_only
+        && backends::available("redis", &backends::redis_url())?
         && backends::available("postgres", &backends::postgres_url())?;
     if pg_up {
         let mut st = start_stack("redis+postgres", Some(backends::redis_url()), Some(backends::postgres_url())).await?;
@@ -188,6 +195,8 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
             eprintln!("envoy log:\n{}", st.envoy.log_text());
             return Err(e);
         }
+    } else if o.proxy_only {
+        lines.push("--proxy-only: the unannotated route and the preview only".into());
     } else {
         lines.push("SKIPPED BACKEND: idemd on redis+postgres (unreachable, see above)".into());
         rows.push(standalone::unmeasured_row("not measured (Redis unreachable)"));
@@ -201,6 +210,9 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
     let r = async {
         if !proxied {
             proxy_cases(&mut st, &o, &mut rows).await?;
+        }
+        if o.proxy_only {
+            return Ok(());
         }
         duplicate_case(&mut st, &o, None, &mut rows).await?;
         fresh_case(&mut st, &raw, "sqlite", &o, &mut rows).await
