@@ -446,3 +446,23 @@ fn an_annotated_route_with_the_filter_disabled_is_refused() -> TestResult {
     );
     Ok(())
 }
+
+/// The native module's configuration (envoy/native.yaml): its filter entry, and routes annotated
+/// with its per-route configuration as well as with route metadata, give the same actions.
+#[test]
+fn the_native_modules_config_and_per_route_annotations_are_read_too() -> TestResult {
+    let run = tools(&["--envoy", "envoy/native.yaml", "--format", "mcp"])?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(names(&run.stdout, &["name"]), ["transfer_preview", "transfer_confirm", "get_transfer_status"]);
+    // A typo'd field in a per-route configuration: the module refuses it at load, and so does this check.
+    let text = std::fs::read_to_string(repo().join("envoy/native.yaml"))?;
+    let bad_text = text.replacen(r#"{"role": "status","#, r#"{"role": "status", "polll_after_ms": 5,"#, 1);
+    assert_ne!(bad_text, text, "native.yaml has no per-route status annotation to edit");
+    let dir = tempfile::tempdir()?;
+    let bad_path = dir.path().join("bad.yaml");
+    std::fs::write(&bad_path, &bad_text)?;
+    let bad = tools(&["--envoy", bad_path.to_str().ok_or("path")?])?;
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(bad.stderr.contains("polll_after_ms: unknown annotation field"), "{}", bad.stderr);
+    Ok(())
+}

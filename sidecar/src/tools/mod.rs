@@ -137,33 +137,20 @@ impl Collected {
     }
 
     fn connection_manager(&mut self, at: &str, hcm: &Value, source: usize) -> Result<(), String> {
-        // The http filter entry's name: what typed_per_filter_config disables it by.
-        let filter_name = hcm
+        // The agent filter's entry (the .wasm or the native module), and its name: what
+        // typed_per_filter_config disables it by, and the native module's per-route configuration is keyed by.
+        let entry = hcm
             .get("http_filters")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .find(|f| {
-                f.pointer("/typed_config/config").is_some_and(|c| {
-                    [c.get("root_id"), c.get("name")].iter().any(|v| v.and_then(Value::as_str) == Some(ROUTE_NAMESPACE))
-                })
-            })
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let plugin = hcm
-            .get("http_filters")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f.pointer("/typed_config/config"))
-            .find(|c| {
-                [c.get("root_id"), c.get("name")].iter().any(|v| v.and_then(Value::as_str) == Some(ROUTE_NAMESPACE))
-            });
+            .find_map(|f| agent_filter(f).map(|c| (f, c)));
+        let filter_name = entry.and_then(|(f, _)| f.get("name")).and_then(Value::as_str).map(str::to_owned);
+        let plugin = entry.map(|(_, config)| config);
         let defaults = match plugin {
             Some(config) => {
-                let Some(text) = config.pointer("/configuration/value").and_then(Value::as_str) else {
-                    return Err(format!("{at}: the {ROUTE_NAMESPACE} filter has no configuration.value string"));
+                let Some(text) = config else {
+                    return Err(format!("{at}: the {ROUTE_NAMESPACE} filter has no plugin configuration string value"));
                 };
                 let label = format!("{at}: plugin configuration");
                 self.plugin_config(&label, text.as_bytes(), source)?
@@ -180,7 +167,16 @@ impl Collected {
             let host_name = host.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
             let routes = host.get("routes").and_then(Value::as_array).into_iter().flatten();
             for (i, route) in routes.enumerate() {
-                let Some(meta) = route.pointer(&format!("/metadata/filter_metadata/{ROUTE_NAMESPACE}")) else {
+                // The native module's per-route configuration wins over route metadata, as in the module.
+                let per_route = filter_name.as_deref().and_then(|f| per_route_annotation(route, f));
+                let per_route = match per_route.transpose() {
+                    Ok(v) => v,
+                    Err(e) => return Err(format!("{at}: virtual host {host_name}: route #{i}: {e}")),
+                };
+                let Some(meta) = per_route
+                    .as_ref()
+                    .or_else(|| route.pointer(&format!("/metadata/filter_metadata/{ROUTE_NAMESPACE}")))
+                else {
                     continue;
                 };
                 let name = route.get("name").and_then(Value::as_str);
@@ -231,9 +227,11 @@ impl Collected {
         let mut leaves = HashMap::new();
         for (key, value) in map {
             if !ROUTE_KEYS.contains(&key.as_str()) {
-                self.warnings
-                    .push(format!("{origin}: {ROUTE_NAMESPACE}.{key}: not an annotation; the filter ignores it"));
-                continue;
+                // The filter refuses such a route (every request gets 503) rather than guess what was meant.
+                return Err(format!(
+                    "{origin}: {ROUTE_NAMESPACE}.{key}: unknown annotation field (expected one of: {}); the filter refuses the route",
+                    ROUTE_KEYS.join(", ")
+                ));
             }
             let leaf = match value {
                 Value::String(s) => LeafValue::Str(s.clone()),
@@ -336,6 +334,33 @@ impl Collected {
         }
         Ok(out.into_iter().map(|(d, _)| d).collect())
     }
+}
+
+/// The agent filter's plugin configuration text if `f` is the agent filter: as proxy-wasm
+/// (`config.root_id` or `config.name` is the namespace; `config.configuration.value`) or as the
+/// native dynamic module (`filter_name` is the namespace; `filter_config.value`). `Some(None)`:
+/// the filter, without a string configuration.
+fn agent_filter(f: &Value) -> Option<Option<&str>> {
+    let typed = f.get("typed_config")?;
+    if let Some(c) = typed.get("config") {
+        if [c.get("root_id"), c.get("name")].iter().any(|v| v.and_then(Value::as_str) == Some(ROUTE_NAMESPACE)) {
+            return Some(c.pointer("/configuration/value").and_then(Value::as_str));
+        }
+    }
+    let native = typed.get("@type").and_then(Value::as_str).is_some_and(|t| t.ends_with(".DynamicModuleFilter"));
+    if native && typed.get("filter_name").and_then(Value::as_str) == Some(ROUTE_NAMESPACE) {
+        return Some(typed.pointer("/filter_config/value").and_then(Value::as_str));
+    }
+    None
+}
+
+/// A route's annotation in the native module's per-route configuration (a JSON object of the
+/// annotation fields in `filter_config.value`), if it has one for the filter named `filter`.
+fn per_route_annotation(route: &Value, filter: &str) -> Option<Result<Value, String>> {
+    let at = format!("/typed_per_filter_config/{}", filter.replace('~', "~0").replace('/', "~1"));
+    let config = route.pointer(&at)?;
+    let text = config.pointer("/filter_config/value").and_then(Value::as_str)?;
+    Some(serde_json::from_str(text).map_err(|e| format!("per-route configuration of {filter}: not JSON: {e}")))
 }
 
 fn is_hcm(typed_config: &Value) -> bool {
