@@ -478,8 +478,13 @@ pub fn encode_pairs(entries: &[(&str, &[u8])]) -> Vec<u8> {
 /// string leaf as raw UTF-8, a number leaf as 8 bytes of a little-endian
 /// double. The key tells which one to expect; anything else goes to the
 /// parser as text, which rejects "15m" loudly.
+/// Whether an annotation field holds a number (a TTL or a delay: `…_s`, `…_ms`).
+pub fn is_numeric_key(key: &str) -> bool {
+    key.ends_with("_s") || key.ends_with("_ms")
+}
+
 pub fn leaf_value(key: &str, raw: Vec<u8>) -> LeafValue {
-    let numeric = key.ends_with("_s") || key.ends_with("_ms");
+    let numeric = is_numeric_key(key);
     if numeric && raw.len() == 8 && !raw.iter().all(u8::is_ascii_digit) {
         if let Ok(bytes) = <[u8; 8]>::try_from(raw.as_slice()) {
             return LeafValue::Num(f64::from_le_bytes(bytes));

@@ -172,11 +172,13 @@ impl NativeHost {
         for k in &keys {
             // SAFETY: lent until this hook returns; copied at once.
             let key = String::from_utf8_lossy(unsafe { k.as_bytes() }).into_owned();
-            // A leaf that is neither a string nor a number (a list, a struct) is kept empty: the parse refuses it.
-            let value = self
-                .metadata_string(source, ROUTE_NAMESPACE, &key)
-                .or_else(|| self.metadata_number(source, ROUTE_NAMESPACE, &key).map(|f| f.to_le_bytes().to_vec()))
-                .unwrap_or_default();
+            // Asked for first as the type the field has (Envoy logs an error line for every getter called on a
+            // leaf of the other type: per request, on a hot route). A leaf that is neither a string nor a number
+            // (a list, a struct) is kept empty: the parse refuses it.
+            let number = || self.metadata_number(source, ROUTE_NAMESPACE, &key).map(|f| f.to_le_bytes().to_vec());
+            let string = || self.metadata_string(source, ROUTE_NAMESPACE, &key);
+            let value = if policy::is_numeric_key(&key) { number().or_else(string) } else { string().or_else(number) };
+            let value = value.unwrap_or_default();
             leaves.push((key, value));
         }
         // Sorted, so that equal annotations are equal bytes whatever order Envoy lists them in.

@@ -59,5 +59,9 @@ async fn per_route_configs_guard_routes_as_route_metadata_does() -> TestResult {
     // An unguarded route on the same filter passes untouched.
     let plain = stack.get("/healthz", SUBJECT, &[]).await?;
     assert_eq!(plain.status, 200, "{plain:?}");
+    // The preview's route metadata has a number leaf (fingerprint_ttl_s): read as a number, never first as a
+    // string, which Envoy answers with an error line in its log on every request.
+    let log = stack.envoy.log_text();
+    assert!(!log.contains("is not a string") && !log.contains("is not a number"), "{log}");
     Ok(())
 }
