@@ -1,5 +1,5 @@
 //! The `mcp` target: the MCP machine (`core/src/machine/mcp.rs`) through its
-//! public API, as the host drives it (`src/stream.rs`): `Machine::start`,
+//! public API, as the host drives it (`adapter/src/stream.rs`): `Machine::start`,
 //! `on_request_data` + `on_request_body`, the sidecar's answers through
 //! `on_callout`, then `on_response_head` / `on_response_data` /
 //! `on_response_body` for a forwarded call.
