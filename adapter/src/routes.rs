@@ -65,12 +65,9 @@ impl RouteCache {
         fresh
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.borrow().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.borrow().is_empty()
     }
 }
 

@@ -13,7 +13,7 @@ use crate::abi::{
     ResponseHeadersStatus, ResponseTrailersStatus,
 };
 use crate::config::{annotation_pairs, FilterConfig, RouteConfig};
-use crate::host::{log, resume, NativeHost};
+use crate::host::{log, resume, Direction, NativeHost};
 use idem_adapter::{Action, Stream};
 use idem_core::machine::{self, CalloutAnswer};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -60,7 +60,8 @@ fn refuse(ptr: FilterModulePtr) {
     }));
 }
 
-fn stop_request_headers(a: Action) -> RequestHeadersStatus {
+/// Request and response share Envoy's status values (`abi.rs` aliases them).
+fn headers_status(a: Action) -> RequestHeadersStatus {
     match a {
         Action::Continue => RequestHeadersStatus::CONTINUE,
         // Headers are held while the body still reaches this filter (proxy-wasm's Pause).
@@ -68,25 +69,41 @@ fn stop_request_headers(a: Action) -> RequestHeadersStatus {
     }
 }
 
-fn stop_request_body(a: Action) -> RequestBodyStatus {
+fn body_status(a: Action) -> RequestBodyStatus {
     match a {
         Action::Continue => RequestBodyStatus::CONTINUE,
         Action::Pause => RequestBodyStatus::STOP_ITERATION_AND_BUFFER,
     }
 }
 
-fn stop_response_headers(a: Action) -> ResponseHeadersStatus {
-    match a {
-        Action::Continue => ResponseHeadersStatus::CONTINUE,
-        Action::Pause => ResponseHeadersStatus::STOP_ITERATION,
-    }
-}
-
-fn stop_response_body(a: Action) -> ResponseBodyStatus {
-    match a {
-        Action::Continue => ResponseBodyStatus::CONTINUE,
-        Action::Pause => ResponseBodyStatus::STOP_ITERATION_AND_BUFFER,
-    }
+/// A chunk of either body, handed to the adapter with the size of all of it so far.
+fn body_hook(module: FilterModulePtr, end_of_stream: bool, d: Direction) -> RequestBodyStatus {
+    guard(
+        match d {
+            Direction::Request => "the request body",
+            Direction::Response => "the response body",
+        },
+        // SAFETY: this stream's filter.
+        || match unsafe { filter(module) } {
+            // Nothing to do: skip reading the body's size (three calls into Envoy per chunk).
+            Some(f) if f.stream.passes() => RequestBodyStatus::CONTINUE,
+            Some(f) => {
+                f.stream.host_mut().in_body_hook = true;
+                let size = f.stream.host().body_size(d);
+                let action = match d {
+                    Direction::Request => f.stream.on_request_body(size, end_of_stream),
+                    Direction::Response => f.stream.on_response_body(size, end_of_stream),
+                };
+                f.stream.host_mut().in_body_hook = false;
+                body_status(action)
+            }
+            None => RequestBodyStatus::CONTINUE,
+        },
+        || {
+            refuse(module);
+            RequestBodyStatus::STOP_ITERATION_NO_BUFFER
+        },
+    )
 }
 
 // ------------------------------------------------------------------ module and configurations
@@ -237,7 +254,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
         "request headers",
         // SAFETY: this stream's filter.
         || match unsafe { filter(module) } {
-            Some(f) => stop_request_headers(f.stream.on_request_headers(end_of_stream)),
+            Some(f) => headers_status(f.stream.on_request_headers(end_of_stream)),
             None => RequestHeadersStatus::CONTINUE,
         },
         || {
@@ -252,56 +269,13 @@ const _: abi::OnHttpFilterRequestHeaders = envoy_dynamic_module_on_http_filter_r
 /// `module` is this stream's filter.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
-    envoy: FilterEnvoyPtr,
+    _envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
     end_of_stream: bool,
 ) -> RequestBodyStatus {
-    guard(
-        "the request body",
-        // SAFETY: this stream's filter.
-        || match unsafe { filter(module) } {
-            // Nothing to do: skip reading the body's size (three calls into Envoy per chunk).
-            Some(f) if f.stream.passes() => RequestBodyStatus::CONTINUE,
-            Some(f) => {
-                // SAFETY: a live filter pointer.
-                let size = unsafe {
-                    body_size(envoy, abi::BodyType::BUFFERED_REQUEST_BODY, abi::BodyType::RECEIVED_REQUEST_BODY)
-                };
-                f.stream.host_mut().in_body_hook = true;
-                let action = f.stream.on_request_body(size, end_of_stream);
-                f.stream.host_mut().in_body_hook = false;
-                stop_request_body(action)
-            }
-            None => RequestBodyStatus::CONTINUE,
-        },
-        || {
-            refuse(module);
-            RequestBodyStatus::STOP_ITERATION_NO_BUFFER
-        },
-    )
+    body_hook(module, end_of_stream, Direction::Request)
 }
 const _: abi::OnHttpFilterRequestBody = envoy_dynamic_module_on_http_filter_request_body;
-
-/// What the adapter calls the body's size: all of it so far, buffered and in hand.
-///
-/// # Safety
-/// `envoy` is a live filter pointer.
-unsafe fn body_size(envoy: FilterEnvoyPtr, buffered: abi::BodyType, received: abi::BodyType) -> usize {
-    // SAFETY: see above.
-    unsafe {
-        let same = if buffered == abi::BodyType::BUFFERED_REQUEST_BODY {
-            abi::envoy_dynamic_module_callback_http_received_buffered_request_body(envoy)
-        } else {
-            abi::envoy_dynamic_module_callback_http_received_buffered_response_body(envoy)
-        };
-        let b = abi::envoy_dynamic_module_callback_http_get_body_size(envoy, buffered);
-        if same {
-            b
-        } else {
-            b.saturating_add(abi::envoy_dynamic_module_callback_http_get_body_size(envoy, received))
-        }
-    }
-}
 
 /// # Safety
 /// Called by Envoy.
@@ -326,7 +300,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
         "response headers",
         // SAFETY: this stream's filter.
         || match unsafe { filter(module) } {
-            Some(f) => stop_response_headers(f.stream.on_response_headers(end_of_stream)),
+            Some(f) => headers_status(f.stream.on_response_headers(end_of_stream)),
             None => ResponseHeadersStatus::CONTINUE,
         },
         || {
@@ -341,33 +315,11 @@ const _: abi::OnHttpFilterResponseHeaders = envoy_dynamic_module_on_http_filter_
 /// `module` is this stream's filter.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-    envoy: FilterEnvoyPtr,
+    _envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
     end_of_stream: bool,
 ) -> ResponseBodyStatus {
-    guard(
-        "the response body",
-        // SAFETY: this stream's filter.
-        || match unsafe { filter(module) } {
-            // Nothing to do: skip reading the body's size (three calls into Envoy per chunk).
-            Some(f) if f.stream.passes() => ResponseBodyStatus::CONTINUE,
-            Some(f) => {
-                // SAFETY: a live filter pointer.
-                let size = unsafe {
-                    body_size(envoy, abi::BodyType::BUFFERED_RESPONSE_BODY, abi::BodyType::RECEIVED_RESPONSE_BODY)
-                };
-                f.stream.host_mut().in_body_hook = true;
-                let action = f.stream.on_response_body(size, end_of_stream);
-                f.stream.host_mut().in_body_hook = false;
-                stop_response_body(action)
-            }
-            None => ResponseBodyStatus::CONTINUE,
-        },
-        || {
-            refuse(module);
-            ResponseBodyStatus::STOP_ITERATION_NO_BUFFER
-        },
-    )
+    body_hook(module, end_of_stream, Direction::Response)
 }
 const _: abi::OnHttpFilterResponseBody = envoy_dynamic_module_on_http_filter_response_body;
 

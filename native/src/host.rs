@@ -22,13 +22,31 @@ pub struct NativeHost {
     pub in_body_hook: bool,
     /// A resume the adapter asked for, carried out by the hook after the adapter returns:
     /// `continue_decoding`/`continue_encoding` re-enter this filter's hooks before they return.
-    resume: Option<Resume>,
+    resume: Option<Direction>,
 }
 
+/// A direction of the stream: its body is held by Envoy as what earlier chunks buffered plus,
+/// inside a body hook, the chunk being delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resume {
+pub enum Direction {
     Request,
     Response,
+}
+
+impl Direction {
+    fn buffered(self) -> BodyType {
+        match self {
+            Direction::Request => BodyType::BUFFERED_REQUEST_BODY,
+            Direction::Response => BodyType::BUFFERED_RESPONSE_BODY,
+        }
+    }
+
+    fn received(self) -> BodyType {
+        match self {
+            Direction::Request => BodyType::RECEIVED_REQUEST_BODY,
+            Direction::Response => BodyType::RECEIVED_RESPONSE_BODY,
+        }
+    }
 }
 
 impl NativeHost {
@@ -36,7 +54,7 @@ impl NativeHost {
         NativeHost { envoy, config, answer: None, in_body_hook: false, resume: None }
     }
 
-    pub fn take_resume(&mut self) -> Option<Resume> {
+    pub fn take_resume(&mut self) -> Option<Direction> {
         self.resume.take()
     }
 
@@ -75,12 +93,43 @@ impl NativeHost {
         };
     }
 
-    /// A body as Envoy holds it: what earlier chunks buffered, then (inside a body hook) the chunk being delivered.
-    fn body(&self, buffered: BodyType, received: BodyType, received_is_buffered: bool) -> Vec<u8> {
+    /// Whether the chunk in hand is part of what is buffered (then it must not be counted twice):
+    /// outside a body hook there is no chunk in hand.
+    fn chunk_in_hand(&self, d: Direction) -> bool {
+        // SAFETY: a live filter pointer.
+        let same = unsafe {
+            match d {
+                Direction::Request => {
+                    abi::envoy_dynamic_module_callback_http_received_buffered_request_body(self.envoy)
+                }
+                Direction::Response => {
+                    abi::envoy_dynamic_module_callback_http_received_buffered_response_body(self.envoy)
+                }
+            }
+        };
+        self.in_body_hook && !same
+    }
+
+    /// What the adapter calls the body's size: all of it so far, buffered and in hand.
+    pub fn body_size(&self, d: Direction) -> usize {
+        let size = |kind| {
+            // SAFETY: a live filter pointer.
+            unsafe { abi::envoy_dynamic_module_callback_http_get_body_size(self.envoy, kind) }
+        };
+        let buffered = size(d.buffered());
+        if self.chunk_in_hand(d) {
+            buffered.saturating_add(size(d.received()))
+        } else {
+            buffered
+        }
+    }
+
+    /// A body as Envoy holds it: what earlier chunks buffered, then the chunk in hand.
+    fn body(&self, d: Direction) -> Vec<u8> {
         let mut out = Vec::new();
-        self.append_chunks(buffered, &mut out);
-        if self.in_body_hook && !received_is_buffered {
-            self.append_chunks(received, &mut out);
+        self.append_chunks(d.buffered(), &mut out);
+        if self.chunk_in_hand(d) {
+            self.append_chunks(d.received(), &mut out);
         }
         out
     }
@@ -273,15 +322,11 @@ impl Host for NativeHost {
     }
 
     fn request_body(&self, _size: usize) -> Vec<u8> {
-        // SAFETY: a live filter pointer.
-        let same = unsafe { abi::envoy_dynamic_module_callback_http_received_buffered_request_body(self.envoy) };
-        self.body(BodyType::BUFFERED_REQUEST_BODY, BodyType::RECEIVED_REQUEST_BODY, same)
+        self.body(Direction::Request)
     }
 
     fn response_body(&self, _size: usize) -> Vec<u8> {
-        // SAFETY: a live filter pointer.
-        let same = unsafe { abi::envoy_dynamic_module_callback_http_received_buffered_response_body(self.envoy) };
-        self.body(BodyType::BUFFERED_RESPONSE_BODY, BodyType::RECEIVED_RESPONSE_BODY, same)
+        self.body(Direction::Response)
     }
 
     /// The whole body becomes `body`: what was buffered and (inside a body hook) the chunk in hand.
@@ -314,11 +359,11 @@ impl Host for NativeHost {
     }
 
     fn resume_request(&mut self) {
-        self.resume = Some(Resume::Request);
+        self.resume = Some(Direction::Request);
     }
 
     fn resume_response(&mut self) {
-        self.resume = Some(Resume::Response);
+        self.resume = Some(Direction::Response);
     }
 
     fn dispatch(
@@ -384,12 +429,12 @@ impl Host for NativeHost {
 
 /// Resume the stream in `direction`. Envoy runs this filter's next hooks before it returns,
 /// so the caller must hold no reference into the filter.
-pub fn resume(envoy: FilterEnvoyPtr, direction: Resume) {
+pub fn resume(envoy: FilterEnvoyPtr, direction: Direction) {
     // SAFETY: a live filter pointer.
     unsafe {
         match direction {
-            Resume::Request => abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy),
-            Resume::Response => abi::envoy_dynamic_module_callback_http_filter_continue_encoding(envoy),
+            Direction::Request => abi::envoy_dynamic_module_callback_http_filter_continue_decoding(envoy),
+            Direction::Response => abi::envoy_dynamic_module_callback_http_filter_continue_encoding(envoy),
         }
     }
 }
