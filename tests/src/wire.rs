@@ -79,6 +79,29 @@ pub async fn exchange_in_two(port: u16, first: &[u8], second: &[u8], wait: Durat
     read_answer_from(&mut tcp, buf, wait).await
 }
 
+/// Write `bytes` (several pipelined requests, say), read until the connection closes or `wait` passes, and
+/// return every complete final answer in order.
+pub async fn exchange_all(port: u16, bytes: &[u8], wait: Duration) -> Result<Vec<Answer>, BoxError> {
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.write_all(bytes).await?;
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        match tokio::time::timeout_at(deadline, tcp.read(&mut chunk)).await {
+            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+        }
+    }
+    let mut answers = Vec::new();
+    let mut rest = buf;
+    while let Some(Exchange { answer: Some(a), rest: r, .. }) = complete(&rest) {
+        answers.push(a);
+        rest = r;
+    }
+    Ok(answers)
+}
+
 async fn read_answer(tcp: &mut tokio::net::TcpStream, wait: Duration) -> Result<Exchange, BoxError> {
     read_answer_from(tcp, Vec::new(), wait).await
 }
