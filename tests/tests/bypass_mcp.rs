@@ -231,9 +231,9 @@ fn message(a: &Answer) -> Value {
     }
     let text = String::from_utf8_lossy(&a.body);
     text.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data:"))
-        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-        .last()
+        .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
         .unwrap_or(Value::Null)
 }
 

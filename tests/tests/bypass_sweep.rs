@@ -277,17 +277,16 @@ async fn json_bodies_that_read_two_ways_are_refused() -> TestResult {
     let (_, other) = stack.preview(json!("9999.00")).await?;
     let good = String::from_utf8(body("47.00"))?;
     let rest = r#""currency":"EUR","payee_id":"payee-42","memo":"m""#;
-    let cases: Vec<(&str, Vec<u8>, &[(&str, &str)])> = vec![
-        ("a byte-order mark", [b"\xEF\xBB\xBF".to_vec(), good.clone().into_bytes()].concat(), &[]),
-        ("a duplicate amount", format!(r#"{{"amount":"47.00","amount":"9999.00",{rest}}}"#).into_bytes(), &[]),
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("a byte-order mark", [b"\xEF\xBB\xBF".to_vec(), good.clone().into_bytes()].concat()),
+        ("a duplicate amount", format!(r#"{{"amount":"47.00","amount":"9999.00",{rest}}}"#).into_bytes()),
         (
             "a duplicate amount, the other way",
             format!(r#"{{"amount":"9999.00","amount":"47.00",{rest}}}"#).into_bytes(),
-            &[],
         ),
     ];
     let before = seen(&stack).await?;
-    for (what, b, _) in &cases {
+    for (what, b) in &cases {
         let h = [("agent-fingerprint", fp.as_str()), ("content-type", "application/json")];
         let a = send(&stack, "POST", "/v1/transfers", &h, b.clone()).await?;
         assert_eq!(a.status, 400, "{what}: {}", show(&a));
