@@ -76,6 +76,10 @@ impl Host for Fake {
         self.header_reads.set(self.header_reads.get() + 1);
         Fake::header(&self.request_headers, name)
     }
+    fn request_headers(&self) -> Vec<(String, String)> {
+        self.header_reads.set(self.header_reads.get() + 1);
+        self.request_headers.clone()
+    }
     fn set_request_header(&mut self, name: &str, value: &str) {
         self.request_headers.push((name.into(), value.into()));
     }
