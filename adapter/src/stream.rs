@@ -89,6 +89,13 @@ impl<H: Host> Stream<H> {
         let policy = match self.shared.routes.lookup(&self.host, cfg) {
             RouteLookup::NotMine => return Action::Continue,
             RouteLookup::Guarded(p) => p,
+            RouteLookup::NotCanonical(canonical) => {
+                let trace = self.read_trace_id();
+                let reply = machine::not_canonical(cfg, &trace, &canonical);
+                self.host.count(Counter::RejectedHeader);
+                self.host.send_reply(reply.http_status, &reply.headers, &reply.body);
+                return Action::Pause;
+            }
             RouteLookup::Broken(_) => {
                 // A guarded route with a broken annotation must not run unprotected.
                 let trace = self.read_trace_id();

@@ -51,10 +51,13 @@ pub enum ReplyKind {
     KeyInvalid,
     /// 400: a header the guard reads came more than once (DESIGN §6); `detail` names it.
     InvalidHeader,
+    /// 400: another spelling of a guarded path or method (case, escapes, slashes, an override
+    /// header) that an upstream may read as the guarded one; `detail` names the path to use.
+    PathNotCanonical,
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 20] = [
+    pub const ALL: [ReplyKind; 21] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -75,6 +78,7 @@ impl ReplyKind {
         ReplyKind::KeyMissing,
         ReplyKind::KeyInvalid,
         ReplyKind::InvalidHeader,
+        ReplyKind::PathNotCanonical,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -98,6 +102,7 @@ impl ReplyKind {
             ReplyKind::KeyMissing => "idempotency_key_missing",
             ReplyKind::KeyInvalid => "idempotency_key_invalid",
             ReplyKind::InvalidHeader => "invalid_header",
+            ReplyKind::PathNotCanonical => "path_not_canonical",
         }
     }
 
@@ -279,7 +284,8 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
         | ReplyKind::InvalidField
         | ReplyKind::KeyMissing
         | ReplyKind::KeyInvalid
-        | ReplyKind::InvalidHeader => 400,
+        | ReplyKind::InvalidHeader
+        | ReplyKind::PathNotCanonical => 400,
     }
 }
 
@@ -337,6 +343,9 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
         ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
         ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
         ReplyKind::InvalidHeader => (400, "invalid-header", "A header the gateway reads was sent more than once"),
+        ReplyKind::PathNotCanonical => {
+            (400, "path-not-canonical", "The path or method is another spelling of a guarded operation")
+        }
         ReplyKind::FingerprintMissing => (
             428,
             "fingerprint-missing",
@@ -541,6 +550,10 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
             "Send that header exactly once, with one value, and call again.",
         ),
+        ReplyKind::PathNotCanonical => w(
+            "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) of an operation the gateway guards. This call did not execute anything.",
+            format!("Send the call again to the operation's documented path ({}).", ctx.detail.unwrap_or("see `detail`")),
+        ),
     }
 }
 
@@ -679,6 +692,10 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             format!("网关读取的某个请求头出现了不止一次（{}），无法判断以哪个为准，本次调用没有执行任何操作。", ctx.detail.unwrap_or("见 detail")),
             "该请求头只发送一次、只带一个值，然后重新调用。",
         ),
+        ReplyKind::PathNotCanonical => w(
+            "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头），本次调用没有执行任何操作。",
+            format!("请按文档中的路径重新发送（调用）该操作（{}）。", ctx.detail.unwrap_or("见 detail")),
+        ),
     }
 }
 
@@ -733,7 +750,8 @@ mod tests {
             | ReplyKind::InvalidField
             | ReplyKind::KeyMissing
             | ReplyKind::KeyInvalid
-            | ReplyKind::InvalidHeader => 400,
+            | ReplyKind::InvalidHeader
+            | ReplyKind::PathNotCanonical => 400,
         }
     }
 
@@ -803,7 +821,8 @@ mod tests {
                 "invalid_field",
                 "idempotency_key_missing",
                 "idempotency_key_invalid",
-                "invalid_header"
+                "invalid_header",
+                "path_not_canonical"
             ]
         );
     }

@@ -700,6 +700,14 @@ pub fn misconfigured(config: &PluginConfig, trace_id: &str) -> Reply {
     reply::render(ReplyKind::StatusUnavailable, config.language, &ctx)
 }
 
+/// The answer to a request a route rule would guard if its path or method were spelled as the
+/// rule spells them (DESIGN §6): nothing is forwarded; `canonical` is the path to send.
+pub fn not_canonical(config: &PluginConfig, trace_id: &str, canonical: &str) -> Reply {
+    let detail = format!("send the request to {canonical} with the method in upper case and no method-override header");
+    let ctx = ReplyContext { trace_id, detail: Some(&detail), ..Default::default() };
+    reply::render(ReplyKind::PathNotCanonical, config.language, &ctx)
+}
+
 /// The trace id an operator finds in Envoy's access log: `x-request-id`, else
 /// the trace id of a W3C `traceparent` (version-traceid-parentid-flags).
 pub fn trace_id(x_request_id: Option<&str>, traceparent: Option<&str>) -> String {
