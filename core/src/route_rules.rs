@@ -116,11 +116,11 @@ impl RouteRules {
 /// the path already is that (the common case costs one scan and no allocation).
 pub fn lenient_path(path: &str) -> Option<String> {
     let raw = without_query(path);
-    let plain = !raw.bytes().any(|b| matches!(b, b'%' | b';' | b'\\') || b.is_ascii_uppercase())
-        && !raw.contains("//")
-        && !raw.contains("/.")
-        && !(raw.len() > 1 && raw.ends_with('/'));
-    if plain {
+    let odd = raw.bytes().any(|b| matches!(b, b'%' | b';' | b'\\') || b.is_ascii_uppercase())
+        || raw.contains("//")
+        || raw.contains("/.")
+        || (raw.len() > 1 && raw.ends_with('/'));
+    if !odd {
         return None;
     }
     let mut text = raw.to_string();
