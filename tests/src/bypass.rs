@@ -81,7 +81,9 @@ pub fn assert_rpc_error(a: &Answer, http: u16, code: i64) {
 pub fn assert_tool_error(a: &Answer, status: &str) {
     assert_eq!(a.status, 200, "{}", show(a));
     assert_eq!(a.json["result"]["isError"], true, "{}", show(a));
-    assert_eq!(a.json["result"]["structuredContent"]["status"], status, "{}", show(a));
+    // DESIGN §11: no result, so no structuredContent for the output schema to reject; the envelope in `_meta`.
+    assert!(a.json["result"].get("structuredContent").is_none(), "{}", show(a));
+    assert_eq!(a.json["result"]["_meta"][idem_core::machine::META_KEY]["status"], status, "{}", show(a));
 }
 
 /// A key no earlier run used (client keys outlive a test run in shared stores).
