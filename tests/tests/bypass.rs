@@ -254,6 +254,22 @@ async fn trailers_on_a_client_key_request_without_key_are_a_problem() -> TestRes
     Ok(())
 }
 
+/// The control: an unannotated route is untouched by the trailers rule (nothing held, the request reaches
+/// the upstream and its answer comes back).
+#[tokio::test]
+async fn trailers_on_an_unannotated_route_pass_through() -> TestResult {
+    let stack = Stack::start(sqlite_only(false)).await?;
+    let before = seen(&stack).await?;
+    let req = H2Request { method: "GET".into(), path: "/v1/executions".into(), ..Default::default() }
+        .header("content-type", "application/json")
+        .data(b"{}".to_vec());
+    let a = h2(&stack, ending(req, End::Trailers)).await?;
+    assert_eq!(a.status, 200, "{}", show(&a));
+    assert_eq!(a.json["total"], 0, "{}", show(&a));
+    assert_eq!(seen(&stack).await?.forwarded, before.forwarded + 1, "it reached the upstream");
+    Ok(())
+}
+
 // ---------------------------------------------------------------- istio-like.yaml (route rules), .wasm only
 
 /// Every role of istio-like.yaml's rules, ending in trailers: the same guard as route metadata.

@@ -255,21 +255,17 @@ async fn execute_on(stack: &Stack, path: &str, session: bool) -> Result<Answer, 
     mcp_raw(stack, path, &h, evil_execute(20).to_string()).await
 }
 
-/// DESIGN §6: no route reaches a cluster that serves guarded routes around the guard. The demo serves MCP
-/// on /mcp, /mcp/sse and /mcp/session (stateful); e2e.yaml annotates the first two, and the shipped
-/// envoy.yaml none — its catch-all takes them all to the demo.
-#[tokio::test]
-async fn every_mcp_endpoint_the_demo_serves_is_guarded() -> TestResult {
+/// Every MCP endpoint the demo serves (/mcp, /mcp/sse, /mcp/session, the SDK's stateful mode), through
+/// `config`: an execute without a fingerprint is refused and nothing runs.
+async fn every_mcp_endpoint_is_guarded(config: &'static str) -> TestResult {
+    let stack = Stack::start(StackOpts { envoy_config: config, ..sqlite_only(false) }).await?;
     let mut unguarded = Vec::new();
-    for config in ["e2e.yaml", "envoy.yaml"] {
-        let stack = Stack::start(StackOpts { envoy_config: config, ..sqlite_only(false) }).await?;
-        for path in ["/mcp", "/mcp/sse", "/mcp/session"] {
-            let before = counts(&stack).await?;
-            let a = execute_on(&stack, path, path.ends_with("session")).await?;
-            let m = message(&a);
-            if counts(&stack).await? != before || m["result"]["structuredContent"]["status"] != "fingerprint_missing" {
-                unguarded.push(format!("{config} {path}: {}", show(&a)));
-            }
+    for path in ["/mcp", "/mcp/sse", "/mcp/session"] {
+        let before = counts(&stack).await?;
+        let a = execute_on(&stack, path, path.ends_with("session")).await?;
+        let refusal = &message(&a)["result"]["_meta"][idem_core::machine::META_KEY]["status"];
+        if counts(&stack).await? != before || refusal != "fingerprint_missing" {
+            unguarded.push(format!("{config} {path}: {}", show(&a)));
         }
     }
     assert!(
@@ -278,4 +274,17 @@ async fn every_mcp_endpoint_the_demo_serves_is_guarded() -> TestResult {
         unguarded.join("\n")
     );
     Ok(())
+}
+
+/// DESIGN §6: no route reaches a cluster that serves guarded routes around the guard. e2e.yaml annotates
+/// /mcp and /mcp/sse; its catch-all takes /mcp/session to the demo unguarded.
+#[tokio::test]
+async fn e2e_yaml_guards_every_mcp_endpoint_the_demo_serves() -> TestResult {
+    every_mcp_endpoint_is_guarded("e2e.yaml").await
+}
+
+/// The shipped envoy.yaml (`make run`) annotates no MCP route: its catch-all takes all three to the demo.
+#[tokio::test]
+async fn envoy_yaml_guards_every_mcp_endpoint_the_demo_serves() -> TestResult {
+    every_mcp_endpoint_is_guarded("envoy.yaml").await
 }
