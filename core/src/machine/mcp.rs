@@ -399,6 +399,9 @@ fn tool_result(facts: &Facts, role: Role) -> Value {
         let mut m = result.remove("_meta").and_then(|v| v.as_object().cloned()).unwrap_or_default();
         m.insert(META_KEY.into(), envelope.clone());
         result.insert("_meta".into(), Value::Object(m));
+        // MCP 2026-07-28 requires it on every result (its SDKs refuse one without); older
+        // clients ignore it. A replay recorded from an older call gets it too.
+        result.entry("resultType").or_insert_with(|| "complete".into());
         Value::Object(result)
     };
     let recorded = facts.envelope.get("result").and_then(Value::as_object);

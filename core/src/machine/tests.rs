@@ -878,6 +878,7 @@ fn mcp_replay_of_a_failure_is_an_error_without_structured_content() -> TestResul
     let v = rpc_result(&m.on_callout(&answer(200, rec), &mut env)?)?;
     assert_eq!(v["result"]["isError"], true);
     assert!(v["result"].get("structuredContent").is_none(), "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "MCP 2026-07-28 clients require it: {v}");
     assert_eq!(v["result"]["_meta"][META_KEY]["status"], "already_failed");
     assert_eq!(v["result"]["_meta"][META_KEY]["result"], failed);
     Ok(())
