@@ -1,10 +1,11 @@
 """The official MCP Python SDK (PyPI `mcp`) as a real client of the gateway.
 
-    python driver.py URL
+    python driver.py URL [initialize|discover]
 
 connects with the SDK's Streamable HTTP client and ClientSession to URL (an MCP route
 through Envoy and the filter), runs the scenarios of tests/tests/mcp_sdk.rs and prints
-one JSON line per step:
+one JSON line per step (the lifecycle is protocol 2025-11-25's `initialize`, or 2026-07-28's
+`server/discover`, after which every request carries `Mcp-Method`, and a tools/call `Mcp-Name`):
 
     {"sdk", "step", "ok", "error", "isError", "status", "structuredContent", "meta", "content", ...}
 
@@ -74,12 +75,23 @@ def failure(e):
     }
 
 
+LIFECYCLE = "initialize"
+
+
 class Agent:
     """One ClientSession over one Streamable HTTP transport, with its own headers."""
 
     def __init__(self, url, headers):
         self.url = url
         self.headers = headers
+
+    async def start(self):
+        """The lifecycle, then tools/list (which arms the output validation)."""
+        if LIFECYCLE == "discover":
+            await self.session.discover()
+        else:
+            await self.session.initialize()
+        await self.session.list_tools()
 
     async def __aenter__(self):
         self._stack = contextlib.AsyncExitStack()
@@ -128,9 +140,14 @@ async def main(url):
     headers = {"x-agent-subject": ALICE}
     async with Agent(url, headers) as alice:
         try:
-            init = await alice.session.initialize()
-            emit("initialize", ok=True, error=None, protocolVersion=init.protocol_version,
-                 server=init.server_info.name, sdk_version=SDK)
+            if LIFECYCLE == "discover":
+                found = await alice.session.discover()
+                version, server = alice.session._negotiated_version, found.model_dump(mode="json").get("serverInfo")
+            else:
+                init = await alice.session.initialize()
+                version, server = init.protocol_version, init.server_info.name
+            emit("initialize", ok=True, error=None, lifecycle=LIFECYCLE, protocolVersion=version, server=server,
+                 sdk_version=SDK)
         except Exception as e:  # noqa: BLE001
             emit("initialize", **failure(e))
             return
@@ -168,15 +185,13 @@ async def main(url):
         emit("fingerprint_missing", **await alice.call("execute_transfer", transfer("12.50", "rent")))
         emit("fingerprint_invalid", **await alice.call("execute_transfer", transfer("12.50", "rent", garble(fp))))
         async with Agent(url, {"x-agent-subject": BOB}) as bob:
-            await bob.session.initialize()
-            await bob.session.list_tools()
+            await bob.start()
             emit("forbidden", **await bob.call("execute_transfer", transfer("12.50", "rent", fp)))
 
         # A duplicate while the first call is still executing (the demo holds it 4 s).
         fp2 = await quote(alice, "quote_slow", "20.00", "slow")
         async with Agent(url, {**headers, "x-demo-delay-ms": "4000"}) as slow:
-            await slow.session.initialize()
-            await slow.session.list_tools()
+            await slow.start()
             first = {}
 
             async def run_first():
@@ -198,8 +213,7 @@ async def main(url):
         # The upstream answers the MCP POST with HTTP 503 (demo: x-demo-fail): released, then a retry runs once.
         fp3 = await quote(alice, "quote_503", "30.00", "flaky")
         async with Agent(url, {**headers, "x-demo-fail": "503"}) as flaky:
-            await flaky.session.initialize()
-            await flaky.session.list_tools()
+            await flaky.start()
             emit("not_executed", **await flaky.call("execute_transfer", transfer("30.00", "flaky", fp3)))
         emit("execute_after_503", **await alice.call("execute_transfer", transfer("30.00", "flaky", fp3)))
 
@@ -210,8 +224,9 @@ async def main(url):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: driver.py URL")
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["initialize"], ["discover"]):
+        sys.exit("usage: driver.py URL [initialize|discover]")
+    LIFECYCLE = (sys.argv[2:] or ["initialize"])[0]
     try:
         anyio.run(main, sys.argv[1])
     except BaseException as e:  # noqa: BLE001 - the driver's own failure is a line too

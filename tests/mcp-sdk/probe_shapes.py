@@ -6,7 +6,8 @@ A tool for whoever changes the gateway's MCP answers, not part of `make test` (t
 tests/tests/mcp_sdk.rs). It serves, on 127.0.0.1, a minimal stateless Streamable HTTP MCP server
 whose one tool is the demo's `execute_transfer` (its outputSchema copied from demo/src/mcp.rs) and
 whose tools/call answers one of the SHAPES below, picked by the argument `shape`. Then the Python
-SDK (ClientSession) and the TypeScript SDK (Client, via node) each list the tools (arming their
+SDK (ClientSession, with protocol 2025-11-25's initialize and with 2026-07-28's server/discover) and
+the TypeScript SDK (Client, via node; 1.x speaks 2025-11-25) each list the tools (arming their
 output validation) and call every shape; it prints one line per shape and SDK: accepted, or the
 SDK's error. Edit SHAPES to try a candidate answer.
 """
@@ -84,6 +85,21 @@ SHAPES = {
         "structuredContent": {**ENVELOPE, "status": "already_completed"},
     },
     "result: no isError, no structuredContent": {"content": TEXT},
+    # 2026-07-28 requires `resultType` in every result (the Python SDK refuses a result without it once it
+    # negotiated that version with server/discover); is it harmless at 2025-11-25, where this probe runs?
+    "refusal with resultType complete (2026-07-28's field)": {
+        "resultType": "complete",
+        "content": TEXT,
+        "isError": True,
+        "_meta": META,
+    },
+    "replay with resultType complete": {
+        "resultType": "complete",
+        "content": TEXT[:1],
+        "isError": False,
+        "structuredContent": RECORD,
+        "_meta": META,
+    },
     "HTTP 400 + JSON-RPC error -32020 (header/body disagreement)": {
         "http_error": 400,
         "error": {"code": -32020, "message": "Mcp-Method says tools/list, the body says tools/call"},
@@ -95,6 +111,10 @@ SHAPES = {
         "_meta": {"reply": ENVELOPE},
     },
 }
+
+
+# What a 2026-07-28 listing carries besides its tools (as rmcp's server answers).
+MODERN_LIST_FIELDS = {"2026-07-28": {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -114,8 +134,18 @@ class Handler(BaseHTTPRequestHandler):
                 "capabilities": {"tools": {}},
                 "serverInfo": {"name": "probe", "version": "0"},
             }
+        elif method == "server/discover":
+            result = {
+                "resultType": "complete",
+                "supportedVersions": ["2025-11-25", "2026-07-28"],
+                "capabilities": {"tools": {}},
+                "ttlMs": 0,
+                "cacheScope": "private",
+                "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "probe", "version": "0"}},
+            }
         elif method == "tools/list":
             result = {
+                **MODERN_LIST_FIELDS.get(self.headers.get("mcp-protocol-version"), {}),
                 "tools": [
                     {
                         "name": "execute_transfer",
@@ -161,10 +191,13 @@ await client.close();
 """
 
 
-async def python_verdicts(url):
+async def python_verdicts(url, lifecycle):
     verdicts = {}
     async with streamable_http_client(url) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+        if lifecycle == "discover":
+            await session.discover()
+        else:
+            await session.initialize()
         await session.list_tools()
         for shape in SHAPES:
             try:
@@ -180,7 +213,8 @@ def main():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
-    py = anyio.run(python_verdicts, url)
+    py = anyio.run(python_verdicts, url, "initialize")
+    py_modern = anyio.run(python_verdicts, url, "discover")
     out = subprocess.run(
         ["node", "--input-type=module", "-e", NODE, url, *SHAPES],
         cwd=HERE,
@@ -192,7 +226,9 @@ def main():
         sys.exit(f"node failed: {out.stderr}")
     node = {v["shape"]: v["verdict"] for v in map(json.loads, out.stdout.splitlines())}
     for shape in SHAPES:
-        print(f"{shape}\n    python: {py[shape]}\n    node:   {node[shape]}")
+        print(f"{shape}\n    python 2025-11-25 (initialize): {py[shape]}")
+        print(f"    python 2026-07-28 (discover):   {py_modern[shape]}")
+        print(f"    node   2025-11-25 (initialize): {node[shape]}")
     server.shutdown()
 
 

@@ -21,9 +21,12 @@ use std::time::Duration;
 
 const REPLY_META: &str = "agent-idempotency/reply";
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Sdk {
+    /// ClientSession with protocol 2025-11-25's `initialize`.
     Python,
+    /// ClientSession with 2026-07-28's `server/discover`: every request carries `Mcp-Method` (SEP-2243).
+    PythonDiscover,
     Node,
 }
 
@@ -37,7 +40,7 @@ const INSTALL: &str = "run `make mcp-sdk` (it runs `.venv/bin/pip install -r tes
 /// The version a pin file names: `mcp==X` in requirements.txt, the lock's `node_modules/@modelcontextprotocol/sdk`.
 fn pinned(sdk: Sdk) -> Result<String, BoxError> {
     match sdk {
-        Sdk::Python => {
+        Sdk::Python | Sdk::PythonDiscover => {
             let text = std::fs::read_to_string(sdk_dir().join("requirements.txt"))?;
             text.lines()
                 .find_map(|l| l.trim().strip_prefix("mcp=="))
@@ -58,7 +61,7 @@ fn pinned(sdk: Sdk) -> Result<String, BoxError> {
 fn installed(sdk: Sdk) -> Result<String, BoxError> {
     let want = pinned(sdk)?;
     let have = match sdk {
-        Sdk::Python => {
+        Sdk::Python | Sdk::PythonDiscover => {
             let python = repo_root().join(".venv/bin/python");
             let out = std::process::Command::new(&python)
                 .args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"])
@@ -96,7 +99,7 @@ fn installed(sdk: Sdk) -> Result<String, BoxError> {
 async fn run_driver(sdk: Sdk, url: &str) -> Result<Vec<Value>, BoxError> {
     installed(sdk)?;
     let mut cmd = match sdk {
-        Sdk::Python => {
+        Sdk::Python | Sdk::PythonDiscover => {
             let mut c = tokio::process::Command::new(repo_root().join(".venv/bin/python"));
             c.arg(sdk_dir().join("driver.py"));
             c
@@ -107,7 +110,11 @@ async fn run_driver(sdk: Sdk, url: &str) -> Result<Vec<Value>, BoxError> {
             c
         }
     };
-    cmd.arg(url).current_dir(sdk_dir()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.arg(url);
+    if sdk == Sdk::PythonDiscover {
+        cmd.arg("discover");
+    }
+    cmd.current_dir(sdk_dir()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
         .await
@@ -386,4 +393,14 @@ async fn the_typescript_sdk_accepts_every_answer_json() -> TestResult {
 #[tokio::test]
 async fn the_typescript_sdk_accepts_every_answer_sse() -> TestResult {
     sdk_against_the_gateway(Sdk::Node, "/mcp/sse").await
+}
+
+#[tokio::test]
+async fn the_python_sdk_accepts_every_answer_discover_json() -> TestResult {
+    sdk_against_the_gateway(Sdk::PythonDiscover, "/mcp").await
+}
+
+#[tokio::test]
+async fn the_python_sdk_accepts_every_answer_discover_sse() -> TestResult {
+    sdk_against_the_gateway(Sdk::PythonDiscover, "/mcp/sse").await
 }
