@@ -16,7 +16,8 @@
 //!
 //! Tool results carry `structuredContent` (the JSON object the REST route
 //! would answer) and one text block with the same JSON. Refusals are tool
-//! errors (`isError: true`) whose `structuredContent` is the REST error body.
+//! errors (`isError: true`) whose one text block is the REST error body, with
+//! no `structuredContent` (it would not conform to the tool's `outputSchema`).
 //! See `demo/MCP-WIRE.md` for the bytes on the wire.
 
 use crate::api::{self, App, Confirmed, Faults};
@@ -219,8 +220,12 @@ fn tool_result(value: Value) -> CallToolResult {
     CallToolResult::structured(value)
 }
 
+/// A refusal: `isError: true` and the REST error body as the text block, without `structuredContent`.
+/// The body does not conform to the tool's `outputSchema`, and the official TypeScript SDK validates an
+/// error's `structuredContent` against it too (its issue #1943): a client on it would get an exception
+/// instead of the refusal. (The Python SDK validates results that are not errors only.)
 fn tool_error(value: Value) -> CallToolResult {
-    CallToolResult::structured_error(value)
+    CallToolResult::error(vec![ContentBlock::text(value.to_string())])
 }
 
 /// The three tools, as `tools/list` shows them.

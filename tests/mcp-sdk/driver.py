@@ -217,6 +217,12 @@ async def main(url):
             emit("not_executed", **await flaky.call("execute_transfer", transfer("30.00", "flaky", fp3)))
         emit("execute_after_503", **await alice.call("execute_transfer", transfer("30.00", "flaky", fp3)))
 
+        # The upstream's own refusal (over the demo's limit) makes a FAILED operation; a retry is already_failed.
+        fp5 = await quote(alice, "quote_over_limit", "20000.00", "too much")
+        emit("execute_over_limit", **await alice.call("execute_transfer", transfer("20000.00", "too much", fp5)))
+        emit("replay_failed", **await alice.call("execute_transfer", transfer("20000.00", "too much", fp5)))
+        emit("status_failed", **await alice.call("get_transfer_status", {"fingerprint": fp5}))
+
         # The status tool on a fingerprint never used.
         fp4 = await quote(alice, "quote_unused", "40.00", "unused")
         emit("status_not_yet", **await alice.call("get_transfer_status", {"fingerprint": fp4}))

@@ -257,6 +257,24 @@ impl<'a> Judge<'a> {
         }
     }
 
+    /// The upstream's own refusal, passed through: an error whose text is the demo's REST error body.
+    fn upstream_refusal(&mut self, step: &str, error: &str) {
+        let Some(line) = self.accepted(step) else { return };
+        let text = line["content"][0]["text"].as_str().and_then(|t| serde_json::from_str::<Value>(t).ok());
+        if line["isError"] != true || text.as_ref().map(|t| &t["error"]) != Some(&Value::from(error)) {
+            self.fail(step, format!("should be the upstream's own refusal (isError, text {{\"error\":{error:?}}})"));
+        }
+    }
+
+    /// A replay of a FAILED operation: an error without structuredContent, the envelope in `_meta`.
+    fn failed_replay(&mut self, step: &str) {
+        let Some(line) = self.accepted(step) else { return };
+        if line["isError"] != true || !line["structuredContent"].is_null() {
+            self.fail(step, "a replay of a failed operation is isError: true without structuredContent".into());
+        }
+        self.envelope(step, line, "already_failed");
+    }
+
     /// A status-tool report: a result whose structuredContent is the envelope (its schema is the envelope's).
     fn report(&mut self, step: &str, status: &str) {
         let Some(line) = self.accepted(step) else { return };
@@ -333,6 +351,11 @@ async fn sdk_against_the_gateway(sdk: Sdk, path: &str) -> TestResult {
     j.refusal("not_executed", "not_executed");
     j.executed("execute_after_503");
 
+    let fp5 = j.preview("quote_over_limit");
+    j.upstream_refusal("execute_over_limit", "limit_exceeded");
+    j.failed_replay("replay_failed");
+    j.report("status_failed", "already_failed");
+
     let fp4 = j.preview("quote_unused");
     j.report("status_not_yet", "not_executed");
 
@@ -352,6 +375,13 @@ async fn sdk_against_the_gateway(sdk: Sdk, path: &str) -> TestResult {
     if let Some(fp4) = &fp4 {
         if !ledger["by_key"][&nonce_of(fp4)?].is_null() {
             j.failures.push(format!("{} quote_unused: its fingerprint executed: {ledger}", j.label));
+        }
+    }
+    // Refused by the upstream once; the retry was answered by the gateway.
+    if let Some(fp5) = &fp5 {
+        let nonce = nonce_of(fp5)?;
+        if !ledger["by_key"][&nonce].is_null() || ledger["attempts_by_key"][&nonce] != 1 {
+            j.failures.push(format!("{} quote_over_limit: one attempt, no execution: {ledger}", j.label));
         }
     }
     if ledger["total"] != 3 {
