@@ -574,6 +574,11 @@ impl RoutePolicy {
     pub fn tool(&self, name: &str) -> Option<&std::rc::Rc<RoutePolicy>> {
         self.tools.iter().find(|(n, _)| n == name).map(|(_, p)| p)
     }
+
+    /// The names of an MCP route's listed tools.
+    pub fn tool_names(&self) -> impl Iterator<Item = &str> {
+        self.tools.iter().map(|(n, _)| n.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

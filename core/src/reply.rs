@@ -49,10 +49,15 @@ pub enum ReplyKind {
     KeyMissing,
     /// 400: the `Idempotency-Key` is not one valid key; `detail` says why.
     KeyInvalid,
+    /// 400: a header the guard reads came more than once (DESIGN §6); `detail` names it.
+    InvalidHeader,
+    /// 400: another spelling of a guarded path or method (case, escapes, slashes, an override
+    /// header) that an upstream may read as the guarded one; `detail` names the path to use.
+    PathNotCanonical,
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 19] = [
+    pub const ALL: [ReplyKind; 21] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -72,6 +77,8 @@ impl ReplyKind {
         ReplyKind::InvalidField,
         ReplyKind::KeyMissing,
         ReplyKind::KeyInvalid,
+        ReplyKind::InvalidHeader,
+        ReplyKind::PathNotCanonical,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -94,7 +101,28 @@ impl ReplyKind {
             ReplyKind::InvalidField => "invalid_field",
             ReplyKind::KeyMissing => "idempotency_key_missing",
             ReplyKind::KeyInvalid => "idempotency_key_invalid",
+            ReplyKind::InvalidHeader => "invalid_header",
+            ReplyKind::PathNotCanonical => "path_not_canonical",
         }
+    }
+
+    /// A report of what became of an operation (a status tool answers these as results), as
+    /// opposed to a refusal of this call or "cannot tell now".
+    pub fn is_report(self) -> bool {
+        matches!(
+            self,
+            ReplyKind::AlreadyCompleted
+                | ReplyKind::AlreadyFailed
+                | ReplyKind::InProgress
+                | ReplyKind::OutcomeUnknown
+                | ReplyKind::NeedsReview
+                | ReplyKind::NotYetExecuted
+        )
+    }
+
+    /// A replay of a recorded result.
+    pub fn is_replay(self) -> bool {
+        matches!(self, ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed)
     }
 }
 
@@ -120,11 +148,30 @@ pub struct ReplyContext<'a> {
     pub status_query: bool,
 }
 
+/// A local reply, rendered for plain HTTP. `facts` keeps what it says as data, so a framing
+/// that wraps it (MCP, DESIGN §11) renders its own shape instead of re-parsing `body`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub http_status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    pub facts: Option<Facts>,
+}
+
+/// What a reply says: its kind and the §7 envelope's fields (for a replay, `result` is the
+/// recorded answer). `None` on a reply that is the upstream's own recorded answer
+/// (`replay: original`) or a framing's own message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub kind: ReplyKind,
+    pub envelope: Map<String, Value>,
+}
+
+impl Reply {
+    /// A reply that is only bytes (a framing's own message).
+    pub fn raw(http_status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Reply {
+        Reply { http_status, headers, body, facts: None }
+    }
 }
 
 pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
@@ -188,7 +235,9 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
         body.insert("detail".into(), detail.into());
     }
 
-    Reply { http_status: http_status(kind, ctx), headers, body: Value::Object(body).to_string().into_bytes() }
+    // Serializing a map of plain values cannot fail.
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    Reply { http_status: http_status(kind, ctx), headers, body: bytes, facts: Some(Facts { kind, envelope: body }) }
 }
 
 /// A recorded result replayed as the upstream sent it (the route's `replay:
@@ -199,7 +248,7 @@ pub fn original(result: &StoredResult) -> Reply {
         result.headers.iter().filter(|(k, _)| !k.eq_ignore_ascii_case("idempotent-replayed")).cloned().collect();
     headers.push(("idempotent-replayed".to_string(), "true".to_string()));
     let status = if (200..=599).contains(&result.status) { result.status } else { 200 };
-    Reply { http_status: status, headers, body: decode_body(&result.body_b64).unwrap_or_default() }
+    Reply::raw(status, headers, decode_body(&result.body_b64).unwrap_or_default())
 }
 
 /// Resolve a route's `result_ref` pointer against a JSON body: strings as-is,
@@ -231,7 +280,12 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
         ReplyKind::Forbidden => 403,
         ReplyKind::SubjectMissing => 401,
         ReplyKind::BodyTooLarge => 413,
-        ReplyKind::InvalidJson | ReplyKind::InvalidField | ReplyKind::KeyMissing | ReplyKind::KeyInvalid => 400,
+        ReplyKind::InvalidJson
+        | ReplyKind::InvalidField
+        | ReplyKind::KeyMissing
+        | ReplyKind::KeyInvalid
+        | ReplyKind::InvalidHeader
+        | ReplyKind::PathNotCanonical => 400,
     }
 }
 
@@ -239,27 +293,7 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
 /// `callers: programs`): the status the IETF draft names, a stable `type` per
 /// case, and `Retry-After` where waiting helps.
 pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
-    let (status, slug, title) = match kind {
-        ReplyKind::KeyMissing => (400, "idempotency-key-missing", "This operation requires an Idempotency-Key header"),
-        ReplyKind::KeyInvalid => (400, "idempotency-key-invalid", "The Idempotency-Key header is not one valid key"),
-        ReplyKind::ParamsChanged => {
-            (422, "idempotency-key-reused", "This Idempotency-Key was already used with a different request payload")
-        }
-        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
-            (409, "request-in-progress", "A request with this Idempotency-Key is still being processed")
-        }
-        ReplyKind::NeedsReview => {
-            (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
-        }
-        ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => {
-            (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
-        }
-        ReplyKind::SubjectMissing => (401, "unauthenticated", "The caller could not be identified"),
-        ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
-        ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
-        ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
-        other => (http_status(other, ctx), other.status(), "See the status"),
-    };
+    let (status, slug, title) = problem_type(kind, ctx);
     let mut body = Map::new();
     body.insert("type".into(), format!("{PROBLEM_BASE}{slug}").into());
     body.insert("title".into(), title.into());
@@ -282,7 +316,51 @@ pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
     if let Some(ms) = wait_ms {
         headers.push(("retry-after".to_string(), ms.div_ceil(1000).max(1).to_string()));
     }
-    Reply { http_status: status, headers, body: Value::Object(body).to_string().into_bytes() }
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    Reply { http_status: status, headers, body: bytes, facts: Some(Facts { kind, envelope: body }) }
+}
+
+/// Every kind's problem: its status, the `type` slug (lower case, hyphens) and a title that is
+/// a sentence. Client-key routes name the key; the rest speak of the request.
+fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'static str) {
+    match kind {
+        ReplyKind::KeyMissing => (400, "idempotency-key-missing", "This operation requires an Idempotency-Key header"),
+        ReplyKind::KeyInvalid => (400, "idempotency-key-invalid", "The Idempotency-Key header is not one valid key"),
+        ReplyKind::ParamsChanged => {
+            (422, "idempotency-key-reused", "This Idempotency-Key was already used with a different request payload")
+        }
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
+            (409, "request-in-progress", "A request with this Idempotency-Key is still being processed")
+        }
+        ReplyKind::NeedsReview => {
+            (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
+        }
+        ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => {
+            (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
+        }
+        ReplyKind::SubjectMissing => (401, "unauthenticated", "The caller could not be identified"),
+        ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
+        ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
+        ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
+        ReplyKind::InvalidHeader => (400, "invalid-header", "A header the gateway reads was sent more than once"),
+        ReplyKind::PathNotCanonical => {
+            (400, "path-not-canonical", "The path or method is another spelling of a guarded operation")
+        }
+        ReplyKind::FingerprintMissing => (
+            428,
+            "fingerprint-missing",
+            "This operation requires a fingerprint from its preview, or an Idempotency-Key",
+        ),
+        ReplyKind::FingerprintInvalid => (400, "fingerprint-invalid", "The fingerprint is not one this gateway issued"),
+        ReplyKind::FingerprintExpired => {
+            (410, "fingerprint-expired", "The fingerprint has expired and nothing ran with it")
+        }
+        ReplyKind::Forbidden => (403, "forbidden", "This fingerprint or key belongs to another caller"),
+        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
+            (http_status(kind, ctx), "already-recorded", "This request was already processed; its result was recorded")
+        }
+        ReplyKind::NotYetExecuted => (200, "not-yet-executed", "This operation has not been executed"),
+    }
 }
 
 /// The `type` URIs of [`problem`] (`urn:agent-idempotency:problem:idempotency-key-reused`
@@ -465,6 +543,17 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
             "Correct that field (give amounts as a JSON number or a decimal string such as \"12.50\") and call again.",
         ),
+        ReplyKind::InvalidHeader => w(
+            format!(
+                "A header the gateway reads came more than once ({}), so it cannot tell which one is meant. This call did not execute anything.",
+                ctx.detail.unwrap_or("named in `detail`")
+            ),
+            "Send that header exactly once, with one value, and call again.",
+        ),
+        ReplyKind::PathNotCanonical => w(
+            "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) of an operation the gateway guards. This call did not execute anything.",
+            format!("Send the call again to the operation's documented path ({}).", ctx.detail.unwrap_or("see `detail`")),
+        ),
     }
 }
 
@@ -599,6 +688,14 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             format!("字段 {} 的类型错误或数值超出范围，本次调用没有执行任何操作。", ctx.detail.unwrap_or("（见 detail）")),
             "修正该字段（金额请使用 JSON 数字或十进制字符串，例如 \"12.50\"），然后重新调用。",
         ),
+        ReplyKind::InvalidHeader => w(
+            format!("网关读取的某个请求头出现了不止一次（{}），无法判断以哪个为准，本次调用没有执行任何操作。", ctx.detail.unwrap_or("见 detail")),
+            "该请求头只发送一次、只带一个值，然后重新调用。",
+        ),
+        ReplyKind::PathNotCanonical => w(
+            "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头），本次调用没有执行任何操作。",
+            format!("请按文档中的路径重新发送（调用）该操作（{}）。", ctx.detail.unwrap_or("见 detail")),
+        ),
     }
 }
 
@@ -649,7 +746,12 @@ mod tests {
             ReplyKind::Forbidden => 403,
             ReplyKind::SubjectMissing => 401,
             ReplyKind::BodyTooLarge => 413,
-            ReplyKind::InvalidJson | ReplyKind::InvalidField | ReplyKind::KeyMissing | ReplyKind::KeyInvalid => 400,
+            ReplyKind::InvalidJson
+            | ReplyKind::InvalidField
+            | ReplyKind::KeyMissing
+            | ReplyKind::KeyInvalid
+            | ReplyKind::InvalidHeader
+            | ReplyKind::PathNotCanonical => 400,
         }
     }
 
@@ -718,7 +820,9 @@ mod tests {
                 "invalid_json",
                 "invalid_field",
                 "idempotency_key_missing",
-                "idempotency_key_invalid"
+                "idempotency_key_invalid",
+                "invalid_header",
+                "path_not_canonical"
             ]
         );
     }

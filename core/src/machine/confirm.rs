@@ -121,10 +121,22 @@ impl Confirm {
         };
         let policy = Rc::clone(&self.ctx.policy);
         let json = canonical::parse_json_body(body, self.ctx.config.max_body_bytes);
-        // A fingerprint wins; role `idempotent` never takes one.
+        // A fingerprint wins; role `idempotent` never takes one. One in the header and another in
+        // the body is no fingerprint at all: which one is meant is not ours to guess.
         let token = match policy.role {
             Role::Idempotent => None,
-            _ => header_token.clone().or_else(|| json.as_ref().ok().and_then(body_fingerprint)),
+            _ => {
+                let in_body = json.as_ref().ok().and_then(body_fingerprint);
+                if let (Some(h), Some(b)) = (header_token.as_deref(), in_body.as_deref()) {
+                    if h.trim() != b.trim() {
+                        let detail = "the Agent-Fingerprint header and the body's fingerprint differ";
+                        let ctx = ReplyContext { detail: Some(detail), ..Default::default() };
+                        let step = self.reply(ReplyKind::FingerprintInvalid, ctx);
+                        return Ok(self.finish(step.with(Effect::Count(Counter::RejectedInvalid))));
+                    }
+                }
+                header_token.clone().or(in_body)
+            }
         };
         if token.is_none() && policy.client_keys {
             let (client_key, method, path) = (client_key.clone(), method.clone(), path.clone());
@@ -179,8 +191,11 @@ impl Confirm {
             Ok(k) => k,
             Err(e) => {
                 let (kind, detail) = match e {
-                    KeyError::Missing if self.ctx.policy.role == Role::Idempotent => (ReplyKind::KeyMissing, None),
-                    // A confirm route that also takes client keys: a fingerprint was the other way.
+                    // Programs are told about the key they can send (the README's table); an agent on a
+                    // route that takes both, about the fingerprint it should carry.
+                    KeyError::Missing if self.ctx.policy.role == Role::Idempotent || self.problem => {
+                        (ReplyKind::KeyMissing, None)
+                    }
                     KeyError::Missing => (ReplyKind::FingerprintMissing, None),
                     KeyError::Invalid(why) => (ReplyKind::KeyInvalid, Some(why)),
                 };
@@ -490,12 +505,7 @@ impl Confirm {
             operation: Some(nonce),
             ..Default::default()
         };
-        let out = self.ctx.render(kind, ctx);
-        let mut step = Step::go_on().with(Effect::SetResponseHeader(":status".into(), out.http_status.to_string()));
-        for (name, value) in out.headers {
-            step.effects.push(Effect::SetResponseHeader(name, value));
-        }
-        step.with(Effect::ReplaceResponseBody(out.body))
+        Step::go_on().with(Effect::Rewrite(self.ctx.render(kind, ctx)))
     }
 
     /// The ack of complete/release: count it and let the held answer go. If the
