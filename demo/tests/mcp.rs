@@ -280,6 +280,25 @@ async fn refusals_are_tool_errors_with_the_rest_bodies() {
 }
 
 #[tokio::test]
+async fn off_schema_answers_leave_the_output_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    let client = client(&demo.url("/mcp"), &[("x-demo-off-schema", "1")]).await;
+    let quote = call(&client, "quote_transfer", transfer()).await;
+    let q = quote.structured_content.clone().expect("structuredContent");
+    assert!(q.get("quote_id").is_none() && q["fee"] == "1.00", "{q}");
+    let refused = call(&client, "execute_transfer", transfer()).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert_eq!(refused.structured_content, Some(json!({ "error": "idempotency_key_required" })));
+    assert_eq!(text_json(&refused), json!({ "error": "idempotency_key_required" }));
+    // Without --faults the header is ignored.
+    let plain = Demo::start(&dir.path().join("plain"), &[]);
+    let client = self::client(&plain.url("/mcp"), &[("x-demo-off-schema", "1")]).await;
+    let quote = call(&client, "quote_transfer", transfer()).await;
+    assert!(quote.structured_content.unwrap()["quote_id"].is_string());
+}
+
+#[tokio::test]
 async fn no_mcp_serves_no_endpoint() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &["--no-mcp"]);

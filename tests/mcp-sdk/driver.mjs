@@ -170,7 +170,11 @@ async function main(url) {
   for (let i = 0; i < 60; i++) {
     await sleep(100);
     polled = await alice.call('get_transfer_status', { fingerprint: fp2 });
-    if (polled.status === 'in_progress' || !polled.ok) break;
+    if (polled.status === 'in_progress') break;
+    if (!polled.ok) {
+      await sleep(1000); // the SDK refused the report: give the first call time to land
+      break;
+    }
   }
   emit('status_in_flight', polled);
   emit('in_progress', await alice.call('execute_transfer', transfer('20.00', 'slow again', fp2)));
@@ -190,6 +194,16 @@ async function main(url) {
   emit('execute_over_limit', await alice.call('execute_transfer', transfer('20000.00', 'too much', fp5)));
   emit('replay_failed', await alice.call('execute_transfer', transfer('20000.00', 'too much', fp5)));
   emit('status_failed', await alice.call('get_transfer_status', { fingerprint: fp5 }));
+
+  // A server that leaves its outputSchema (demo: x-demo-off-schema): the SDK's validation acts through the
+  // gateway, and a FAILED operation recorded from such an answer replays without its structuredContent.
+  const careless = new Agent(url, { ...headers, 'x-demo-off-schema': '1' });
+  await careless.connect();
+  emit('off_schema_quote', await careless.call('quote_transfer', transfer('50.00', 'careless')));
+  const fp6 = await quote(alice, 'quote_off_schema', '30000.00', 'careless');
+  emit('execute_off_schema', await careless.call('execute_transfer', transfer('30000.00', 'careless', fp6)));
+  await careless.close();
+  emit('replay_failed_off_schema', await alice.call('execute_transfer', transfer('30000.00', 'careless', fp6)));
 
   // The status tool on a fingerprint never used.
   const fp4 = await quote(alice, 'quote_unused', '40.00', 'unused');

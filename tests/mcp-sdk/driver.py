@@ -204,7 +204,10 @@ async def main(url):
                 for _ in range(60):
                     await anyio.sleep(0.1)
                     polled = await alice.call("get_transfer_status", {"fingerprint": fp2})
-                    if polled["status"] == "in_progress" or not polled["ok"]:
+                    if polled["status"] == "in_progress":
+                        break
+                    if not polled["ok"]:
+                        await anyio.sleep(1.0)  # the SDK refused the report: give the first call time to land
                         break
                 emit("status_in_flight", **polled)
                 emit("in_progress", **await alice.call("execute_transfer", transfer("20.00", "slow again", fp2)))
@@ -222,6 +225,15 @@ async def main(url):
         emit("execute_over_limit", **await alice.call("execute_transfer", transfer("20000.00", "too much", fp5)))
         emit("replay_failed", **await alice.call("execute_transfer", transfer("20000.00", "too much", fp5)))
         emit("status_failed", **await alice.call("get_transfer_status", {"fingerprint": fp5}))
+
+        # A server that leaves its outputSchema (demo: x-demo-off-schema): the SDK's validation acts through the
+        # gateway, and a FAILED operation recorded from such an answer replays without its structuredContent.
+        async with Agent(url, {**headers, "x-demo-off-schema": "1"}) as careless:
+            await careless.start()
+            emit("off_schema_quote", **await careless.call("quote_transfer", transfer("50.00", "careless")))
+            fp6 = await quote(alice, "quote_off_schema", "30000.00", "careless")
+            emit("execute_off_schema", **await careless.call("execute_transfer", transfer("30000.00", "careless", fp6)))
+        emit("replay_failed_off_schema", **await alice.call("execute_transfer", transfer("30000.00", "careless", fp6)))
 
         # The status tool on a fingerprint never used.
         fp4 = await quote(alice, "quote_unused", "40.00", "unused")

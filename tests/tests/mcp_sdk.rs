@@ -266,6 +266,17 @@ impl<'a> Judge<'a> {
         }
     }
 
+    /// An answer the SDK must refuse (its validation at work): an exception naming `needle`.
+    fn rejected(&mut self, step: &str, needle: &str) {
+        let Some(line) = self.steps.get(step).copied() else {
+            self.fail(step, "the driver never got here".into());
+            return;
+        };
+        if line["ok"] != false || !line["error"].as_str().is_some_and(|e| e.contains(needle)) {
+            self.fail(step, format!("the SDK should refuse this answer, naming {needle:?}"));
+        }
+    }
+
     /// A replay of a FAILED operation: an error without structuredContent, the envelope in `_meta`.
     fn failed_replay(&mut self, step: &str) {
         let Some(line) = self.accepted(step) else { return };
@@ -360,6 +371,22 @@ async fn sdk_against_the_gateway(sdk: Sdk, path: &str) -> TestResult {
     j.failed_replay("replay_failed");
     j.report("status_failed", "already_failed");
 
+    // The upstream leaves its outputSchema: a quote without quote_id is refused by both SDKs (the gateway
+    // adds its fingerprint, it does not mend the upstream's answer); a refusal whose structuredContent is
+    // the error body is refused by the TypeScript SDK only (it validates errors' structuredContent too).
+    j.rejected("off_schema_quote", "quote_id");
+    let fp6 = j.preview("quote_off_schema");
+    match sdk {
+        Sdk::Node => j.rejected("execute_off_schema", "-32602"),
+        Sdk::Python | Sdk::PythonDiscover => {
+            if j.accepted("execute_off_schema").is_some_and(|l| l["isError"] != true) {
+                j.fail("execute_off_schema", "the upstream's refusal should be isError: true".into());
+            }
+        }
+    }
+    // Its replay is the gateway's: no structuredContent, whatever the recorded result carried.
+    j.failed_replay("replay_failed_off_schema");
+
     let fp4 = j.preview("quote_unused");
     j.report("status_not_yet", "not_executed");
 
@@ -382,10 +409,11 @@ async fn sdk_against_the_gateway(sdk: Sdk, path: &str) -> TestResult {
         }
     }
     // Refused by the upstream once; the retry was answered by the gateway.
-    if let Some(fp5) = &fp5 {
-        let nonce = nonce_of(fp5)?;
+    for (name, fp) in [("quote_over_limit", &fp5), ("quote_off_schema", &fp6)] {
+        let Some(fp) = fp else { continue };
+        let nonce = nonce_of(fp)?;
         if !ledger["by_key"][&nonce].is_null() || ledger["attempts_by_key"][&nonce] != 1 {
-            j.failures.push(format!("{} quote_over_limit: one attempt, no execution: {ledger}", j.label));
+            j.failures.push(format!("{} {name}: one attempt, no execution: {ledger}", j.label));
         }
     }
     if ledger["total"] != 3 {
