@@ -64,9 +64,10 @@ def describe(result):
 
 
 def failure(e):
+    code = f" (code {e.code})" if isinstance(getattr(e, "code", None), int) else ""
     return {
         "ok": False,
-        "error": f"{type(e).__name__}: {e}",
+        "error": f"{type(e).__name__}{code}: {e}",
         "isError": None,
         "status": None,
         "structuredContent": None,

@@ -70,7 +70,7 @@ fn installed(sdk: Sdk) -> Result<String, BoxError> {
             if !out.status.success() {
                 return Err(format!(
                     "the MCP Python SDK is not installed in .venv ({}): {INSTALL}",
-                    String::from_utf8_lossy(&out.stderr).trim()
+                    String::from_utf8_lossy(&out.stderr).trim().lines().last().unwrap_or_default()
                 )
                 .into());
             }
