@@ -242,6 +242,8 @@ pub(crate) struct Faults {
     pub(crate) fail: Option<StatusCode>,
     crash_after_commit: bool,
     reset_first: bool,
+    /// MCP only: answers that do not keep to the tool's `outputSchema` (`crate::mcp`).
+    pub(crate) off_schema: bool,
 }
 
 impl Faults {
@@ -260,6 +262,7 @@ impl Faults {
                 .and_then(|code| StatusCode::from_u16(code).ok()),
             crash_after_commit: get("x-demo-crash-after-commit") == Some("1"),
             reset_first: get("x-demo-reset") == Some("first"),
+            off_schema: get("x-demo-off-schema") == Some("1"),
         }
     }
 
