@@ -735,12 +735,15 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
             Value::Number(n) => n.as_f64().map(LeafValue::Num),
             other => Some(LeafValue::Str(other.to_string())),
         };
-        let policy = match parse_route_policy(&leaf, defaults) {
+        let mut policy = match parse_route_policy(&leaf, defaults) {
             Ok(Some(p)) if matches!(p.role, Role::Preview | Role::Confirm | Role::Status) => p,
             Ok(Some(p)) => return perr(format!("tools.{name}.role: {} is not for a tool", p.role.as_str())),
             Ok(None) => return perr(format!("tools.{name}.role: required (preview, confirm or status)")),
             Err(PolicyError(e)) => return perr(format!("tools.{name}.{e}")),
         };
+        // An MCP tool always has a name: `in_progress` without a status tool polls by calling it again.
+        let spec = policy.tool.get_or_insert(ToolSpec { name: None, description: None, parameters: None });
+        spec.name.get_or_insert_with(|| name.clone());
         tools.push((name.clone(), std::rc::Rc::new(policy)));
     }
     Ok(RoutePolicy {

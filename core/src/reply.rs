@@ -131,6 +131,9 @@ pub struct ReplyContext<'a> {
     pub trace_id: &'a str,
     /// The status tool's name, for `in_progress` (and `needs_review`).
     pub poll_with: Option<&'a str>,
+    /// This call's own tool, where it has a name: without a status tool, `in_progress` polls by
+    /// calling it again with the same fingerprint (which reports, never executes twice).
+    pub own_tool: Option<&'a str>,
     pub poll_after_ms: u64,
     pub retry_after_ms: u64,
     /// The recorded upstream answer, for `already_completed` / `already_failed`.
@@ -180,7 +183,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     body.insert("status".into(), kind.status().into());
     body.insert("meaning".into(), text.meaning.into());
     body.insert("instruction".into(), text.instruction.into());
-    body.insert("retryable".into(), retryable(kind, ctx).into());
+    body.insert("retryable".into(), retryable(kind).into());
     body.insert("trace_id".into(), ctx.trace_id.into());
 
     let mut headers = vec![
@@ -203,7 +206,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
             headers.push(("idempotent-replayed".to_string(), "true".to_string()));
         }
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
-            body.insert("poll_with".into(), ctx.poll_with.map_or(Value::Null, Value::from));
+            body.insert("poll_with".into(), ctx.poll_with.or(ctx.own_tool).map_or(Value::Null, Value::from));
             body.insert("poll_after_ms".into(), ctx.poll_after_ms.into());
         }
         ReplyKind::NeedsReview => {
@@ -368,12 +371,12 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
 /// resolve; a URN says so plainly.
 pub const PROBLEM_BASE: &str = "urn:agent-idempotency:problem:";
 
-fn retryable(kind: ReplyKind, ctx: &ReplyContext) -> bool {
+fn retryable(kind: ReplyKind) -> bool {
     match kind {
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => true,
-        // Without a status tool, polling *is* repeating the same call, which
-        // is safe: it can only report, never execute twice.
-        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => ctx.poll_with.is_none(),
+        // The seed: in flight, like done, says "do not re-issue". Polling without a status tool is
+        // calling the same tool with the same fingerprint, which `poll_with` names and which only reports.
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => false,
         _ => false,
     }
 }
@@ -763,6 +766,7 @@ mod tests {
                 let ctx = ReplyContext {
                     trace_id: "trace-123",
                     poll_with: Some("get_transfer_status"),
+                    own_tool: None,
                     poll_after_ms: 2000,
                     retry_after_ms: 1500,
                     result: Some(&result),
@@ -914,7 +918,17 @@ mod tests {
             &ReplyContext { poll_after_ms: 1500, ..Default::default() },
         ))?;
         assert_eq!(alone.get("poll_with"), Some(&Value::Null));
-        assert_eq!(alone.get("retryable"), Some(&Value::Bool(true)));
+        assert_eq!(alone.get("retryable"), Some(&Value::Bool(false)), "in flight says do not re-issue");
+        let own = json(&render(
+            ReplyKind::InProgress,
+            Language::En,
+            &ReplyContext { own_tool: Some("pay"), ..Default::default() },
+        ))?;
+        assert_eq!(
+            (own.get("poll_with"), own.get("retryable")),
+            (Some(&Value::from("pay")), Some(&Value::Bool(false)))
+        );
+        assert!(own.get("instruction").and_then(Value::as_str).is_some_and(|i| i.contains("same fingerprint")));
         assert!(alone.get("instruction").and_then(Value::as_str).is_some_and(|i| i.contains("1500 ms")));
         Ok(())
     }

@@ -387,8 +387,7 @@ impl Confirm {
     }
 
     fn in_progress(&self, kind: ReplyKind, key: &OpKey) -> Step {
-        let (poll_with, poll_after_ms) = self.ctx.polling();
-        let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(key), ..Default::default() };
+        let ctx = ReplyContext { operation: Some(key), ..self.ctx.polling() };
         self.reply(kind, ctx).with(Effect::Count(Counter::InProgress))
     }
 
@@ -497,13 +496,10 @@ impl Confirm {
             // Programs read the upstream's own 429/503/5xx; their retry gets 409 until it is settled.
             return Step::go_on();
         }
-        let (poll_with, poll_after_ms) = self.ctx.polling();
         let ctx = ReplyContext {
-            poll_with,
-            poll_after_ms,
             retry_after_ms: retry_after_ms(&head.headers).unwrap_or(self.ctx.config.defaults.retry_after_ms),
             operation: Some(nonce),
-            ..Default::default()
+            ..self.ctx.polling()
         };
         Step::go_on().with(Effect::Rewrite(self.ctx.render(kind, ctx)))
     }

@@ -496,9 +496,15 @@ impl Ctx {
         })
     }
 
-    /// The route's status tool and polling interval, for `in_progress`.
-    fn polling(&self) -> (Option<&str>, u64) {
-        (self.policy.status_tool.as_deref(), self.policy.poll_after_ms)
+    /// Where and when `in_progress` polls: the status tool, else this call's own tool (by its
+    /// `tool.name`; an MCP tool always has one), after the route's interval.
+    fn polling(&self) -> ReplyContext<'_> {
+        ReplyContext {
+            poll_with: self.policy.status_tool.as_deref(),
+            own_tool: self.policy.tool.as_ref().and_then(|t| t.name.as_deref()),
+            poll_after_ms: self.policy.poll_after_ms,
+            ..Default::default()
+        }
     }
 }
 

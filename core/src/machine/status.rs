@@ -100,8 +100,7 @@ impl Status {
                 OpState::Done => self.outcome(ReplyKind::AlreadyCompleted, view.result.as_ref()),
                 OpState::Failed => self.outcome(ReplyKind::AlreadyFailed, view.result.as_ref()),
                 OpState::InFlight => {
-                    let (poll_with, poll_after_ms) = self.ctx.polling();
-                    let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(&key), ..Default::default() };
+                    let ctx = ReplyContext { operation: Some(&key), ..self.ctx.polling() };
                     self.ctx.reply(ReplyKind::InProgress, ctx)
                 }
                 OpState::NeedsReview => {
