@@ -346,7 +346,7 @@ fn expired_confirm_asks_before_it_answers() -> TestResult {
     let size = s.host().request_body.len();
     s.on_request_body(size, true);
     assert_eq!(s.host().last_call_header(":method").as_deref(), Some("GET"));
-    assert_eq!(s.host().last_call_header(":path"), Some(format!("/v1/operations/{}", "ab".repeat(16))));
+    assert_eq!(s.host().last_call_header(":path"), Some(format!("/v1/operations/{}?exp=1000", "ab".repeat(16))));
     answer(&mut s, 404, json!({"error": "not_found"}));
     assert_eq!(s.host().last_reply_json()["status"], "fingerprint_expired");
     Ok(())

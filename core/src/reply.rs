@@ -34,6 +34,9 @@ pub enum ReplyKind {
     StatusUnavailable,
     ParamsChanged,
     FingerprintExpired,
+    /// 410: expired, no row, and one may have been kept and reaped after the retention: whether
+    /// the operation ran is no longer known here. Never "nothing ran".
+    RecordGone,
     FingerprintInvalid,
     FingerprintMissing,
     Forbidden,
@@ -57,7 +60,7 @@ pub enum ReplyKind {
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 21] = [
+    pub const ALL: [ReplyKind; 22] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -79,6 +82,7 @@ impl ReplyKind {
         ReplyKind::KeyInvalid,
         ReplyKind::InvalidHeader,
         ReplyKind::PathNotCanonical,
+        ReplyKind::RecordGone,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -103,6 +107,7 @@ impl ReplyKind {
             ReplyKind::KeyInvalid => "idempotency_key_invalid",
             ReplyKind::InvalidHeader => "invalid_header",
             ReplyKind::PathNotCanonical => "path_not_canonical",
+            ReplyKind::RecordGone => "record_expired",
         }
     }
 
@@ -219,7 +224,11 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     if let Some(key) = ctx.operation {
         if matches!(
             kind,
-            ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview | ReplyKind::StatusUnavailable
+            ReplyKind::InProgress
+                | ReplyKind::OutcomeUnknown
+                | ReplyKind::NeedsReview
+                | ReplyKind::StatusUnavailable
+                | ReplyKind::RecordGone
         ) {
             body.insert("operation".into(), key.into());
         }
@@ -277,7 +286,7 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
         ReplyKind::NotYetExecuted => 200,
         ReplyKind::ParamsChanged => 422,
-        ReplyKind::FingerprintExpired => 410,
+        ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
         ReplyKind::FingerprintInvalid => 400,
         ReplyKind::FingerprintMissing => 428,
         ReplyKind::Forbidden => 403,
@@ -357,6 +366,9 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
         ReplyKind::FingerprintInvalid => (400, "fingerprint-invalid", "The fingerprint is not one this gateway issued"),
         ReplyKind::FingerprintExpired => {
             (410, "fingerprint-expired", "The fingerprint has expired and nothing ran with it")
+        }
+        ReplyKind::RecordGone => {
+            (410, "record-expired", "The record of this request is older than the retention and no longer kept")
         }
         ReplyKind::Forbidden => (403, "forbidden", "This fingerprint or key belongs to another caller"),
         ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
@@ -553,6 +565,13 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
             "Send that header exactly once, with one value, and call again.",
         ),
+        ReplyKind::RecordGone => w(
+            "This fingerprint has expired, and the gateway no longer keeps records that old, so it cannot tell whether an earlier call executed this operation. This call did not execute anything.",
+            format!(
+                "Do not tell the user it was not done, and do not confirm again with this fingerprint. Tell the user the outcome can no longer be looked up here and give them the reference {}, which an operator can check in the service's own records. If the user wants a new operation, call the preview tool again.",
+                ctx.operation.unwrap_or(ctx.trace_id)
+            ),
+        ),
         ReplyKind::PathNotCanonical => w(
             "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) of an operation the gateway guards. This call did not execute anything.",
             format!("Send the call again to the operation's documented path ({}).", ctx.detail.unwrap_or("see `detail`")),
@@ -695,6 +714,13 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             format!("网关读取的某个请求头出现了不止一次（{}），无法判断以哪个为准，本次调用没有执行任何操作。", ctx.detail.unwrap_or("见 detail")),
             "该请求头只发送一次、只带一个值，然后重新调用。",
         ),
+        ReplyKind::RecordGone => w(
+            "该指纹已过期，网关不再保存这么久之前的记录，无法判断之前的调用是否已经执行了该操作。本次调用没有执行任何操作。",
+            format!(
+                "不要告诉用户操作没有完成，也不要用这个指纹再次确认。告诉用户这里已无法查询结果，并给出参考号 {}，运维人员可以在业务系统自己的记录中核对。如果用户想要新的操作，请先重新调用预览工具。",
+                ctx.operation.unwrap_or(ctx.trace_id)
+            ),
+        ),
         ReplyKind::PathNotCanonical => w(
             "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头），本次调用没有执行任何操作。",
             format!("请按文档中的路径重新发送（调用）该操作（{}）。", ctx.detail.unwrap_or("见 detail")),
@@ -743,7 +769,7 @@ mod tests {
             ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
             ReplyKind::NotYetExecuted => 200,
             ReplyKind::ParamsChanged => 422,
-            ReplyKind::FingerprintExpired => 410,
+            ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
             ReplyKind::FingerprintInvalid => 400,
             ReplyKind::FingerprintMissing => 428,
             ReplyKind::Forbidden => 403,
@@ -826,7 +852,8 @@ mod tests {
                 "idempotency_key_missing",
                 "idempotency_key_invalid",
                 "invalid_header",
-                "path_not_canonical"
+                "path_not_canonical",
+                "record_expired"
             ]
         );
     }

@@ -166,12 +166,12 @@ impl Confirm {
         }
         if claims.expired(env.now_s()) {
             // Expiry refuses to start an operation, never to report one that exists.
-            let call = Callout { method: "GET", path: operation_path(&claims.nonce), body: None };
+            let call = Callout { method: "GET", path: lookup_path(&claims.nonce, Some(claims.exp)), body: None };
             self.phase = Phase::CheckingExpired { key: claims.nonce };
             return Ok(Step::pause().with(Effect::Count(Counter::ExpiredLookups)).with(Effect::Call(call)));
         }
         Ok(self
-            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, KeyMode::Fingerprint)
+            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, Some(claims.exp))
             .with(Effect::Count(Counter::Verified)))
     }
 
@@ -221,7 +221,7 @@ impl Confirm {
         if let Some(step) = self.cached(&op, env) {
             return step.with(Effect::Count(Counter::ClientKeyRequests));
         }
-        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), KeyMode::ClientKey)
+        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), None)
             .with(Effect::Count(Counter::ClientKeyRequests))
     }
 
@@ -263,7 +263,16 @@ impl Confirm {
         replay_cache::store(cfg, &entry)
     }
 
-    fn acquire(&mut self, key: OpKey, param_hash: String, subject_hash: String, scope: String, mode: KeyMode) -> Step {
+    /// `exp`: the fingerprint's, or `None` for a client key.
+    fn acquire(
+        &mut self,
+        key: OpKey,
+        param_hash: String,
+        subject_hash: String,
+        scope: String,
+        exp: Option<u64>,
+    ) -> Step {
+        let mode = if exp.is_some() { KeyMode::Fingerprint } else { KeyMode::ClientKey };
         let req = AcquireRequest {
             key: key.clone(),
             param_hash,
@@ -272,6 +281,7 @@ impl Confirm {
             lease_ms: self.ctx.policy.lease_ms,
             trace_id: self.ctx.trace_id.clone(),
             mode,
+            exp,
         };
         self.phase = Phase::Acquiring { key };
         Step::pause().with(Effect::Call(post("/v1/acquire", &req)))
@@ -326,8 +336,13 @@ impl Confirm {
 
     fn on_expired_lookup(&mut self, answer: &CalloutAnswer, key: &OpKey, env: &mut dyn Env) -> Step {
         match answer.status {
-            // No row: never started (or released, which means it never ran), and now it cannot start.
-            Some(404) => self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired)),
+            // No row, and none could have been reaped: never started (or released, which means it
+            // never ran), and now it cannot start.
+            Some(404) if !answer.reaped_possible() => {
+                self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired))
+            }
+            // No row any more, and one may have been: nothing is known, and nothing may be claimed.
+            Some(404) => self.record_gone(key),
             Some(200) => match answer.json::<OperationView>() {
                 Some(view) => match view.state {
                     OpState::Done => self.replay_terminal(key, TerminalState::Done, view.result.as_ref(), env),
@@ -339,6 +354,11 @@ impl Confirm {
             },
             _ => self.unchecked(key),
         }
+    }
+
+    fn record_gone(&self, key: &OpKey) -> Step {
+        let ctx = ReplyContext { operation: Some(key), ..Default::default() };
+        self.reply(ReplyKind::RecordGone, ctx).with(Effect::Count(Counter::RejectedExpired))
     }
 
     /// A recorded terminal result, replayed and remembered in the replay cache.
@@ -550,8 +570,13 @@ fn replay_kind(state: TerminalState) -> ReplyKind {
     }
 }
 
-pub(super) fn operation_path(nonce: &str) -> String {
-    format!("/v1/operations/{nonce}")
+/// `GET /v1/operations/{key}`, with the fingerprint's `exp` when there is one, so that idemd can
+/// say whether a missing row may have been reaped.
+pub(super) fn lookup_path(key: &str, exp: Option<u64>) -> String {
+    match exp {
+        Some(exp) => format!("/v1/operations/{key}?exp={exp}"),
+        None => format!("/v1/operations/{key}"),
+    }
 }
 
 fn post<T: serde::Serialize>(path: &str, body: &T) -> Callout {

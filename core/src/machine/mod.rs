@@ -187,6 +187,11 @@ impl CalloutAnswer {
         self.status?;
         serde_json::from_slice(&self.body).ok()
     }
+
+    /// A lookup's 404 that says a row could have existed and been reaped (DESIGN §4).
+    fn reaped_possible(&self) -> bool {
+        self.json::<crate::protocol::NotFoundView>().is_some_and(|v| v.reaped_possible)
+    }
 }
 
 /// A call to idemd. The host adds the cluster, authority, credential, trace id

@@ -343,7 +343,7 @@ fn expiry_boundary_is_exact() -> TestResult {
     assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/acquire"));
     let (_, step, _) = expired(1000)?;
     let c = call(&step).ok_or("no lookup")?;
-    assert_eq!((c.method, c.path.clone()), ("GET", format!("/v1/operations/{KEY}")));
+    assert_eq!((c.method, c.path.clone()), ("GET", format!("/v1/operations/{KEY}?exp=1000")));
     assert!(counted(&step, Counter::ExpiredLookups));
     Ok(())
 }
@@ -530,6 +530,7 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
         (999, answer(200, done), 200, "already_completed"),
         (999, answer(404, json!({})), 200, "not_executed"),
         (1000, answer(404, json!({})), 410, "fingerprint_expired"),
+        (1000, answer(404, json!({"error": "not_found", "reaped_possible": true})), 410, "record_expired"),
         (999, CalloutAnswer::failed(), 503, "status_unavailable"),
     ];
     for (now, a, http, status) in cases {
@@ -537,7 +538,7 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
         let h = RequestHead { path: format!("/status?x=1&fingerprint={fp}"), ..head(None) };
         let (mut m, step) = Machine::start(ctx("status")?, &h, true, &mut env);
         let c = call(&step).ok_or("no lookup")?;
-        assert_eq!(c.path, format!("/v1/operations/{KEY}"));
+        assert_eq!(c.path, format!("/v1/operations/{KEY}?exp=1000"));
         let step = m.on_callout(&a, &mut env)?;
         assert_eq!(reply_status(&step)?, (http, status.to_string()), "{now} {a:?}");
     }

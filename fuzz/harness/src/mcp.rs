@@ -471,7 +471,7 @@ fn check_tool_call(
                     if claims.expired(NOW) {
                         assert_eq!(
                             (call.method, call.path.clone()),
-                            ("GET", format!("/v1/operations/{}", claims.nonce))
+                            ("GET", format!("/v1/operations/{}?exp={}", claims.nonce, claims.exp))
                         );
                         return Sent::LookingUp;
                     }
@@ -497,7 +497,10 @@ fn check_tool_call(
             Some(claims) => {
                 assert!(!replied, "{what}: {:?}", trace.effects);
                 let [call] = calls.as_slice() else { panic!("{what}: {} callouts: {:?}", calls.len(), trace.effects) };
-                assert_eq!((call.method, call.path.clone()), ("GET", format!("/v1/operations/{}", claims.nonce)));
+                assert_eq!(
+                    (call.method, call.path.clone()),
+                    ("GET", format!("/v1/operations/{}?exp={}", claims.nonce, claims.exp))
+                );
                 assert_eq!(trace.flow, Some(Flow::Pause), "{what}");
                 Sent::LookingUp
             }
