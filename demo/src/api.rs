@@ -298,7 +298,8 @@ impl Faults {
             crash_after_commit: get("x-demo-crash-after-commit") == Some("1"),
             hold_after_commit: get("x-demo-hold-after-commit")
                 .filter(|n| {
-                    (1..=64).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                    (1..=64).contains(&n.len())
+                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
                 })
                 .map(str::to_owned),
             reset_first: get("x-demo-reset") == Some("first"),

@@ -53,12 +53,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
 
     let store = store::Store::open(&cli.db).await?;
-    let router = api::router(store, api::Config {
-        dedup: !cli.no_dedup,
-        faults: cli.faults,
-        fault_dir: cli.fault_dir.unwrap_or_else(std::env::temp_dir),
-        mcp: !cli.no_mcp,
-    });
+    let router = api::router(
+        store,
+        api::Config {
+            dedup: !cli.no_dedup,
+            faults: cli.faults,
+            fault_dir: cli.fault_dir.unwrap_or_else(std::env::temp_dir),
+            mcp: !cli.no_mcp,
+        },
+    );
     let listener = TcpListener::bind(&cli.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, db = %cli.db, dedup = !cli.no_dedup, faults = cli.faults, mcp = !cli.no_mcp, "started");

@@ -360,11 +360,8 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         if n != name {
             continue;
         }
-        let have: Vec<(&str, &str)> = set
-            .split(',')
-            .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| (k, v.trim_matches('"')))
-            .collect();
+        let have: Vec<(&str, &str)> =
+            set.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k, v.trim_matches('"'))).collect();
         if labels.iter().all(|want| have.contains(want)) {
             if let Ok(v) = value.parse::<f64>() {
                 *found.get_or_insert(0.0) += v;
@@ -372,6 +369,12 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         }
     }
     found
+}
+
+/// The `envoy_edits` entry that turns the plugin's replay cache off in envoy/e2e.yaml
+/// (`"replay_cache": {"slots": 0}`): every replay is then idemd's, as on an Envoy that never saw it.
+pub fn without_replay_cache() -> (String, String) {
+    ("\"sidecar_timeout_ms\": 5000,".into(), "\"sidecar_timeout_ms\": 5000, \"replay_cache\": {\"slots\": 0},".into())
 }
 
 /// Redis + Postgres when both are reachable; None (loud skip) otherwise.
