@@ -340,16 +340,21 @@ async fn envoy_retries_keep_the_idempotency_key() -> TestResult {
 async fn the_agent_gets_the_answer_even_when_the_sidecar_dies_before_recording_it() -> TestResult {
     let mut stack = Stack::start(sqlite_only(true)).await?;
     let (_, fp) = stack.preview(json!("90.00")).await?;
-    let slow = stack.spawn_confirm("/v1/transfers", &fp, transfer(json!("90.00"), "m"), 1500);
-    // Once the demo holds the request, the sidecar goes away: the complete callout will fail.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while counts(&stack).await?.1 == 0 {
-        assert!(std::time::Instant::now() < deadline, "the confirm never reached the demo");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let req = stack
+        .http
+        .post(stack.url("/v1/transfers"))
+        .header("x-agent-subject", SUBJECT)
+        .header("agent-fingerprint", &fp)
+        .header("x-demo-hold-after-commit", "unrecorded")
+        .json(&transfer(json!("90.00"), "m"));
+    let slow = tokio::spawn(req.send());
+    // Once the demo has committed (and holds its answer), the sidecar goes away: the complete callout will fail.
+    let record = stack.wait_committed("unrecorded", Duration::from_secs(10)).await?;
     stack.sidecar.kill9();
+    stack.release_hold("unrecorded")?;
     let first = slow.await??;
     assert_eq!(first.status().as_u16(), 201, "the upstream's answer still reaches the agent");
+    assert_eq!(first.json::<Value>().await?, record);
     assert!(stack.stat("wasmcustom.idem.sidecar_errors").await? >= 1);
     // Nothing recorded the outcome: the row stays IN_FLIGHT (for the reconciler), never re-executes.
     stack.restart_sidecar().await?;
