@@ -12,8 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 pub struct Config {
@@ -21,6 +22,8 @@ pub struct Config {
     pub dedup: bool,
     /// Honour the `x-demo-*` fault headers (`--faults`).
     pub faults: bool,
+    /// Where `x-demo-hold-after-commit` writes and waits for its files (`--fault-dir`).
+    pub fault_dir: PathBuf,
     /// Serve the MCP endpoints (`crate::mcp`; off: `--no-mcp`).
     pub mcp: bool,
 }
@@ -213,7 +216,37 @@ async fn execute(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Confirme
         warn!(key, "fault: exiting after commit, before answering");
         std::process::exit(0);
     }
+    if let Some(name) = &faults.hold_after_commit {
+        hold_after_commit(&app.config.fault_dir, name, &body).await;
+    }
     Ok(Confirmed::Record(body))
+}
+
+/// How long `x-demo-hold-after-commit` holds an answer at most: a test that never releases it
+/// still gets its answer, late.
+const HOLD_AT_MOST: Duration = Duration::from_secs(20);
+
+/// `x-demo-hold-after-commit: <name>`: the transfer is committed; say so in `<dir>/<name>.committed`
+/// (the record about to be answered, written whole) and answer only once `<dir>/<name>.release`
+/// exists. A test acts in between: the service has executed and not yet answered.
+async fn hold_after_commit(dir: &std::path::Path, name: &str, record: &str) {
+    let committed = dir.join(format!("{name}.committed"));
+    let partial = dir.join(format!("{name}.committed.partial"));
+    if let Err(e) = tokio::fs::write(&partial, record).await.and(tokio::fs::rename(&partial, &committed).await) {
+        error!(error = %e, path = %committed.display(), "fault: cannot write the committed file; answering now");
+        return;
+    }
+    warn!(name, "fault: committed; holding the answer until {name}.release appears");
+    let release = dir.join(format!("{name}.release"));
+    let deadline = Instant::now() + HOLD_AT_MOST;
+    while !tokio::fs::try_exists(&release).await.unwrap_or(false) {
+        if Instant::now() > deadline {
+            warn!(name, "fault: nobody released the answer within {HOLD_AT_MOST:?}; answering");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    info!(name, "fault: released; answering");
 }
 
 async fn by_key(State(app): State<App>, Path(key): Path<String>) -> Response {
@@ -243,6 +276,8 @@ pub(crate) struct Faults {
     pub(crate) delay: Option<Duration>,
     pub(crate) fail: Option<StatusCode>,
     crash_after_commit: bool,
+    /// A name of `[A-Za-z0-9_-]`, at most 64 characters (it names files in the fault dir).
+    hold_after_commit: Option<String>,
     reset_first: bool,
     /// MCP only: answers that do not keep to the tool's `outputSchema` (`crate::mcp`).
     pub(crate) off_schema: bool,
@@ -265,6 +300,12 @@ impl Faults {
                 .filter(|code| (400..=599).contains(code))
                 .and_then(|code| StatusCode::from_u16(code).ok()),
             crash_after_commit: get("x-demo-crash-after-commit") == Some("1"),
+            hold_after_commit: get("x-demo-hold-after-commit")
+                .filter(|n| {
+                    (1..=64).contains(&n.len())
+                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+                .map(str::to_owned),
             reset_first: get("x-demo-reset") == Some("first"),
             off_schema: get("x-demo-off-schema") == Some("1"),
             quote_ttl_s: get("x-demo-quote-ttl-s").and_then(|v| v.parse().ok()),

@@ -33,6 +33,11 @@ struct Cli {
     #[arg(long, env = "DEMO_FAULTS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     faults: bool,
 
+    /// Where the `x-demo-hold-after-commit` fault writes `<name>.committed` and waits for
+    /// `<name>.release` (default: the system's temp dir).
+    #[arg(long, env = "DEMO_FAULT_DIR")]
+    fault_dir: Option<std::path::PathBuf>,
+
     /// Do not serve the MCP endpoints (`/mcp`, `/mcp/sse`, `/mcp/session`).
     #[arg(long, env = "DEMO_NO_MCP", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     no_mcp: bool,
@@ -48,7 +53,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
 
     let store = store::Store::open(&cli.db).await?;
-    let router = api::router(store, api::Config { dedup: !cli.no_dedup, faults: cli.faults, mcp: !cli.no_mcp });
+    let router = api::router(
+        store,
+        api::Config {
+            dedup: !cli.no_dedup,
+            faults: cli.faults,
+            fault_dir: cli.fault_dir.unwrap_or_else(std::env::temp_dir),
+            mcp: !cli.no_mcp,
+        },
+    );
     let listener = TcpListener::bind(&cli.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, db = %cli.db, dedup = !cli.no_dedup, faults = cli.faults, mcp = !cli.no_mcp, "started");

@@ -6,11 +6,12 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 use support::{json, transfer, Demo};
 
-const ALL_FAULTS: [(&str, &str); 4] = [
+const ALL_FAULTS: [(&str, &str); 5] = [
     ("x-demo-delay-ms", "1500"),
     ("x-demo-fail", "503"),
     ("x-demo-crash-after-commit", "1"),
     ("x-demo-reset", "first"),
+    ("x-demo-hold-after-commit", "held"),
 ];
 
 #[tokio::test]
@@ -142,4 +143,46 @@ fn reset_is_a_tcp_reset() {
     let mut buf = [0; 64];
     let err = conn.read(&mut buf).expect_err("no bytes, no clean EOF");
     assert_eq!(err.kind(), ErrorKind::ConnectionReset);
+}
+
+/// `x-demo-hold-after-commit: <name>`: committed and said so in `<name>.committed` (the record it
+/// will answer), and no answer until `<name>.release` exists.
+#[tokio::test]
+async fn hold_after_commit_answers_only_once_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = tempfile::tempdir().unwrap();
+    let fault_dir = faults.path().display().to_string();
+    let demo = Demo::start(dir.path(), &["--faults", "--fault-dir", &fault_dir]);
+    let req = demo
+        .client
+        .post(demo.url("/v1/transfers"))
+        .header("Idempotency-Key", "held")
+        .header("x-demo-hold-after-commit", "h-1")
+        .json(&transfer(json("3")))
+        .send();
+    let answer = tokio::spawn(req);
+    let committed = faults.path().join("h-1.committed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !committed.exists() {
+        assert!(Instant::now() < deadline, "never committed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let record = json(&std::fs::read_to_string(&committed).unwrap());
+    assert_eq!(demo.get("/v1/transfers/by-key/held").await, (200, record.clone()), "executed before answering");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!answer.is_finished(), "held until released");
+
+    std::fs::write(faults.path().join("h-1.release"), "go").unwrap();
+    let resp = answer.await.unwrap().unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    assert_eq!(json(&resp.text().await.unwrap()), record);
+    assert_eq!(demo.executions().await["total"], 1);
+
+    // A name that is not a plain file name is ignored: answered at once, nothing written.
+    let started = Instant::now();
+    let (status, _) =
+        demo.confirm(Some("other"), &[("x-demo-hold-after-commit", "../escape")], &transfer(json("4"))).await.unwrap();
+    assert_eq!(status, 201);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(std::fs::read_dir(faults.path()).unwrap().count(), 2, "only h-1's two files");
 }

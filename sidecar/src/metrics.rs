@@ -29,6 +29,11 @@ struct AcquireLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     decision: &'static str,
 }
@@ -54,6 +59,7 @@ pub struct Metrics {
     release: Family<OutcomeLabels, Counter>,
     latency: LatencyFamily,
     redis_fallback: Counter,
+    redis_refill: Family<StateLabels, Counter>,
     redis_up: Gauge,
     sql_up: Gauge,
     reconcile: Family<DecisionLabels, Counter>,
@@ -76,6 +82,7 @@ impl Metrics {
         let release = Family::<OutcomeLabels, Counter>::default();
         let latency = LatencyFamily::new_with_constructor(latency_histogram as fn() -> Histogram);
         let redis_fallback = Counter::default();
+        let redis_refill = Family::<StateLabels, Counter>::default();
         let redis_up = Gauge::default();
         let sql_up = Gauge::default();
         let reconcile = Family::<DecisionLabels, Counter>::default();
@@ -96,6 +103,12 @@ impl Metrics {
             "idem_redis_fallback",
             "Calls served by SQL alone because Redis was unreachable or erroring",
             redis_fallback.clone(),
+        );
+        registry.register(
+            "idem_redis_refill",
+            "Acquires Redis had no copy for (flushed, failed over, evicted or expired) while SQL had the row: answered \
+             from the row, which is copied back to Redis; by the row's state",
+            redis_refill.clone(),
         );
         registry.register(
             "idem_redis_up",
@@ -127,6 +140,7 @@ impl Metrics {
             release,
             latency,
             redis_fallback,
+            redis_refill,
             redis_up,
             sql_up,
             reconcile,
@@ -158,6 +172,11 @@ impl Metrics {
 
     pub fn redis_fallback(&self) {
         self.redis_fallback.inc();
+    }
+
+    /// An acquire found the key gone from Redis but the row in SQL: the row answered.
+    pub fn redis_refill(&self, state: &'static str) {
+        self.redis_refill.get_or_create(&StateLabels { state }).inc();
     }
 
     pub fn set_redis_up(&self, up: bool) {

@@ -287,6 +287,96 @@ impl Stack {
     }
 }
 
+impl Stack {
+    /// idemd's `/metrics` (OpenMetrics text), straight from the sidecar.
+    pub async fn idemd_metrics(&self) -> Result<String, BoxError> {
+        let r = self.http.get(self.sidecar_url("/metrics")).send().await?;
+        if !r.status().is_success() {
+            return Err(format!("idemd /metrics answered {}", r.status()).into());
+        }
+        Ok(r.text().await?)
+    }
+
+    /// The database idemd of this stack writes to.
+    pub fn database_url(&self) -> String {
+        self.opts
+            .sidecar
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}/idem.db", self.dir.path().display()))
+    }
+
+    /// How many rows idemd's SQL truth (`idem_record`) and its audit trail (`idem_audit`) hold for an
+    /// operation, read straight from the database.
+    pub async fn sql_rows(&self, key: &str) -> Result<(i64, i64), BoxError> {
+        if key.len() != 32 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("not an operation key: {key:?}").into());
+        }
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::pool::PoolOptions::<sqlx::Any>::new().max_connections(1).connect(&self.database_url()).await?;
+        // The key is validated hex: inlined, so no dialect's placeholders are needed.
+        let count = |table: &str| format!("SELECT COUNT(*) FROM {table} WHERE idem_key = '{key}'");
+        let records: i64 = sqlx::query_scalar(&count("idem_record")).fetch_one(&pool).await?;
+        let audit: i64 = sqlx::query_scalar(&count("idem_audit")).fetch_one(&pool).await?;
+        pool.close().await;
+        Ok((records, audit))
+    }
+
+    /// Wait (at most `within`) for the demo's `x-demo-hold-after-commit: <name>` confirm to commit:
+    /// the demo then writes `<name>.committed` (the record it will answer) into the stack's dir and
+    /// holds its answer until `release_hold(name)`.
+    pub async fn wait_committed(&self, name: &str, within: Duration) -> Result<Value, BoxError> {
+        let path = self.dir.path().join(format!("{name}.committed"));
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                if let Ok(v) = serde_json::from_str(&text) {
+                    return Ok(v);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the demo did not commit {name} within {within:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Let the demo answer the confirm it holds under `name`.
+    pub fn release_hold(&self, name: &str) -> Result<(), BoxError> {
+        Ok(std::fs::write(self.dir.path().join(format!("{name}.release")), b"go")?)
+    }
+}
+
+/// One series of an OpenMetrics text: the sum of the samples named `name` whose labels include all of
+/// `labels`; None when there is none (a counter family nothing has incremented has no series).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let (n, set) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.strip_suffix('}').unwrap_or(rest)),
+            None => (series, ""),
+        };
+        if n != name {
+            continue;
+        }
+        let have: Vec<(&str, &str)> =
+            set.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k, v.trim_matches('"'))).collect();
+        if labels.iter().all(|want| have.contains(want)) {
+            if let Ok(v) = value.parse::<f64>() {
+                *found.get_or_insert(0.0) += v;
+            }
+        }
+    }
+    found
+}
+
+/// The `envoy_edits` entry that turns the plugin's replay cache off in envoy/e2e.yaml
+/// (`"replay_cache": {"slots": 0}`): every replay is then idemd's, as on an Envoy that never saw it.
+pub fn without_replay_cache() -> (String, String) {
+    ("\"sidecar_timeout_ms\": 5000,".into(), "\"sidecar_timeout_ms\": 5000, \"replay_cache\": {\"slots\": 0},".into())
+}
+
 /// Redis + Postgres when both are reachable; None (loud skip) otherwise.
 pub fn real_stores(faults: bool) -> Result<Option<StackOpts>, BoxError> {
     if !backends::available("redis", &backends::redis_url())?
@@ -359,7 +449,8 @@ pub fn start_demo(opts: &DemoOpts, port: u16, dir: &Path) -> Result<Proc, BoxErr
         cmd.arg("--no-dedup");
     }
     if opts.faults {
-        cmd.arg("--faults");
+        // x-demo-hold-after-commit writes and waits for its files here (Stack::wait_committed).
+        cmd.arg("--faults").arg("--fault-dir").arg(dir);
     }
     Proc::spawn("demo", &mut cmd, dir)
 }

@@ -57,6 +57,15 @@ async fn fifty_parallel_confirms_execute_once(opts: StackOpts) -> TestResult {
     assert!(replayed_ids.iter().all(|id| *id == executed[0]), "every replay carries the same transfer_id");
     assert_eq!(1 + replayed_ids.len() + in_progress, 50);
     assert_eq!(counts(&stack).await?, (1, 1), "one execution, one attempt upstream");
+    // idemd handed out one operation: one ACQUIRED among all the acquires it answered, every
+    // confirm was answered by idemd or by Envoy's replay cache, and SQL holds one row.
+    let m = stack.idemd_metrics().await?;
+    assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "ACQUIRED"), ("mode", "fingerprint")]), Some(1.0), "{m}");
+    let acquires = metric(&m, "idem_acquire_total", &[]).unwrap_or(0.0);
+    let cached = stack.stat("wasmcustom.idem.replay_cache_hits").await? as f64;
+    assert_eq!(acquires + cached, 50.0, "{acquires} acquires at idemd + {cached} cache hits: {m}");
+    let key = idem_testkit::fingerprint::nonce(&fp)?;
+    assert_eq!(stack.sql_rows(&key).await?, (1, 2), "one idem_record row; its audit: one acquire, one complete");
     Ok(())
 }
 
@@ -223,16 +232,33 @@ async fn flushdb_after_success_replays_from_sql() -> TestResult {
         },
         ..Default::default()
     };
-    let stack = Stack::start(opts).await?;
+    // Envoy's replay cache off: the replay after the flush must come from idemd.
+    let stack = Stack::start(StackOpts { envoy_edits: vec![without_replay_cache()], ..opts }).await?;
     let (_, fp) = stack.preview(json!("50.00")).await?;
+    let redis_key = format!("idem:{{{}}}", nonce_of(&fp)?);
     let first = confirm(&stack, &fp, json!("50.00"), "m", &[]).await?;
     assert_eq!(first.status, 201);
     let mut con = redis::Client::open(redis_url.as_str())?.get_multiplexed_async_connection().await?;
+    let state: Option<String> = redis::cmd("HGET").arg(&redis_key).arg("state").query_async(&mut con).await?;
+    assert_eq!(state.as_deref(), Some("DONE"), "the complete reached Redis");
     let _: () = redis::cmd("FLUSHDB").query_async(&mut con).await?;
+    let exists: i64 = redis::cmd("EXISTS").arg(&redis_key).query_async(&mut con).await?;
+    assert_eq!(exists, 0);
+
     let again = confirm(&stack, &fp, json!("50.00"), "m", &[]).await?;
     again.assert_prompt("already_completed");
     assert_eq!(serde_json::to_vec(&again.json["result"])?, first.body);
     assert_eq!(counts(&stack).await?, (1, 1));
+    // Not Envoy's cache: idemd answered DONE from the SQL row (Redis, up all along, had lost the key)
+    // and copied the row back to Redis.
+    assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 0);
+    let m = stack.idemd_metrics().await?;
+    assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "ACQUIRED")]), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "DONE"), ("mode", "fingerprint")]), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "idem_redis_refill_total", &[("state", "DONE")]), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "idem_redis_fallback_total", &[]), Some(0.0), "Redis was never bypassed: {m}");
+    let state: Option<String> = redis::cmd("HGET").arg(&redis_key).arg("state").query_async(&mut con).await?;
+    assert_eq!(state.as_deref(), Some("DONE"), "the row was copied back to Redis");
     Ok(())
 }
 
@@ -314,16 +340,21 @@ async fn envoy_retries_keep_the_idempotency_key() -> TestResult {
 async fn the_agent_gets_the_answer_even_when_the_sidecar_dies_before_recording_it() -> TestResult {
     let mut stack = Stack::start(sqlite_only(true)).await?;
     let (_, fp) = stack.preview(json!("90.00")).await?;
-    let slow = stack.spawn_confirm("/v1/transfers", &fp, transfer(json!("90.00"), "m"), 1500);
-    // Once the demo holds the request, the sidecar goes away: the complete callout will fail.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while counts(&stack).await?.1 == 0 {
-        assert!(std::time::Instant::now() < deadline, "the confirm never reached the demo");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let req = stack
+        .http
+        .post(stack.url("/v1/transfers"))
+        .header("x-agent-subject", SUBJECT)
+        .header("agent-fingerprint", &fp)
+        .header("x-demo-hold-after-commit", "unrecorded")
+        .json(&transfer(json!("90.00"), "m"));
+    let slow = tokio::spawn(req.send());
+    // Once the demo has committed (and holds its answer), the sidecar goes away: the complete callout will fail.
+    let record = stack.wait_committed("unrecorded", Duration::from_secs(10)).await?;
     stack.sidecar.kill9();
+    stack.release_hold("unrecorded")?;
     let first = slow.await??;
     assert_eq!(first.status().as_u16(), 201, "the upstream's answer still reaches the agent");
+    assert_eq!(first.json::<Value>().await?, record);
     assert!(stack.stat("wasmcustom.idem.sidecar_errors").await? >= 1);
     // Nothing recorded the outcome: the row stays IN_FLIGHT (for the reconciler), never re-executes.
     stack.restart_sidecar().await?;

@@ -163,6 +163,48 @@ async fn crash_after_the_downstream_committed_is_reconciled_to_done() -> TestRes
     Ok(())
 }
 
+/// The seed's kill -9 "between the downstream's answer and the terminal write", hit exactly: the demo
+/// commits and holds its answer (`x-demo-hold-after-commit`), idemd is SIGKILLed, then the answer goes
+/// out, so the filter's `/v1/complete` finds no idemd. The agent still gets the answer; after the
+/// restart, retries hear `in_progress` until the reconciler reads the demo's record, then the
+/// original result: one execution, never a second one.
+#[tokio::test]
+async fn idemd_killed_after_the_downstream_answered_before_complete_settles_once() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let mut stack = Stack::start(reconciling(&db.url, "window")).await?;
+    let (_, fp) = stack.preview(json!("25.00")).await?;
+    let key = nonce_of(&fp)?;
+
+    let req = stack
+        .http
+        .post(stack.url("/fast/v1/transfers"))
+        .header("x-agent-subject", SUBJECT)
+        .header("agent-fingerprint", &fp)
+        .header("x-demo-hold-after-commit", "window")
+        .json(&transfer(json!("25.00"), "rent"));
+    let first = tokio::spawn(req.send());
+    let record = stack.wait_committed("window", Duration::from_secs(10)).await?;
+    // The demo has executed and not answered: nothing but the acquire is recorded.
+    assert_eq!(record["idempotency_key"], key.as_str());
+    assert_eq!(trail(&db.url, &key)?, ["filter acquire"]);
+    stack.sidecar.kill9();
+    stack.release_hold("window")?;
+
+    let first = first.await??;
+    assert_eq!(first.status().as_u16(), 201, "the downstream's answer still reaches the agent");
+    assert_eq!(first.json::<Value>().await?, record);
+    assert!(stack.stat("wasmcustom.idem.sidecar_errors").await? >= 1, "the complete found no idemd");
+    assert_eq!(stack.stat("wasmcustom.idem.completed").await?, 0);
+
+    stack.restart_sidecar().await?;
+    let done = retry_until(&stack, "/fast/v1/transfers", &fp, "already_completed", Duration::from_secs(15)).await?;
+    assert_eq!(done.status, 201);
+    assert_eq!(done.json["result"], record, "the original result, read from the demo by the reconciler");
+    assert_eq!(executions(&stack).await?, (1, 1), "executed once; no retry reached the demo");
+    assert_eq!(trail(&db.url, &key)?, ["filter acquire", "reconciler:window reconcile_done"]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn envoy_killed_mid_confirm_is_reconciled_after_restart() -> TestResult {
     let Some(db) = stores()? else { return Ok(()) };

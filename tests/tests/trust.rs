@@ -89,6 +89,59 @@ async fn after_expiry_what_exists_is_answered_and_only_nothing_is_expired() -> T
     Ok(())
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Sleep until 50 ms into the Unix second `s` (at most 10 s ahead).
+async fn until_second(s: u64) -> TestResult {
+    let at = s * 1000 + 50;
+    let now = unix_ms();
+    if at > now + 10_000 {
+        return Err(format!("second {s} is {} ms away", at - now).into());
+    }
+    tokio::time::sleep(Duration::from_millis(at.saturating_sub(now))).await;
+    Ok(())
+}
+
+/// The expiry boundary on both sides, timed by the fingerprint's own `exp` claim: a confirm sent and
+/// answered within the second before `exp` executes; one sent a second after `exp` is refused as
+/// `fingerprint_expired` and reaches neither the upstream nor idemd's tables.
+#[tokio::test]
+async fn one_second_before_exp_executes_one_second_after_never_starts() -> TestResult {
+    let Some(opts) = real_stores(false)? else { return Ok(()) };
+    let stack = Stack::start(opts).await?;
+    let (early, early_exp) = preview_at(&stack, "/ttl3/v1/transfers/preview", json!("13.00")).await?;
+    let (late, late_exp) = preview_at(&stack, "/ttl3/v1/transfers/preview", json!("14.00")).await?;
+    for (fp, exp) in [(&early, early_exp), (&late, late_exp)] {
+        assert_eq!(fingerprint_claims(fp)?["exp"].as_u64(), Some(exp), "the reply states the claim's expiry");
+    }
+
+    // Sent in the second before exp: the filter checks no earlier (and, since it ran, before exp).
+    until_second(early_exp - 1).await?;
+    assert_eq!(unix_ms() / 1000, early_exp - 1);
+    let ran = confirm_at(&stack, "/v1/transfers", &early, json!(13), &[]).await?;
+    assert_eq!(ran.status, 201, "still valid: {ran:?}");
+    assert_eq!(ran.json["idempotency_key"], nonce_of(&early)?.as_str());
+
+    // Sent a second after exp: the filter checks no earlier.
+    until_second(late_exp + 1).await?;
+    assert_eq!(unix_ms() / 1000, late_exp + 1);
+    let refused = confirm_at(&stack, "/v1/transfers", &late, json!(14), &[]).await?;
+    assert_eq!(refused.status, 410, "{refused:?}");
+    refused.assert_prompt("fingerprint_expired");
+    assert_eq!(stack.stat("wasmcustom.idem.rejected.fingerprint_expired").await?, 1);
+    assert_eq!(stack.stat("wasmcustom.idem.expired_lookups").await?, 1, "asked idemd, which knew of nothing");
+
+    // Nothing of the late one reached the upstream, nor idemd's tables; the early one ran once.
+    let ledger = stack.executions().await?;
+    assert!(ledger["attempts_by_key"].get(nonce_of(&late)?).is_none(), "{ledger}");
+    assert_eq!(counts(&stack).await?, (1, 1), "{ledger}");
+    assert_eq!(stack.sql_rows(&nonce_of(&late)?).await?, (0, 0));
+    assert_eq!(stack.sql_rows(&nonce_of(&early)?).await?, (1, 2));
+    Ok(())
+}
+
 /// With idemd down, an expired fingerprint's reply must not say that nothing ran.
 #[tokio::test]
 async fn expired_while_idemd_is_down_is_unchecked_never_not_executed() -> TestResult {

@@ -29,6 +29,7 @@ impl Demo {
             .args(flags)
             .env_remove("DEMO_NO_DEDUP")
             .env_remove("DEMO_FAULTS")
+            .env_remove("DEMO_FAULT_DIR")
             .env_remove("DEMO_NO_MCP")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

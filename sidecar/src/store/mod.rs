@@ -244,6 +244,7 @@ impl Store {
                 Ok(Some(rec)) => {
                     if gate_in_redis {
                         debug!(key = %req.key, state = rec.state.as_str(), "Redis had lost this key; restoring the row");
+                        self.metrics.redis_refill(rec.state.as_str());
                         self.restore(&rec).await;
                     }
                     return answer_from_row(&rec, req);

@@ -306,6 +306,12 @@ pub async fn lost_cache_entry_is_refilled_from_the_row(fx: &Fixture) {
         assert_eq!(h.get("state").map(String::as_str), Some("IN_FLIGHT"));
         assert_eq!(h.get("owner"), Some(&busy_owner));
     }
+    // The metric that says the row, not the cache, answered (none without Redis: nothing was lost).
+    let metrics = store.metrics().encode();
+    for state in ["DONE", "IN_FLIGHT"] {
+        let line = format!("idem_redis_refill_total{{state=\"{state}\"}} 1");
+        assert_eq!(metrics.contains(&line), fx.redis.is_some(), "{line}: {metrics}");
+    }
     assert_eq!(fx.count_rows(&done_key).await, 1);
     assert_eq!(fx.count_rows(&busy_key).await, 1);
 }
