@@ -34,6 +34,9 @@ pub enum ReplyKind {
     StatusUnavailable,
     ParamsChanged,
     FingerprintExpired,
+    /// 502: the preview succeeded upstream, but its quote's stated expiry (the route's
+    /// `quote_expires`) is missing, unreadable or past: no fingerprint, nothing to confirm.
+    QuoteUnusable,
     /// 410: expired, no row, and one may have been kept and reaped after the retention: whether
     /// the operation ran is no longer known here. Never "nothing ran".
     RecordGone,
@@ -60,7 +63,7 @@ pub enum ReplyKind {
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 22] = [
+    pub const ALL: [ReplyKind; 23] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -83,6 +86,7 @@ impl ReplyKind {
         ReplyKind::InvalidHeader,
         ReplyKind::PathNotCanonical,
         ReplyKind::RecordGone,
+        ReplyKind::QuoteUnusable,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -108,6 +112,7 @@ impl ReplyKind {
             ReplyKind::InvalidHeader => "invalid_header",
             ReplyKind::PathNotCanonical => "path_not_canonical",
             ReplyKind::RecordGone => "record_expired",
+            ReplyKind::QuoteUnusable => "quote_unusable",
         }
     }
 
@@ -287,6 +292,7 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
         ReplyKind::NotYetExecuted => 200,
         ReplyKind::ParamsChanged => 422,
         ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
+        ReplyKind::QuoteUnusable => 502,
         ReplyKind::FingerprintInvalid => 400,
         ReplyKind::FingerprintMissing => 428,
         ReplyKind::Forbidden => 403,
@@ -370,6 +376,7 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
         ReplyKind::RecordGone => {
             (410, "record-expired", "The record of this request is older than the retention and no longer kept")
         }
+        ReplyKind::QuoteUnusable => (502, "quote-unusable", "The preview's quote states no usable expiry"),
         ReplyKind::Forbidden => (403, "forbidden", "This fingerprint or key belongs to another caller"),
         ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
             (http_status(kind, ctx), "already-recorded", "This request was already processed; its result was recorded")
@@ -385,7 +392,8 @@ pub const PROBLEM_BASE: &str = "urn:agent-idempotency:problem:";
 
 fn retryable(kind: ReplyKind) -> bool {
     match kind {
-        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => true,
+        // A preview reads only: asking again is always safe.
+        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable | ReplyKind::QuoteUnusable => true,
         // The seed: in flight, like done, says "do not re-issue". Polling without a status tool is
         // calling the same tool with the same fingerprint, which `poll_with` names and which only reports.
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown => false,
@@ -565,6 +573,10 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
             "Send that header exactly once, with one value, and call again.",
         ),
+        ReplyKind::QuoteUnusable => w(
+            "The service answered the preview, but the quote's validity could not be read (or the quote has already expired), so no fingerprint was issued and nothing can be confirmed from this preview. This call did not execute anything.",
+            "Do not call the confirm tool for this preview. Call the preview tool again; if this keeps happening, tell the user that quotes cannot be confirmed right now.",
+        ),
         ReplyKind::RecordGone => w(
             "This fingerprint has expired, and the gateway no longer keeps records that old, so it cannot tell whether an earlier call executed this operation. This call did not execute anything.",
             format!(
@@ -714,6 +726,10 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             format!("网关读取的某个请求头出现了不止一次（{}），无法判断以哪个为准，本次调用没有执行任何操作。", ctx.detail.unwrap_or("见 detail")),
             "该请求头只发送一次、只带一个值，然后重新调用。",
         ),
+        ReplyKind::QuoteUnusable => w(
+            "服务已返回预览结果，但无法读取报价的有效期（或报价已经过期），因此没有签发指纹，这次预览无法被确认。本次调用没有执行任何操作。",
+            "不要为这次预览调用确认工具。请重新调用预览工具；如果反复出现，告诉用户目前报价无法确认。",
+        ),
         ReplyKind::RecordGone => w(
             "该指纹已过期，网关不再保存这么久之前的记录，无法判断之前的调用是否已经执行了该操作。本次调用没有执行任何操作。",
             format!(
@@ -770,6 +786,7 @@ mod tests {
             ReplyKind::NotYetExecuted => 200,
             ReplyKind::ParamsChanged => 422,
             ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
+            ReplyKind::QuoteUnusable => 502,
             ReplyKind::FingerprintInvalid => 400,
             ReplyKind::FingerprintMissing => 428,
             ReplyKind::Forbidden => 403,
@@ -853,7 +870,8 @@ mod tests {
                 "idempotency_key_invalid",
                 "invalid_header",
                 "path_not_canonical",
-                "record_expired"
+                "record_expired",
+                "quote_unusable"
             ]
         );
     }
@@ -1004,7 +1022,8 @@ mod tests {
             for lang in [Language::En, Language::Zh] {
                 let body = json(&render(kind, lang, &ReplyContext { poll_with: Some("s"), ..Default::default() }))?;
                 let retryable = body.get("retryable").and_then(Value::as_bool);
-                let retry_later = matches!(kind, ReplyKind::NotExecuted | ReplyKind::StatusUnavailable);
+                let retry_later =
+                    matches!(kind, ReplyKind::NotExecuted | ReplyKind::StatusUnavailable | ReplyKind::QuoteUnusable);
                 assert_eq!(retryable, Some(retry_later), "{kind:?}");
                 let instruction = body.get("instruction").and_then(Value::as_str).unwrap_or_default();
                 let names_next_step = [

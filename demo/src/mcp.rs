@@ -190,9 +190,10 @@ fn off_its_schema(result: &mut CallToolResult) {
 impl Transfers {
     async fn quote(&self, headers: &HeaderMap, arguments: &[u8]) -> CallToolResult {
         // x-demo-fail was answered before the MCP layer.
-        Faults::read(headers, self.app.config.faults).delay().await;
+        let faults = Faults::read(headers, self.app.config.faults);
+        faults.delay().await;
         match TransferRequest::parse(arguments) {
-            Ok(req) => tool_result(api::quote(&req)),
+            Ok(req) => tool_result(api::quote(&req, faults.quote_ttl_s)),
             Err(detail) => tool_error(json!({ "error": "invalid_request", "detail": detail })),
         }
     }

@@ -669,6 +669,7 @@ impl Machine {
     pub fn response_needs_headers(&self) -> bool {
         match self {
             Machine::Confirm(c) => c.forwarded(),
+            Machine::Preview(p) => p.needs_headers(),
             Machine::Mcp(m) => m.response_needs_headers(),
             _ => false,
         }
@@ -697,7 +698,7 @@ impl Machine {
     pub fn on_response_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
         self.with_role(|m| match m {
             Machine::Pass | Machine::Status(_) => Err(Unexpected { event: "response_body", phase: "pass" }),
-            Machine::Preview(p) => p.on_response_body(body),
+            Machine::Preview(p) => p.on_response_body(body, env),
             Machine::Confirm(c) => c.on_response_body(body),
             Machine::Mcp(m) => m.on_response_body(body, env),
         })

@@ -505,6 +505,74 @@ fn preview_mints_into_a_successful_json_answer() -> TestResult {
     Ok(())
 }
 
+/// A preview route whose quote states its expiry (`quote_expires`).
+fn quoting_ctx(quote_expires: &str) -> Result<Ctx, Box<dyn std::error::Error>> {
+    let leaves = [
+        ("role", "preview"),
+        ("scope", "pay"),
+        ("bind", "/amount:decimal, /currency"),
+        ("quote_expires", quote_expires),
+    ];
+    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
+    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
+    Ok(Ctx { config: config()?, policy: Rc::new(p), trace_id: "trace-1".into() })
+}
+
+/// The fingerprint's `exp` never outlives the quote (DESIGN §3): `min(now + ttl, the quote's expiry)`,
+/// and an answer whose expiry is missing, unreadable or past gets no fingerprint at all.
+#[test]
+fn a_fingerprint_never_outlives_the_quote() -> TestResult {
+    for (quote_body, want) in [
+        (json!({"quote": 1, "expires_at": 160}), Some(160)),
+        (json!({"quote": 1, "expires_at": "1970-01-01T00:03:00Z"}), Some(180)),
+        (json!({"quote": 1, "expires_at": 5000}), Some(100 + 900)),
+        (json!({"quote": 1}), None),
+        (json!({"quote": 1, "expires_at": "soon"}), None),
+        (json!({"quote": 1, "expires_at": 100}), None),
+    ] {
+        let mut env = FixedEnv { now: 100 };
+        let (mut m, _) = Machine::start(quoting_ctx("/expires_at")?, &head(None), false, &mut env);
+        m.on_request_body(&body(json!(10)), &mut env)?;
+        let step = m.on_response_head(&upstream(200, "via_upstream"), false, &mut env)?;
+        assert!(!counted(&step, Counter::Minted) && step.flow == Flow::Pause, "minted only once the quote is read");
+        let bytes = quote_body.to_string().into_bytes();
+        assert_eq!(m.on_response_data(bytes.len(), true)?, Step::need_body());
+        let step = m.on_response_body(&bytes, &mut env)?;
+        match want {
+            Some(exp) => {
+                assert!(counted(&step, Counter::Minted), "{quote_body}");
+                let header = Effect::SetResponseHeader(
+                    crate::machine::preview::FINGERPRINT_EXPIRES_HEADER.into(),
+                    exp.to_string(),
+                );
+                assert!(step.effects.contains(&header), "{quote_body}: {:?}", step.effects);
+            }
+            None => {
+                let r = rewritten(&step).ok_or("no rewrite")?;
+                let v: Value = serde_json::from_slice(&r.body)?;
+                assert_eq!((r.http_status, v["status"].as_str()), (502, Some("quote_unusable")), "{quote_body}");
+                assert!(!counted(&step, Counter::Minted));
+            }
+        }
+        assert!(matches!(m, Machine::Pass));
+    }
+    // The expiry in a header: read with the head, minted at once.
+    let mut env = FixedEnv { now: 100 };
+    let (mut m, _) = Machine::start(quoting_ctx("header:quote-expires-at")?, &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    assert!(m.response_needs_headers());
+    let mut h = upstream(200, "via_upstream");
+    h.headers.push(("Quote-Expires-At".into(), "150".into()));
+    let step = m.on_response_head(&h, false, &mut env)?;
+    let header = Effect::SetResponseHeader(crate::machine::preview::FINGERPRINT_EXPIRES_HEADER.into(), "150".into());
+    assert!(counted(&step, Counter::Minted) && step.effects.contains(&header), "{:?}", step.effects);
+    // Only a preview states a quote.
+    let leaves = [("role", "confirm"), ("scope", "pay"), ("quote_expires", "/x")];
+    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
+    assert!(parse_route_policy(&get, &RouteDefaults::default()).is_err());
+    Ok(())
+}
+
 #[test]
 fn preview_failure_or_non_json_mints_nothing() -> TestResult {
     for (status, ct) in [(500, "application/json"), (200, "text/html")] {
