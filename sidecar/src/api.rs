@@ -5,10 +5,17 @@
 //! | `POST /v1/acquire`           | 200 any state outcome; 503 `STORE_UNAVAILABLE`; 400 bad input   |
 //! | `POST /v1/complete`          | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
 //! | `POST /v1/release`           | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
-//! | `GET /v1/operations/{key}`   | 200 `OperationView`; 404 `{"error":"not_found"}`; 503; 400      |
+//! | `GET /v1/operations/{key}`   | 200 `OperationView`; 404 `NotFoundView` (below); 503; 400       |
 //! | any `/v1/*` without a token  | 401 `{"error":"unauthorized"}`; nothing read or changed         |
 //! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down; each store's state       |
 //! | `GET /metrics`               | Prometheus (OpenMetrics text)                                   |
+//!
+//! `GET /v1/operations/{key}?exp=<unix s>`: the filter names the fingerprint's
+//! `exp` (absent for client keys). With no row the 404 is
+//! `{"error":"not_found","reaped_possible":<bool>}`: `true` once
+//! `now >= exp + retention`, when a row for that fingerprint could have been
+//! kept and reaped, so "never started" is no longer known; `false` without
+//! `exp` or before that moment (a fingerprint's row is never reaped earlier).
 //!
 //! Inputs are validated here, before any store sees them, so a malformed
 //! value is a 400 for the caller and never a database error that would be
@@ -17,18 +24,18 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem_core::protocol::{Ack, AcquireOutcome, AcquireRequest, CompleteRequest, ReleaseRequest};
+use idem_core::protocol::{Ack, AcquireOutcome, AcquireRequest, CompleteRequest, NotFoundView, ReleaseRequest};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::Instrument;
 
 use crate::auth::{require_token, AuthState, Tokens};
-use crate::store::Store;
+use crate::store::{now_ms, retention, Store};
 
 /// Replayed bodies travel base64 inside JSON; this bounds what one stored
 /// result may cost in Redis and SQL.
@@ -36,6 +43,10 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// The longest lease a route may ask for (and what keeps `now + lease` in i64).
 pub const MAX_LEASE_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// The latest fingerprint `exp` accepted (unix seconds, the year 9999): keeps
+/// `exp` in i64 milliseconds.
+pub const MAX_EXP_S: u64 = 253_402_300_799;
 
 /// The API; `/v1/*` answers only callers with one of `tokens` (see `auth`).
 pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
@@ -90,13 +101,22 @@ async fn release(State(store): State<Arc<Store>>, headers: HeaderMap, body: Byte
     (ack_status(answer.outcome), Json(answer)).into_response()
 }
 
-async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>) -> Response {
+async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>, RawQuery(query): RawQuery) -> Response {
     if let Err(why) = check_key("key", &key) {
         return bad_request(why);
     }
+    let exp = match lookup_exp(query.as_deref()) {
+        Ok(exp) => exp,
+        Err(why) => return bad_request(why),
+    };
     match store.operation(&key).await {
         Ok(Some(view)) => (StatusCode::OK, Json(view)).into_response(),
-        Ok(None) => (StatusCode::NOT_FOUND, Json(json!({"error": "not_found"}))).into_response(),
+        Ok(None) => {
+            let retention_ms = store.settings().terminal_retention_ms;
+            let reaped_possible = exp.is_some_and(|exp| retention::reaped_possible(exp, now_ms(), retention_ms));
+            let body = NotFoundView { error: "not_found".into(), reaped_possible };
+            (StatusCode::NOT_FOUND, Json(body)).into_response()
+        }
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"}))).into_response(),
     }
 }
@@ -172,12 +192,30 @@ fn check_field(name: &str, value: &str, max: usize, may_be_empty: bool) -> Resul
     Ok(())
 }
 
+/// The fingerprint's `exp` a lookup names (`?exp=<unix seconds>`); other
+/// parameters are ignored.
+fn lookup_exp(query: Option<&str>) -> Result<Option<u64>, String> {
+    let mut exp = None;
+    for (name, value) in query.unwrap_or("").split('&').filter_map(|p| p.split_once('=')) {
+        if name == "exp" {
+            match value.parse::<u64>() {
+                Ok(v) if v <= MAX_EXP_S => exp = Some(v),
+                _ => return Err(format!("exp must be unix seconds, at most {MAX_EXP_S}")),
+            }
+        }
+    }
+    Ok(exp)
+}
+
 fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
     check_field("param_hash", &req.param_hash, 128, false)?;
     check_field("subject_hash", &req.subject_hash, 128, false)?;
     check_field("scope", &req.scope, 255, true)?;
     if req.lease_ms > MAX_LEASE_MS {
         return Err(format!("lease_ms must be at most {MAX_LEASE_MS}"));
+    }
+    if req.exp.is_some_and(|exp| exp > MAX_EXP_S) {
+        return Err(format!("exp must be unix seconds, at most {MAX_EXP_S}"));
     }
     Ok(())
 }
@@ -211,6 +249,19 @@ mod tests {
         assert!(check_acquire(&AcquireRequest { scope: "a b".into(), ..ok.clone() }).is_err());
         assert!(check_acquire(&AcquireRequest { scope: "é".into(), ..ok.clone() }).is_err());
         assert!(check_acquire(&AcquireRequest { scope: "x".repeat(256), ..ok.clone() }).is_err());
-        assert!(check_acquire(&AcquireRequest { lease_ms: MAX_LEASE_MS + 1, ..ok }).is_err());
+        assert!(check_acquire(&AcquireRequest { lease_ms: MAX_LEASE_MS + 1, ..ok.clone() }).is_err());
+        assert_eq!(check_acquire(&AcquireRequest { exp: Some(MAX_EXP_S), ..ok.clone() }), Ok(()));
+        assert!(check_acquire(&AcquireRequest { exp: Some(MAX_EXP_S + 1), ..ok }).is_err());
+    }
+
+    #[test]
+    fn lookups_name_an_exp_in_unix_seconds() {
+        assert_eq!(lookup_exp(None), Ok(None));
+        assert_eq!(lookup_exp(Some("")), Ok(None));
+        assert_eq!(lookup_exp(Some("exp=1700000000")), Ok(Some(1_700_000_000)));
+        assert_eq!(lookup_exp(Some("x=1&exp=5")), Ok(Some(5)));
+        for bad in ["exp=", "exp=-1", "exp=1.5", "exp=abc", "exp=253402300800"] {
+            assert!(lookup_exp(Some(bad)).is_err(), "{bad}");
+        }
     }
 }

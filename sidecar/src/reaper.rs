@@ -1,7 +1,11 @@
 //! The retention reaper: DONE and FAILED rows older than the terminal
 //! retention are deleted in bounded batches, and with them the audit lines of
-//! operations that have no row any more. Redis already forgot them (its TTL
-//! is the same retention).
+//! operations that have no row any more. A row a fingerprint created is kept
+//! until its fingerprint's `exp` (plus the clock skew) is older than the
+//! retention too (`store::retention`): no retry with a live fingerprint finds
+//! it gone. Redis forgets a terminal copy after the retention; a retry that
+//! misses there is answered by the SQL row (the insert's conflict), which is
+//! copied back for as long as the row is kept.
 //!
 //! Several replicas may reap at once: a row deleted twice is deleted once.
 

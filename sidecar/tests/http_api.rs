@@ -116,7 +116,7 @@ async fn acquire_complete_release_and_operations_over_http() {
     assert_eq!((status, ack.outcome), (200, Ack::Ok));
     let r = c.get(format!("{}/v1/operations/{k2}", srv.base)).send().await.expect("get");
     assert_eq!(r.status().as_u16(), 404);
-    assert_eq!(r.json::<Value>().await.expect("json"), json!({"error": "not_found"}));
+    assert_eq!(r.json::<Value>().await.expect("json"), json!({"error": "not_found", "reaped_possible": false}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

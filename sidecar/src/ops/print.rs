@@ -51,6 +51,7 @@ pub fn record_json(r: &Record) -> Value {
         "created_at_ms": r.created_at_ms,
         "updated_at_ms": r.updated_at_ms,
         "reconcile_attempts": r.reconcile_attempts,
+        "fingerprint_exp_ms": r.fp_exp_ms,
         "result": r.result,
         "result_body": body_text(r),
     })
@@ -69,6 +70,7 @@ pub fn show(key: &str, rec: Option<&Record>, history: &[AuditLine]) -> String {
             field(&mut out, "lease until", &opt_utc(r.lease_until_ms));
             field(&mut out, "created", &utc(r.created_at_ms));
             field(&mut out, "updated", &utc(r.updated_at_ms));
+            field(&mut out, "fp expires", &opt_utc(r.fp_exp_ms));
             field(&mut out, "attempts", &r.reconcile_attempts.to_string());
             field(&mut out, "param_hash", &r.param_hash);
             field(&mut out, "subject_hash", &r.subject_hash);

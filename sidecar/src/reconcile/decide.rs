@@ -252,6 +252,7 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             reconcile_attempts: attempts,
+            fp_exp_ms: None,
         }
     }
 

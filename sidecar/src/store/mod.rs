@@ -31,7 +31,7 @@
 pub mod audit;
 mod claims;
 pub mod redis;
-mod retention;
+pub mod retention;
 pub mod review;
 pub mod sql;
 
@@ -64,7 +64,9 @@ const FILTER: &str = "filter";
 pub struct StoreSettings {
     /// The configured IN_FLIGHT lease; an acquire may ask for longer, never shorter.
     pub lease_ms: u64,
-    /// How long DONE/FAILED stay in Redis.
+    /// How long DONE/FAILED stay replayable: in SQL at least this long after
+    /// their last change and after their fingerprint's `exp` (`retention`),
+    /// in Redis this long after completing (a lost copy is refilled from SQL).
     pub terminal_retention_ms: u64,
     /// An IN_FLIGHT in Redis with no SQL row, older than this, was left behind
     /// by a release that reached only SQL (a live acquirer inserts its row
@@ -215,6 +217,7 @@ impl Store {
                 owner,
                 lease_until_ms: now.saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX)),
                 now_ms: now,
+                fp_exp_ms: req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
             };
             let started = Instant::now();
             let audit = Audit {
@@ -371,9 +374,10 @@ impl Store {
                 let left = rec.lease_until_ms.unwrap_or(0).saturating_sub(now_ms());
                 u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
             }
+            // As long as SQL keeps the row (its fingerprint's exp counts too).
             OpState::Done | OpState::Failed | OpState::NeedsReview => {
-                let age = u64::try_from(now_ms().saturating_sub(rec.updated_at_ms)).unwrap_or(0);
-                self.settings.terminal_retention_ms.saturating_sub(age).max(EXPIRED_LEASE_CACHE_MS)
+                let left = retention::kept_until_ms(rec, self.settings.terminal_retention_ms).saturating_sub(now_ms());
+                u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
             }
         };
         let started = Instant::now();
@@ -627,6 +631,7 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             reconcile_attempts: 0,
+            fp_exp_ms: None,
         }
     }
 

@@ -107,6 +107,9 @@ pub struct Record {
     pub updated_at_ms: i64,
     /// Failed status lookups so far (the reconciler's retry budget).
     pub reconcile_attempts: i64,
+    /// The expiry of the fingerprint that created the row (unix ms); `None` for
+    /// client keys. The row is kept until this plus the retention at least.
+    pub fp_exp_ms: Option<i64>,
 }
 
 /// The audit line a state change carries.
@@ -128,6 +131,8 @@ pub struct NewInFlight<'a> {
     pub owner: &'a str,
     pub lease_until_ms: i64,
     pub now_ms: i64,
+    /// The fingerprint's `exp` in unix ms; `None` for a client key.
+    pub fp_exp_ms: Option<i64>,
 }
 
 #[derive(Clone)]
@@ -204,6 +209,7 @@ macro_rules! read_record {
             created_at_ms: row.try_get("created_at")?,
             updated_at_ms: row.try_get("updated_at")?,
             reconcile_attempts: i64::from(attempts),
+            fp_exp_ms: row.try_get("fp_exp_ms")?,
             key,
         })
     }};
@@ -222,15 +228,15 @@ struct Queries {
 }
 
 pub(super) const COLUMNS: &str = "idem_key, state, param_hash, subject_hash, scope, owner, result, lease_until, \
-     created_at, updated_at, reconcile_attempts";
+     created_at, updated_at, reconcile_attempts, fp_exp_ms";
 
 const AUDIT_COLUMNS: &str = "idem_key, at_ms, actor, action, from_state, to_state, why, trace_id";
 
 impl Queries {
     fn new(backend: Backend) -> Self {
         let insert_values =
-            "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at) \
-             VALUES (?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?)";
+            "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at, fp_exp_ms) \
+             VALUES (?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?)";
         let insert = match backend {
             // INSERT IGNORE also downgrades data errors to warnings; every value
             // is validated before it gets here, so only the duplicate key is left.
@@ -336,6 +342,13 @@ const MIGRATIONS: &[Migration] = &[
         mysql: include_str!("../../migrations/mysql/0003_audit_trace_id.sql"),
         sqlite: include_str!("../../migrations/sqlite/0003_audit_trace_id.sql"),
     },
+    Migration {
+        version: 4,
+        description: "idem_record.fp_exp_ms",
+        postgres: include_str!("../../migrations/postgres/0004_fingerprint_exp.sql"),
+        mysql: include_str!("../../migrations/mysql/0004_fingerprint_exp.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0004_fingerprint_exp.sql"),
+    },
 ];
 
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
@@ -422,6 +435,7 @@ impl SqlStore {
             Bind::Int(row.lease_until_ms),
             Bind::Int(row.now_ms),
             Bind::Int(row.now_ms),
+            Bind::OptInt(row.fp_exp_ms),
         ];
         let change = Change { key: row.key, from: None, to: Some("IN_FLIGHT"), at_ms: row.now_ms, audit };
         self.change(&self.q.insert, &binds, &change).await
