@@ -276,6 +276,13 @@ impl<H: Host> Stream<H> {
             Effect::ResumeRequest => self.host.resume_request(),
             Effect::ResumeResponse => self.host.resume_response(),
             Effect::SharedSet { key, value } => self.host.shared_set(&key, &value),
+            Effect::Report(call) => {
+                // Fire and forget: its answer matches no pending call and is dropped.
+                let cfg = Rc::clone(&self.shared.config);
+                if sidecar::dispatch(&mut self.host, &cfg, &call, &self.trace_id).is_none() {
+                    self.host.count(Counter::SidecarErrors);
+                }
+            }
             Effect::Call(call) => {
                 let cfg = Rc::clone(&self.shared.config);
                 match sidecar::dispatch(&mut self.host, &cfg, &call, &self.trace_id) {

@@ -178,7 +178,10 @@ pub enum VerifyError {
     Malformed,
     UnknownKid,
     BadSignature,
-    SubjectMismatch,
+    /// Authentic, but issued to another subject; the nonce is genuine, for the audit.
+    SubjectMismatch {
+        nonce: String,
+    },
     ScopeMismatch,
     /// Authentic, but issued for other bound fields; the nonce is genuine, for the security log.
     ParamMismatch {
@@ -193,7 +196,7 @@ impl fmt::Display for VerifyError {
             VerifyError::Malformed => f.write_str("fingerprint is malformed"),
             VerifyError::UnknownKid => f.write_str("fingerprint signed with an unknown key id"),
             VerifyError::BadSignature => f.write_str("fingerprint signature does not match"),
-            VerifyError::SubjectMismatch => f.write_str("fingerprint was issued to another subject"),
+            VerifyError::SubjectMismatch { .. } => f.write_str("fingerprint was issued to another subject"),
             VerifyError::ScopeMismatch => f.write_str("fingerprint was issued for another scope"),
             VerifyError::ParamMismatch { .. } => f.write_str("bound parameters differ from the preview"),
         }
@@ -246,7 +249,7 @@ pub fn verify(keyring: &Keyring, fingerprint: &str, expect: &Expect) -> Result<C
     mac.verify_slice(&signature).map_err(|_| VerifyError::BadSignature)?;
 
     if payload.u != expect.subject_hash {
-        return Err(VerifyError::SubjectMismatch);
+        return Err(VerifyError::SubjectMismatch { nonce: payload.n });
     }
     if payload.s != expect.scope {
         return Err(VerifyError::ScopeMismatch);
@@ -410,7 +413,7 @@ mod tests {
         assert_eq!(verify(&ring, &unknown, &wrong), Err(VerifyError::UnknownKid));
         let forged = tamper(&fp, "exp", serde_json::json!(1))?;
         assert_eq!(verify(&ring, &forged, &wrong), Err(VerifyError::BadSignature));
-        assert_eq!(verify(&ring, &fp, &wrong), Err(VerifyError::SubjectMismatch));
+        assert!(matches!(verify(&ring, &fp, &wrong), Err(VerifyError::SubjectMismatch { .. })));
         wrong.subject_hash = &alice;
         assert_eq!(verify(&ring, &fp, &wrong), Err(VerifyError::ScopeMismatch));
         wrong.scope = "payments.transfer";

@@ -314,6 +314,42 @@ pub struct CompleteRequest {
     pub trace_id: String,
 }
 
+/// A security event the filter saw (DESIGN §8): tampered bound fields, another subject's
+/// fingerprint, a forged signature, an unknown key id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecurityKind {
+    ParamsChanged,
+    CrossSubject,
+    BadSignature,
+    UnknownKid,
+}
+
+wire_names!(SecurityKind {
+    ParamsChanged => "params_changed",
+    CrossSubject => "cross_subject",
+    BadSignature => "bad_signature",
+    UnknownKid => "unknown_kid",
+});
+
+/// `POST /v1/security-events`: reported by the filter without waiting for the answer, so the
+/// refusal is never delayed; idemd writes it to `idem_audit` (`idemd ops events` lists them).
+/// Never the fingerprint, never the body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityEventReport {
+    pub kind: SecurityKind,
+    /// The route's scope.
+    pub scope: String,
+    /// The operation the fingerprint names, where its signature proved it (tampering, another
+    /// subject's); `None` for a forgery or an unknown key, whose claims are the sender's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<OpKey>,
+    /// The caller's subject hash (who sent it).
+    pub subject_hash: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_id: String,
+}
+
 /// `POST /v1/release`: the request provably never reached the upstream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseRequest {

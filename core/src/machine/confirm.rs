@@ -23,7 +23,7 @@ use crate::outcome::{self, Outcome as Verdict};
 use crate::policy::{Callers, ReplayMode, Role};
 use crate::protocol::{
     replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode, OpKey,
-    OpState, OperationView, OwnerToken, ReleaseRequest, StoredResult, TerminalState,
+    OpState, OperationView, OwnerToken, ReleaseRequest, SecurityKind, StoredResult, TerminalState,
 };
 use crate::reply::{self, ReplyContext, ReplyKind};
 use std::rc::Rc;
@@ -236,7 +236,7 @@ impl Confirm {
             Hit::Replay(state, result) => {
                 self.replay(replay_kind(state), Some(&result)).with(Effect::Count(Counter::ReplayCacheHits))
             }
-            Hit::ParamMismatch => self.tampered(key),
+            Hit::ParamMismatch => self.tampered(key, true),
         };
         Some(self.finish(step))
     }
@@ -329,7 +329,7 @@ impl Confirm {
             AcquireOutcome::Failed => self.replay_terminal(&key, TerminalState::Failed, answer.result.as_ref(), env),
             AcquireOutcome::InFlight => self.in_progress(ReplyKind::InProgress, &key),
             AcquireOutcome::NeedsReview => self.needs_review(&key),
-            AcquireOutcome::ParamMismatch => self.tampered(&key),
+            AcquireOutcome::ParamMismatch => self.tampered(&key, false),
             AcquireOutcome::StoreUnavailable => self.unchecked(&key),
         }
     }
@@ -375,10 +375,13 @@ impl Confirm {
     }
 
     /// The same operation with other bound fields: refused, and a security event.
-    fn tampered(&self, key: &OpKey) -> Step {
+    /// The bound fields differ from the operation's. idemd's PARAM_MISMATCH is its own audit
+    /// line; a replay-cache hit is the filter's alone to report.
+    fn tampered(&self, key: &OpKey, report: bool) -> Step {
         let mut step = self.reply(ReplyKind::ParamsChanged, ReplyContext::default());
         step.effects.push(Effect::Count(Counter::RejectedParams));
-        step.effects.extend(self.ctx.security_event("params_changed", key));
+        let events = self.ctx.security_event(SecurityKind::ParamsChanged, Some(key), &self.subject_hash);
+        step.effects.extend(events.into_iter().filter(|e| report || !matches!(e, Effect::Report(_))));
         step
     }
 

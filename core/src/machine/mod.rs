@@ -23,6 +23,7 @@ mod tests;
 use crate::canonical::{self, BodyError, CanonError};
 use crate::fingerprint::{self, Claims, Expect, VerifyError};
 use crate::policy::{PluginConfig, Role, RoutePolicy};
+use crate::protocol::{OpKey, SecurityEventReport, SecurityKind};
 use crate::reply::{self, Reply, ReplyContext, ReplyKind};
 use std::fmt;
 use std::rc::Rc;
@@ -230,10 +231,14 @@ pub enum Counter {
     ClientKeyRequests,
     ReplayCacheHits,
     RejectedHeader,
+    SecurityParamsChanged,
+    SecurityCrossSubject,
+    SecurityBadSignature,
+    SecurityUnknownKid,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 23] = [
+    pub const ALL: [Counter; 27] = [
         Counter::Minted,
         Counter::Verified,
         Counter::RejectedMissing,
@@ -257,6 +262,10 @@ impl Counter {
         Counter::ClientKeyRequests,
         Counter::ReplayCacheHits,
         Counter::RejectedHeader,
+        Counter::SecurityParamsChanged,
+        Counter::SecurityCrossSubject,
+        Counter::SecurityBadSignature,
+        Counter::SecurityUnknownKid,
     ];
 
     pub fn name(self) -> &'static str {
@@ -284,6 +293,10 @@ impl Counter {
             Counter::ClientKeyRequests => "idem.client_key_requests",
             Counter::ReplayCacheHits => "idem.replay_cache_hits",
             Counter::RejectedHeader => "idem.rejected.invalid_header",
+            Counter::SecurityParamsChanged => "idem.security.params_changed",
+            Counter::SecurityCrossSubject => "idem.security.cross_subject",
+            Counter::SecurityBadSignature => "idem.security.bad_signature",
+            Counter::SecurityUnknownKid => "idem.security.unknown_kid",
         }
     }
 }
@@ -292,12 +305,15 @@ impl Counter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     Count(Counter),
-    /// Param tampering or cross-subject use: a structured warning with the
-    /// trace id, scope and nonce — never the secret, never the body.
+    /// Param tampering, cross-subject use, a forged signature or an unknown key id: a
+    /// structured warning with the trace id, scope and nonce — never the secret, never the body.
     SecurityEvent {
         kind: &'static str,
         nonce: String,
     },
+    /// Dispatch and forget: the answer is never waited for (nothing the stream does depends on
+    /// it), so a report never delays the reply it accompanies.
+    Report(Callout),
     Warn(String),
     SetRequestHeader(&'static str, String),
     RemoveRequestHeader(&'static str),
@@ -448,8 +464,38 @@ impl Ctx {
         Step::pause().with(Effect::Reply(self.render(kind, ctx)))
     }
 
-    fn security_event(&self, kind: &'static str, nonce: &str) -> Vec<Effect> {
-        vec![Effect::Count(Counter::SecurityEvents), Effect::SecurityEvent { kind, nonce: nonce.to_string() }]
+    /// A security event: counted (in all and by kind), logged, and reported to idemd's audit.
+    /// `key`: the operation, where the signature proved it (the log line shows it only then).
+    fn security_event(&self, kind: SecurityKind, key: Option<&OpKey>, subject_hash: &str) -> Vec<Effect> {
+        let counter = match kind {
+            SecurityKind::ParamsChanged => Counter::SecurityParamsChanged,
+            SecurityKind::CrossSubject => Counter::SecurityCrossSubject,
+            SecurityKind::BadSignature => Counter::SecurityBadSignature,
+            SecurityKind::UnknownKid => Counter::SecurityUnknownKid,
+        };
+        let report = SecurityEventReport {
+            kind,
+            scope: self.policy.scope.clone(),
+            key: key.cloned(),
+            subject_hash: subject_hash.to_string(),
+            trace_id: self.trace_id.clone(),
+        };
+        // The cross-subject nonce is its owner's to know: the audit keeps it, the log line does not.
+        let logged = match (kind, key) {
+            (SecurityKind::CrossSubject, _) | (_, None) => "-".to_string(),
+            (_, Some(k)) => k.to_string(),
+        };
+        vec![
+            Effect::Count(Counter::SecurityEvents),
+            Effect::Count(counter),
+            Effect::SecurityEvent { kind: kind.as_str(), nonce: logged },
+            Effect::Report(Callout {
+                method: "POST",
+                path: "/v1/security-events".into(),
+                // Serializing this plain struct cannot fail.
+                body: Some(serde_json::to_vec(&report).unwrap_or_default()),
+            }),
+        ]
     }
 
     fn body_error(&self, e: &BodyError) -> Step {
@@ -486,15 +532,29 @@ impl Ctx {
         };
         let expect = Expect { subject_hash, scope: &self.policy.scope, param_hash };
         fingerprint::verify(&self.config.keyring, token.trim(), &expect).map_err(|e| match e {
-            VerifyError::SubjectMismatch => {
+            VerifyError::SubjectMismatch { nonce } => {
                 let mut step = self.simple(ReplyKind::Forbidden).with(Effect::Count(Counter::RejectedForbidden));
-                // The token is someone else's: its nonce is theirs to know; the trace id finds the line.
-                step.effects.extend(self.security_event("cross_subject", "-"));
+                step.effects.extend(self.security_event(
+                    SecurityKind::CrossSubject,
+                    OpKey::parse(&nonce).ok().as_ref(),
+                    subject_hash,
+                ));
                 step
             }
             VerifyError::ParamMismatch { nonce } => {
                 let mut step = self.simple(ReplyKind::ParamsChanged).with(Effect::Count(Counter::RejectedParams));
-                step.effects.extend(self.security_event("params_changed", &nonce));
+                step.effects.extend(self.security_event(
+                    SecurityKind::ParamsChanged,
+                    OpKey::parse(&nonce).ok().as_ref(),
+                    subject_hash,
+                ));
+                step
+            }
+            e @ (VerifyError::BadSignature | VerifyError::UnknownKid) => {
+                let kind =
+                    if e == VerifyError::UnknownKid { SecurityKind::UnknownKid } else { SecurityKind::BadSignature };
+                let mut step = self.simple(ReplyKind::FingerprintInvalid).with(Effect::Count(Counter::RejectedInvalid));
+                step.effects.extend(self.security_event(kind, None, subject_hash));
                 step
             }
             _ => self.simple(ReplyKind::FingerprintInvalid).with(Effect::Count(Counter::RejectedInvalid)),

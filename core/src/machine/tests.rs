@@ -429,6 +429,47 @@ fn another_subject_is_forbidden_and_a_security_event() -> TestResult {
     Ok(())
 }
 
+/// Every security event is counted by kind and reported to idemd's audit without a callout
+/// the stream waits for (DESIGN §8); the refusal goes out in the same step.
+#[test]
+fn security_events_are_counted_by_kind_and_reported_without_waiting() -> TestResult {
+    let good = token(1000)?;
+    let signed_by = |kid: &str, secret: &str| -> Result<String, Box<dyn std::error::Error>> {
+        let ring = Keyring::new(vec![Key { kid: kid.into(), secret: secret.as_bytes().to_vec() }], kid)?;
+        let p =
+            canonical::param_hash(&json!({"amount": 10, "currency": "EUR"}), &policy("confirm", "envelope")?.bound)?;
+        Ok(mint(&ring, NONCE, 1000, &subject_hash("alice"), "pay", &p))
+    };
+    // Right shape, right kid, another key: a forgery. A key id nobody configured: unknown.
+    let forged = signed_by("k1", "another-secret-0123456789abcdef-0123")?;
+    let unknown_kid = signed_by("k9", SECRET)?;
+    let cases = [
+        ("alice", good.clone(), json!(10.01), Counter::SecurityParamsChanged, "params_changed", Some(KEY)),
+        ("mallory", good.clone(), json!(10), Counter::SecurityCrossSubject, "cross_subject", Some(KEY)),
+        ("alice", forged, json!(10), Counter::SecurityBadSignature, "bad_signature", None),
+        ("alice", unknown_kid, json!(10), Counter::SecurityUnknownKid, "unknown_kid", None),
+    ];
+    for (who, fp, amount, counter, kind, key) in cases {
+        let mut env = FixedEnv { now: 999 };
+        let h = RequestHead { subject: Some(who.into()), ..head(Some(fp)) };
+        let (mut m, _) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+        let step = m.on_request_body(&body(amount), &mut env)?;
+        assert!(step.reply().is_some() && call(&step).is_none(), "{kind}: refused at once");
+        assert!(counted(&step, Counter::SecurityEvents) && counted(&step, counter), "{kind}");
+        let report = step.effects.iter().find_map(|e| match e {
+            Effect::Report(c) => Some(c.clone()),
+            _ => None,
+        });
+        let report = report.ok_or_else(|| format!("{kind}: not reported"))?;
+        assert_eq!((report.method, report.path.as_str()), ("POST", "/v1/security-events"));
+        let v: Value = serde_json::from_slice(report.body.as_deref().unwrap_or_default())?;
+        assert_eq!((v["kind"].as_str(), v["scope"].as_str(), v["key"].as_str()), (Some(kind), Some("pay"), key), "{v}");
+        assert_eq!(v["subject_hash"].as_str(), Some(subject_hash(who).as_str()));
+        assert!(!v.to_string().contains("amount"), "never the body: {v}");
+    }
+    Ok(())
+}
+
 #[test]
 fn no_subject_or_declared_oversize_is_refused_at_the_head() -> TestResult {
     let mut env = FixedEnv { now: 999 };

@@ -57,7 +57,7 @@ fn verify_any(token: &str) {
             return
         }
         // The signature matched; an empty subject hash can never match a minted one.
-        Err(VerifyError::SubjectMismatch) => {}
+        Err(VerifyError::SubjectMismatch { .. }) => {}
         other => panic!("verify with an empty subject hash returned {other:?} for {token:?}"),
     }
     let payload = token
@@ -134,7 +134,7 @@ fn mint_round_trip(u: &mut Unstructured) -> arbitrary::Result<()> {
     assert_claims(claims, &want);
     let other_subject = fp::subject_hash(&format!("{subject}'"));
     let wrong = Expect { subject_hash: &other_subject, ..expect };
-    assert_eq!(fp::verify(verifier, &token, &wrong), Err(VerifyError::SubjectMismatch));
+    assert!(matches!(fp::verify(verifier, &token, &wrong), Err(VerifyError::SubjectMismatch { .. })));
     let other_scope = format!("{scope}'");
     let wrong = Expect { scope: &other_scope, ..expect };
     assert_eq!(fp::verify(verifier, &token, &wrong), Err(VerifyError::ScopeMismatch));
