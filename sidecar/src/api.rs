@@ -6,6 +6,7 @@
 //! | `POST /v1/complete`          | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
 //! | `POST /v1/release`           | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
 //! | `GET /v1/operations/{key}`   | 200 `OperationView`; 404 `NotFoundView` (below); 503; 400       |
+//! | `POST /v1/security-events`   | 202 `OK` (written to the audit); 503 `STORE_UNAVAILABLE`; 400   |
 //! | any `/v1/*` without a token  | 401 `{"error":"unauthorized"}`; nothing read or changed         |
 //! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down; each store's state       |
 //! | `GET /metrics`               | Prometheus (OpenMetrics text)                                   |
@@ -16,6 +17,12 @@
 //! `now >= exp + retention`, when a row for that fingerprint could have been
 //! kept and reaped, so "never started" is no longer known; `false` without
 //! `exp` or before that moment (a fingerprint's row is never reaped earlier).
+//!
+//! `POST /v1/security-events` takes a `SecurityEventReport` the filter sends
+//! without waiting for the answer (DESIGN §8): counted in
+//! `idem_security_events_total{kind}` and written as one `idem_audit` line
+//! (action `security_event`), within the SQL timeout. 503 when it could not
+//! be written; the filter ignores every answer.
 //!
 //! Inputs are validated here, before any store sees them, so a malformed
 //! value is a 400 for the caller and never a database error that would be
@@ -29,12 +36,16 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem_core::protocol::{Ack, AcquireOutcome, AcquireRequest, CompleteRequest, NotFoundView, ReleaseRequest};
+use idem_core::protocol::{
+    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, NotFoundView, ReleaseRequest, SecurityEventReport,
+    SecurityKind,
+};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::Instrument;
 
 use crate::auth::{require_token, AuthState, Tokens};
+use crate::store::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
 use crate::store::{now_ms, retention, Store};
 
 /// Replayed bodies travel base64 inside JSON; this bounds what one stored
@@ -43,6 +54,9 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// The longest lease a route may ask for (and what keeps `now + lease` in i64).
 pub const MAX_LEASE_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// A security event report is a few short fields.
+pub const MAX_EVENT_BYTES: usize = 4 * 1024;
 
 /// The latest fingerprint `exp` accepted (unix seconds, the year 9999): keeps
 /// `exp` in i64 milliseconds.
@@ -56,6 +70,7 @@ pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
         .route("/v1/complete", post(complete))
         .route("/v1/release", post(release))
         .route("/v1/operations/{key}", get(operation))
+        .route("/v1/security-events", post(security_event))
         .route_layer(axum::middleware::from_fn_with_state(auth, require_token));
     Router::new()
         .merge(guarded)
@@ -119,6 +134,60 @@ async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>, Raw
         }
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"}))).into_response(),
     }
+}
+
+async fn security_event(State(store): State<Arc<Store>>, body: Bytes) -> Response {
+    if body.len() > MAX_EVENT_BYTES {
+        return bad_request(format!("a security event report is at most {MAX_EVENT_BYTES} bytes"));
+    }
+    let report: SecurityEventReport = match parse(&body) {
+        Ok(r) => r,
+        Err(why) => return bad_request(why),
+    };
+    if let Err(why) = check_event(&report) {
+        return bad_request(why);
+    }
+    tracing::warn!(
+        kind = report.kind.as_str(),
+        scope = %report.scope,
+        key = report.key.as_ref().map(|k| k.as_str()).unwrap_or("-"),
+        trace_id = %report.trace_id,
+        security_event = report.kind.as_str(),
+        "security event reported by the filter"
+    );
+    let event = SecurityEvent {
+        actor: "filter",
+        kind: report.kind,
+        why: event_why(report.kind, &report.scope),
+        scope: report.scope,
+        key: report.key.map(|k| k.to_string()),
+        subject_hash: report.subject_hash,
+        trace_id: report.trace_id,
+    };
+    // The write goes on in its own task even if the filter has gone away.
+    match store.security_event(event).await {
+        Ok(true) => (StatusCode::ACCEPTED, Json(json!({"outcome": "OK"}))).into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"outcome": "STORE_UNAVAILABLE"}))).into_response(),
+    }
+}
+
+/// The audit line's words: the kind and the scope, never a secret or a value.
+fn event_why(kind: SecurityKind, scope: &str) -> String {
+    let what = match kind {
+        SecurityKind::ParamsChanged => "the bound parameters differ from those the fingerprint was issued for",
+        SecurityKind::CrossSubject => "a fingerprint issued to another subject was presented",
+        SecurityKind::BadSignature => "a fingerprint whose signature does not verify (forged or altered)",
+        SecurityKind::UnknownKid => "a fingerprint signed with a key id the gateway does not know",
+    };
+    format!("{} on scope {scope}: {what}; refused by the filter", kind.as_str())
+}
+
+fn check_event(r: &SecurityEventReport) -> Result<(), String> {
+    check_field("scope", &r.scope, MAX_SCOPE, true)?;
+    check_field("subject_hash", &r.subject_hash, MAX_SUBJECT_HASH, false)?;
+    check_field("trace_id", &r.trace_id, MAX_TRACE_ID, true)?;
+    // The key was checked by its type (idem_core::protocol::OpKey) while parsing.
+    Ok(())
 }
 
 async fn healthz(State(store): State<Arc<Store>>) -> Response {

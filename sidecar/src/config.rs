@@ -31,7 +31,7 @@ pub enum Command {
     /// Serve the HTTP API the Envoy filter calls, and reconcile and reap in
     /// the background.
     Serve(ServeArgs),
-    /// Operator tools on the same database: list, show, resolve.
+    /// Operator tools on the same database: list, show, resolve, events.
     Ops(OpsArgs),
     /// Tool definitions for agents (OpenAI, Anthropic, MCP), generated from
     /// the route annotations the filter enforces.

@@ -4,7 +4,8 @@
 //! PARAM_MISMATCH share is what an operator alerts on, and the fallback
 //! counter plus the two `_up` gauges say which store is carrying the load.
 //! `idem_needs_review` is the backlog a person has to work through: alert
-//! when it is not zero.
+//! when it is not zero. `idem_security_events_total{kind}` counts tampering,
+//! another subject's fingerprints and forgeries: alert when it rises.
 
 use std::time::Instant;
 
@@ -39,6 +40,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreOpLabels {
     store: &'static str,
     op: &'static str,
@@ -66,6 +72,8 @@ pub struct Metrics {
     needs_review: Gauge,
     reaped: Counter,
     auth_rejected: Counter,
+    security_events: Family<KindLabels, Counter>,
+    security_events_unrecorded: Counter,
 }
 
 impl Default for Metrics {
@@ -89,6 +97,8 @@ impl Metrics {
         let needs_review = Gauge::default();
         let reaped = Counter::default();
         let auth_rejected = Counter::default();
+        let security_events = Family::<KindLabels, Counter>::default();
+        let security_events_unrecorded = Counter::default();
 
         // Counters get their `_total` suffix from the OpenMetrics encoder.
         registry.register("idem_acquire", "Acquire answers by outcome and key mode", acquire.clone());
@@ -132,6 +142,17 @@ impl Metrics {
             "API calls refused for a missing or wrong credential (nothing was read or changed)",
             auth_rejected.clone(),
         );
+        registry.register(
+            "idem_security_events",
+            "Security events by kind (params_changed, cross_subject, bad_signature, unknown_kid): reported by the \
+             filter, or an acquire idemd answered PARAM_MISMATCH. Alert when it rises",
+            security_events.clone(),
+        );
+        registry.register(
+            "idem_security_events_unrecorded",
+            "Security events counted but not written to the audit trail (SQL down or slow, or too many at once)",
+            security_events_unrecorded.clone(),
+        );
 
         Self {
             registry,
@@ -147,7 +168,17 @@ impl Metrics {
             needs_review,
             reaped,
             auth_rejected,
+            security_events,
+            security_events_unrecorded,
         }
+    }
+
+    pub fn security_event(&self, kind: &'static str) {
+        self.security_events.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub fn security_event_unrecorded(&self) {
+        self.security_events_unrecorded.inc();
     }
 
     pub fn auth_rejected(&self) {

@@ -298,4 +298,87 @@ mod ops_cli {
         assert_eq!(by_trace.status.code(), Some(0), "{}", text(&by_trace));
         assert_eq!(text(&by_trace), t);
     }
+
+    /// Security events in a fresh SQLite file, as the filter's reports and
+    /// idemd's own PARAM_MISMATCH write them; one backdated by two hours.
+    fn security_events(dir: &std::path::Path) -> (String, String) {
+        use idem_core::protocol::SecurityKind;
+        use idemd::store::audit::SecurityEvent;
+        let db = format!("sqlite://{}/idem.db?mode=rwc", dir.display());
+        let key = idemd::store::new_owner();
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(async {
+            let sql = idemd::store::sql::SqlStore::connect(&db, &Default::default()).await.expect("sqlite");
+            let event = |kind, key: Option<&str>, trace: &str| SecurityEvent {
+                actor: "filter",
+                kind,
+                scope: "payments.transfer".into(),
+                key: key.map(str::to_string),
+                subject_hash: "5f2b0c1e9d8a7b6c5f2b0c1e9d8a7b6c".into(),
+                trace_id: trace.into(),
+                why: format!("{kind} on scope payments.transfer: test"),
+            };
+            let now = idemd::store::now_ms();
+            let old = event(SecurityKind::UnknownKid, None, "trace-old");
+            sql.record_event(&old, now - 2 * 3_600_000).await.expect("old");
+            sql.record_event(&event(SecurityKind::ParamsChanged, Some(&key), "trace-tamper"), now - 2_000)
+                .await
+                .expect("tamper");
+            sql.record_event(&event(SecurityKind::BadSignature, None, ""), now - 1_000).await.expect("forged");
+        });
+        (db, key)
+    }
+
+    #[test]
+    fn events_newest_first_by_kind_and_since() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (db, key) = security_events(dir.path());
+
+        let o = ops(&db, &["events"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let t = text(&o);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].starts_with("TIME (UTC)") && lines[0].contains("KIND") && lines[0].contains("TRACE ID"),
+            "{t}"
+        );
+        assert_eq!(lines.len(), 5, "a header, three events, a count: {t}");
+        assert!(lines[1].contains("bad_signature") && lines[1].contains(" - ") && lines[1].ends_with(" -"), "{t}");
+        assert!(lines[2].contains("params_changed") && lines[2].contains(&key), "{t}");
+        assert!(lines[2].contains("payments.transfer") && lines[2].ends_with("trace-tamper"), "{t}");
+        assert!(lines[3].contains("unknown_kid") && lines[3].ends_with("trace-old"), "{t}");
+        assert_eq!(lines[4], "(3 events)");
+
+        let o = ops(&db, &["events", "--since", "1h", "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let kinds: Vec<&str> = v.as_array().expect("array").iter().filter_map(|e| e["kind"].as_str()).collect();
+        assert_eq!(kinds, ["bad_signature", "params_changed"], "the two-hour-old one is left out: {v}");
+        assert_eq!(v[0]["key"], serde_json::Value::Null, "a forgery names no operation: {v}");
+        assert_eq!(v[1]["key"], key.as_str());
+        assert_eq!(v[1]["trace_id"], "trace-tamper");
+        assert_eq!(v[1]["subject_hash"], "5f2b0c1e9d8a7b6c5f2b0c1e9d8a7b6c");
+        assert_eq!(v[1]["scope"], "payments.transfer");
+        assert_eq!(v[1]["actor"], "filter");
+        assert!(v[1]["at"].as_str().is_some_and(|a| a.ends_with('Z')), "{v}");
+
+        let o = ops(&db, &["events", "--kind", "unknown_kid", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+        assert_eq!(v[0]["trace_id"], "trace-old");
+        let o = ops(&db, &["events", "--kind", "bad_signature", "--since", "90s"]);
+        assert!(text(&o).contains("(1 event)"), "{}", text(&o));
+
+        // The event is in its operation's history; `show` by a forgery's (empty) trace finds nothing.
+        let o = ops(&db, &["show", &key]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(text(&o).contains("no row") && text(&o).contains("security_event"), "{}", text(&o));
+
+        for bad in [&["events", "--kind", "tampering"][..], &["events", "--since", "ten minutes"][..]] {
+            let o = ops(&db, bad);
+            assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", text(&o));
+        }
+        let o = ops(&db, &["events", "--kind", "tampering"]);
+        assert!(text(&o).contains("params_changed, cross_subject, bad_signature, unknown_kid"), "{}", text(&o));
+    }
 }

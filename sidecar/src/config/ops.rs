@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
-use idem_core::protocol::OpState;
+use idem_core::protocol::{OpState, SecurityKind};
 
 #[derive(Debug, Clone, Args)]
 pub struct OpsArgs {
@@ -58,6 +58,43 @@ pub enum OpsCommand {
     },
     /// Decide an IN_FLIGHT or NEEDS_REVIEW operation by hand.
     Resolve(ResolveArgs),
+    /// Security events (tampered parameters, another subject's fingerprint,
+    /// forged signatures, unknown key ids), newest first.
+    Events {
+        /// Only those of the last DURATION: seconds, or a number with s, m, h
+        /// or d (`90s`, `15m`, `24h`, `7d`). Default: all still kept.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
+        since: Option<u64>,
+        /// Only this kind: params_changed, cross_subject, bad_signature, unknown_kid.
+        #[arg(long, value_name = "K", value_parser = parse_kind)]
+        kind: Option<SecurityKind>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `90`, `90s`, `15m`, `24h`, `7d` as milliseconds.
+pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, unit_ms) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1_000),
+        Some((i, 'm')) => (&s[..i], 60_000),
+        Some((i, 'h')) => (&s[..i], 3_600_000),
+        Some((i, 'd')) => (&s[..i], 86_400_000),
+        _ => (s, 1_000),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a duration: expected e.g. 90s, 15m, 24h, 7d"))?;
+    n.checked_mul(unit_ms).filter(|ms| *ms <= i64::MAX as u64).ok_or_else(|| format!("{s:?} is too long"))
+}
+
+fn parse_kind(s: &str) -> Result<SecurityKind, String> {
+    s.parse::<SecurityKind>().map_err(|_| {
+        let known: Vec<&str> = SecurityKind::ALL.iter().map(|k| k.as_str()).collect();
+        format!("{s:?} is not a kind: one of {}", known.join(", "))
+    })
 }
 
 /// Spelled as in the table, in lower case: in_flight, needs_review, done, failed.
@@ -125,4 +162,29 @@ pub struct ResolveArgs {
     /// executor may still be running it).
     #[arg(long)]
     pub force: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_seconds_minutes_hours_days() {
+        assert_eq!(parse_duration_ms("90"), Ok(90_000));
+        assert_eq!(parse_duration_ms("90s"), Ok(90_000));
+        assert_eq!(parse_duration_ms("15m"), Ok(900_000));
+        assert_eq!(parse_duration_ms("24h"), Ok(86_400_000));
+        assert_eq!(parse_duration_ms("7d"), Ok(604_800_000));
+        for bad in ["", "s", "1.5h", "-1m", "10w", "h1", "99999999999999999999d"] {
+            assert!(parse_duration_ms(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn kinds_by_their_wire_names() {
+        for k in SecurityKind::ALL {
+            assert_eq!(parse_kind(k.as_str()), Ok(*k));
+        }
+        assert!(parse_kind("tampering").is_err());
+    }
 }

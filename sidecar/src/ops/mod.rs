@@ -1,7 +1,9 @@
 //! `idemd ops`: what a person needs when "did it happen?" has no automatic
 //! answer — list operations by state, show one with its whole history, and
 //! resolve an IN_FLIGHT or NEEDS_REVIEW one by hand, with a reason that goes
-//! into the audit trail next to the filter's and the reconciler's lines.
+//! into the audit trail next to the filter's and the reconciler's lines; and
+//! `ops events`, the security events (tampering, another subject's
+//! fingerprints, forgeries) newest first.
 //!
 //! Exit codes: 0 done; 1 the database (or a file) could not be reached;
 //! 2 bad usage; 3 refused (no such operation, wrong state, changed meanwhile,
@@ -122,6 +124,16 @@ pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
                 Ok(format!("{v}\n"))
             } else {
                 Ok(print::show(&key, rec.as_ref(), &history))
+            }
+        }
+        OpsCommand::Events { since, kind, limit, json } => {
+            let since_ms = since.map_or(0, |ms| now_ms().saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX)));
+            let events = sql.events(since_ms, kind, limit).await.map_err(unreachable)?;
+            if json {
+                let list: Vec<_> = events.iter().map(print::event_json).collect();
+                Ok(format!("{}\n", serde_json::Value::Array(list)))
+            } else {
+                Ok(print::events(&events))
             }
         }
         OpsCommand::Resolve(r) => {

@@ -5,7 +5,7 @@ use idem_core::protocol::decode_body;
 use idem_core::utc::iso_utc_ms as utc;
 use serde_json::{json, Value};
 
-use crate::store::audit::AuditLine;
+use crate::store::audit::{AuditLine, EventLine};
 use crate::store::sql::Record;
 
 fn opt_utc(ms: Option<i64>) -> String {
@@ -98,4 +98,39 @@ pub fn show(key: &str, rec: Option<&Record>, history: &[AuditLine]) -> String {
         ));
     }
     out
+}
+
+pub fn events(events: &[EventLine]) -> String {
+    let mut out = format!(
+        "{:<24}  {:<14}  {:<24}  {:<32}  {:<32}  {:<8}  {}\n",
+        "TIME (UTC)", "KIND", "SCOPE", "KEY", "SUBJECT HASH", "BY", "TRACE ID"
+    );
+    for e in events {
+        out.push_str(&format!(
+            "{:<24}  {:<14}  {:<24}  {:<32}  {:<32}  {:<8}  {}\n",
+            utc(e.at_ms),
+            e.kind,
+            e.scope,
+            e.key.as_deref().unwrap_or("-"),
+            e.subject_hash,
+            e.actor,
+            e.trace_id.as_deref().unwrap_or("-"),
+        ));
+    }
+    out.push_str(&format!("({} event{})\n", events.len(), if events.len() == 1 { "" } else { "s" }));
+    out
+}
+
+pub fn event_json(e: &EventLine) -> Value {
+    json!({
+        "at_ms": e.at_ms,
+        "at": utc(e.at_ms),
+        "kind": e.kind,
+        "scope": e.scope,
+        "key": e.key,
+        "subject_hash": e.subject_hash,
+        "trace_id": e.trace_id,
+        "actor": e.actor,
+        "why": e.why,
+    })
 }

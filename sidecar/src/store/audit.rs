@@ -7,6 +7,7 @@
 //! and at least the terminal retention after the last change (the reaper
 //! prunes the rest).
 
+use idem_core::protocol::SecurityKind;
 use sqlx::Row;
 
 use super::sql::{on_pool, render, Bind, SqlError, SqlStore};
@@ -40,6 +41,46 @@ pub struct AuditLine {
 /// the database after the state change was already decided.
 pub const MAX_ACTOR: usize = 128;
 pub const MAX_WHY: usize = 2000;
+pub const MAX_TRACE_ID: usize = 128;
+pub const MAX_SCOPE: usize = 255;
+pub const MAX_SUBJECT_HASH: usize = 128;
+
+/// The audit action of a security event's line.
+pub const SECURITY_EVENT: &str = "security_event";
+
+/// The `idem_key` of a security event that names no operation (a forged
+/// signature or an unknown key id: the claims are the sender's words).
+pub const NO_KEY: &str = "00000000000000000000000000000000";
+
+/// A security event as written to the trail: one line, no state change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecurityEvent {
+    /// `filter` (reported by it) or `idemd` (an acquire it answered PARAM_MISMATCH).
+    pub actor: &'static str,
+    pub kind: SecurityKind,
+    pub scope: String,
+    /// The operation, where the signature proved it.
+    pub key: Option<String>,
+    /// Who sent it (the hash of the caller's subject).
+    pub subject_hash: String,
+    pub trace_id: String,
+    /// What happened, in words; no secret, no parameter value.
+    pub why: String,
+}
+
+/// One security event as `idemd ops events` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct EventLine {
+    pub at_ms: i64,
+    pub actor: String,
+    pub kind: String,
+    pub scope: String,
+    /// `None`: the event names no operation.
+    pub key: Option<String>,
+    pub subject_hash: String,
+    pub trace_id: Option<String>,
+    pub why: String,
+}
 
 impl SqlStore {
     /// Every line of one operation, oldest first.
@@ -73,15 +114,81 @@ impl SqlStore {
     pub async fn keys_by_trace(&self, trace_id: &str) -> Result<Vec<String>, SqlError> {
         let sql = render(
             self.backend(),
-            "SELECT DISTINCT idem_key FROM idem_audit WHERE trace_id = ? ORDER BY idem_key LIMIT 20",
+            "SELECT DISTINCT idem_key FROM idem_audit WHERE trace_id = ? AND idem_key <> ? ORDER BY idem_key LIMIT 20",
         );
         self.bounded(async {
             on_pool!(&self.pool, p => {
-                let rows = sqlx::query(&sql).bind(trace_id).fetch_all(p).await?;
+                // A security event that named no operation is no operation to show.
+                let rows = sqlx::query(&sql).bind(trace_id).bind(NO_KEY).fetch_all(p).await?;
                 let mut out = Vec::with_capacity(rows.len());
                 for row in rows {
                     let key: String = row.try_get("idem_key")?;
                     out.push(key.trim_end().to_string());
+                }
+                Ok(out)
+            })
+        })
+        .await
+    }
+
+    /// Append a security event's line (no state changes, so no row is touched).
+    pub async fn record_event(&self, e: &SecurityEvent, at_ms: i64) -> Result<(), SqlError> {
+        let sql = render(
+            self.backend(),
+            "INSERT INTO idem_audit (idem_key, at_ms, actor, action, from_state, to_state, why, trace_id, kind, scope, \
+             subject_hash) VALUES (?k, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?)",
+        );
+        let trace_id = Some(clip(&e.trace_id, MAX_TRACE_ID)).filter(|t| !t.is_empty());
+        let binds = [
+            Bind::Text(e.key.as_deref().unwrap_or(NO_KEY)),
+            Bind::Int(at_ms),
+            Bind::Text(clip(e.actor, MAX_ACTOR)),
+            Bind::Text(SECURITY_EVENT),
+            Bind::Text(clip(&e.why, MAX_WHY)),
+            Bind::OptText(trace_id),
+            Bind::Text(e.kind.as_str()),
+            Bind::Text(clip(&e.scope, MAX_SCOPE)),
+            Bind::Text(clip(&e.subject_hash, MAX_SUBJECT_HASH)),
+        ];
+        self.execute(&sql, &binds).await.map(|_| ())
+    }
+
+    /// Security events since `since_ms` (of one kind, if given), newest first.
+    pub async fn events(
+        &self,
+        since_ms: i64,
+        kind: Option<SecurityKind>,
+        limit: u32,
+    ) -> Result<Vec<EventLine>, SqlError> {
+        let of_kind = if kind.is_some() { " AND kind = ?" } else { "" };
+        let sql = render(
+            self.backend(),
+            &format!(
+                "SELECT at_ms, actor, kind, scope, idem_key, subject_hash, trace_id, why FROM idem_audit \
+                 WHERE action = ? AND at_ms >= ?{of_kind} ORDER BY at_ms DESC, id DESC LIMIT ?"
+            ),
+        );
+        self.bounded(async {
+            on_pool!(&self.pool, p => {
+                let mut q = sqlx::query(&sql).bind(SECURITY_EVENT).bind(since_ms);
+                if let Some(k) = kind {
+                    q = q.bind(k.as_str());
+                }
+                let rows = q.bind(i64::from(limit)).fetch_all(p).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    let key: String = row.try_get("idem_key")?;
+                    let key = key.trim_end().to_string();
+                    out.push(EventLine {
+                        at_ms: row.try_get("at_ms")?,
+                        actor: row.try_get("actor")?,
+                        kind: row.try_get::<Option<String>, _>("kind")?.unwrap_or_default(),
+                        scope: row.try_get::<Option<String>, _>("scope")?.unwrap_or_default(),
+                        key: Some(key).filter(|k| k != NO_KEY),
+                        subject_hash: row.try_get::<Option<String>, _>("subject_hash")?.unwrap_or_default(),
+                        trace_id: row.try_get("trace_id")?,
+                        why: row.try_get("why")?,
+                    });
                 }
                 Ok(out)
             })

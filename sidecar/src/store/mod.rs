@@ -40,11 +40,12 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::protocol::{
     Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState, OperationView,
-    OwnerToken, ReleaseRequest, StoredResult,
+    OwnerToken, ReleaseRequest, SecurityKind, StoredResult,
 };
+use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
-use self::audit::Audit;
+use self::audit::{Audit, SecurityEvent};
 use self::redis::{AcquireReply, Binding, RedisDown, RedisStore, WriteReply};
 use self::sql::{NewInFlight, Record, SqlError, SqlStore};
 use crate::metrics::Metrics;
@@ -59,6 +60,11 @@ const MAX_ATTEMPTS: usize = 3;
 
 /// The filter's calls carry no reason; the audit line says what the call means.
 const FILTER: &str = "filter";
+
+/// Security events written to SQL at once, at most. A flood of forged
+/// fingerprints (each one a report) must not take the connections the
+/// acquires need: past this the event is still counted, but not written.
+pub const MAX_EVENT_WRITES: usize = 4;
 
 #[derive(Clone, Debug)]
 pub struct StoreSettings {
@@ -91,6 +97,7 @@ pub struct Store {
     redis: Option<RedisStore>,
     settings: StoreSettings,
     metrics: Arc<Metrics>,
+    event_writes: Arc<Semaphore>,
 }
 
 /// How an attempt ended.
@@ -104,7 +111,7 @@ impl Store {
     pub fn new(sql: SqlStore, redis: Option<RedisStore>, settings: StoreSettings, metrics: Arc<Metrics>) -> Self {
         metrics.set_redis_up(redis.is_some());
         metrics.set_sql_up(true);
-        Self { sql, redis, settings, metrics }
+        Self { sql, redis, settings, metrics, event_writes: Arc::new(Semaphore::new(MAX_EVENT_WRITES)) }
     }
 
     pub fn sql(&self) -> &SqlStore {
@@ -144,8 +151,24 @@ impl Store {
         });
         if answer.outcome == AcquireOutcome::ParamMismatch {
             // A security event: someone reuses a nonce with other parameters,
-            // another subject or scope. Never log the hashes' inputs.
+            // another subject or scope. Never log the hashes' inputs. The
+            // filter does not report this one (idemd saw it): idemd writes it,
+            // off the acquire's path.
             warn!(key = %req.key, scope = %req.scope, security_event = "param_mismatch", "nonce reused with a different binding");
+            let event = SecurityEvent {
+                actor: "idemd",
+                kind: SecurityKind::ParamsChanged,
+                scope: req.scope.clone(),
+                key: Some(req.key.to_string()),
+                subject_hash: req.subject_hash.clone(),
+                trace_id: req.trace_id.clone(),
+                why: format!(
+                    "params_changed on scope {}: an acquire named this operation with another binding \
+                     (parameters, subject or scope) than it was acquired with",
+                    req.scope
+                ),
+            };
+            drop(self.security_event(event));
         }
         self.metrics.acquire(answer.outcome.as_str(), req.mode.as_str());
         answer
@@ -482,6 +505,44 @@ impl Store {
             self.redis_done("release", started, released);
         }
         Ack::Ok
+    }
+
+    // ---- security events -----------------------------------------------
+
+    /// Count a security event and write its audit line. The write runs in a
+    /// task of its own, bounded by the SQL timeout, so a caller that goes away
+    /// (the filter never waits for the answer) does not cancel it, and a
+    /// caller that does wait may drop the handle to not wait. The handle
+    /// answers `false` when the line was not written (SQL down or slow, or
+    /// [`MAX_EVENT_WRITES`] writes already running).
+    pub fn security_event(&self, event: SecurityEvent) -> tokio::task::JoinHandle<bool> {
+        self.metrics.security_event(event.kind.as_str());
+        let permit = Arc::clone(&self.event_writes).try_acquire_owned();
+        let (sql, metrics) = (self.sql.clone(), Arc::clone(&self.metrics));
+        tokio::spawn(async move {
+            let Ok(_permit) = permit else {
+                warn!(kind = event.kind.as_str(), "too many security events at once: counted, not written");
+                metrics.security_event_unrecorded();
+                return false;
+            };
+            let started = Instant::now();
+            let written = sql.record_event(&event, now_ms()).await;
+            metrics.observe("sql", "event", started);
+            match written {
+                Ok(()) => {
+                    metrics.set_sql_up(true);
+                    true
+                }
+                Err(e) => {
+                    warn!(kind = event.kind.as_str(), error = %e, "security event not written to the audit trail");
+                    if !matches!(e, SqlError::Corrupt(_)) {
+                        metrics.set_sql_up(false);
+                    }
+                    metrics.security_event_unrecorded();
+                    false
+                }
+            }
+        })
     }
 
     // ---- reads ---------------------------------------------------------

@@ -349,6 +349,13 @@ const MIGRATIONS: &[Migration] = &[
         mysql: include_str!("../../migrations/mysql/0004_fingerprint_exp.sql"),
         sqlite: include_str!("../../migrations/sqlite/0004_fingerprint_exp.sql"),
     },
+    Migration {
+        version: 5,
+        description: "idem_audit security events",
+        postgres: include_str!("../../migrations/postgres/0005_security_events.sql"),
+        mysql: include_str!("../../migrations/mysql/0005_security_events.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0005_security_events.sql"),
+    },
 ];
 
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
