@@ -131,7 +131,8 @@ pub fn lenient_path(path: &str) -> Option<String> {
         }
         text = decoded;
     }
-    let text = text.replace('\\', "/");
+    // A decoded `?` or `#` ends the path for an app that decodes before it splits.
+    let text = text.split(['?', '#']).next().unwrap_or_default().replace('\\', "/");
     let mut out: Vec<String> = Vec::new();
     for segment in text.split('/') {
         let segment = segment.split(';').next().unwrap_or_default();
@@ -474,6 +475,9 @@ mod tests {
             "/v1/transfers;x=1",
             "/v1\\transfers",
             "/v1/accounts/A-1/PAY/",
+            "/v1/transfers%3Fx=1",
+            "/v1/transfers%23frag",
+            "/v1/transfers%3fx",
         ] {
             assert!(r.find("POST", "h", path).is_none(), "{path} is not matched as sent");
             assert!(r.lenient_match(&["POST"], "h", path).is_some(), "{path}");
