@@ -371,7 +371,11 @@ fn the_plugin_configuration_is_one_string_everywhere() -> TestResult {
     assert_eq!(config["defaults"]["lease_ms"].to_string(), "60000", "a Struct double prints without .0");
     let routes = config["routes"].as_array().ok_or("no routes")?;
     let roles: Vec<&str> = routes.iter().filter_map(|r| r["role"].as_str()).collect();
-    assert_eq!(roles, ["preview", "confirm", "status", "mcp", "mcp", "mcp"], "the demo's three routes and MCP endpoints");
+    assert_eq!(
+        roles,
+        ["preview", "confirm", "status", "mcp", "mcp", "mcp"],
+        "the demo's three routes and MCP endpoints"
+    );
     let mcp_paths: Vec<&str> =
         routes.iter().filter(|r| r["role"] == "mcp").filter_map(|r| r["match"]["path"].as_str()).collect();
     assert_eq!(mcp_paths, ["/mcp", "/mcp/sse", "/mcp/session"], "every MCP endpoint the demo serves has its rule");
@@ -573,7 +577,8 @@ fn the_kustomizations_apply_what_works() -> TestResult {
 fn the_inbound_connection_manager_normalises_paths_as_istio_like_yaml_does() -> TestResult {
     const FIELDS: [&str; 3] = ["normalize_path", "merge_slashes", "path_with_escaped_slashes_action"];
     let envoy_filter = documents(&read("deploy/istio/envoyfilter.yaml")?)?;
-    let patches = envoy_filter.first().and_then(|d| at(d, &["spec", "configPatches"]).ok()).ok_or("no configPatches")?;
+    let patches =
+        envoy_filter.first().and_then(|d| at(d, &["spec", "configPatches"]).ok()).ok_or("no configPatches")?;
     let hcm_patch = each(Some(patches))
         .find(|p| s(p, "applyTo") == Some("NETWORK_FILTER"))
         .ok_or("no NETWORK_FILTER patch in deploy/istio/envoyfilter.yaml")?;
