@@ -40,7 +40,7 @@ impl Raw {
             text.lines()
                 .filter_map(|l| l.strip_prefix("data:"))
                 .filter_map(|d| serde_json::from_str(d.trim()).ok())
-                .last()
+                .next_back()
                 .unwrap_or(Value::Null)
         })
     }
