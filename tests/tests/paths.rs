@@ -242,6 +242,21 @@ async fn probe(
 }
 
 /// The table of what happened (also on stderr: `--no-capture` shows it for passing runs).
+/// The guarded path with another method: the confirm route (and rule) is POST only.
+const OTHER_METHODS: &[&str] = &["PUT", "PATCH"];
+
+async fn probe_methods(stack: &Stack) -> Result<Vec<(String, Raw, Option<Outcome>)>, BoxError> {
+    let mut out = Vec::new();
+    for method in OTHER_METHODS {
+        let before = counts(stack).await?;
+        let a = raw(stack, method, "/v1/transfers", BODY_HEADERS, &confirm_body()).await?;
+        assert_eq!(counts(stack).await?, before, "{method} /v1/transfers: the upstream ran it ({})", a.short());
+        let o = outcome(&a);
+        out.push((format!("{method} /v1/transfers"), a, o));
+    }
+    Ok(out)
+}
+
 fn report(results: &[(String, Raw, Option<Outcome>)]) -> String {
     let text: String = results.iter().map(|(t, a, o)| format!("  {t:32} {o:?} {}\n", a.short())).collect();
     eprintln!("{text}");
@@ -281,6 +296,8 @@ async fn route_metadata_no_spelling_of_the_confirm_path_reaches_the_upstream_ung
             assert_eq!((a.status, a.json()["status"].as_str()), (400, Some("fingerprint_invalid")), "{}", a.short());
         }
     }
+    let methods = probe_methods(&stack).await?;
+    assert!(methods.iter().all(|(_, _, o)| *o == Some(NoRoute)), "{}", report(&methods));
     // The gateway's 404 is a reply the model can act on (DESIGN §7).
     let miss = stack.post("/v1/transfers/", SUBJECT, &transfer(json!(1), "m"), &[]).await?;
     miss.assert_prompt("no_such_route");
@@ -412,8 +429,8 @@ async fn route_rules_every_mcp_endpoint_is_guarded() -> TestResult {
 }
 
 /// The rule shape's gap, waiting for the filter (core/src/route_rules.rs): a spelling that normalisation
-/// leaves different from the rule's path (a trailing slash, another case, `;params`, an encoded `?`) misses
-/// every rule, and the mesh's catch-all forwards it to the app unguarded. The demo's router answers those
+/// leaves different from the rule's path (a trailing slash, another case, `;params`, an encoded `?`), or the
+/// path with another method, misses every rule, and the mesh's catch-all forwards it to the app unguarded. The demo's router answers those
 /// 404 (so the ledger stays still), but an app that ignores a trailing slash, routes case-insensitively or
 /// strips `;jsessionid`-style parameters executes them. Envoy's route table (the route-metadata shape) answers
 /// them with its own 404; the rules must not forward them either.
@@ -425,6 +442,7 @@ async fn route_rules_near_misses_of_a_guarded_path_never_reach_the_app_unguarded
     let mcp_near: Vec<(&str, Outcome)> = MCP_VARIANTS.iter().copied().filter(|(_, o)| *o == NoRoute).collect();
     let mut results = probe(&stack, &near, &[], &confirm_body()).await?;
     results.extend(probe(&stack, &mcp_near, &MCP_HEADERS_WITH_CLIENT_KEY, &execute_call()).await?);
+    results.extend(probe_methods(&stack).await?);
     let forwarded: Vec<&str> = results.iter().filter(|(_, a, _)| a.forwarded()).map(|(t, _, _)| t.as_str()).collect();
     assert!(forwarded.is_empty(), "forwarded to the app past the route rules: {forwarded:?}\n{}", report(&results));
     Ok(())
