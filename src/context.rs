@@ -1,4 +1,5 @@
-//! proxy-wasm's HTTP callbacks, handed to the shared stream adapter.
+//! proxy-wasm's HTTP callbacks, handed to the shared stream adapter: every one the SDK offers
+//! for a stream, since a default that continues would release a held request (DESIGN §6).
 
 #[cfg(target_arch = "wasm32")]
 pub use wasm::WasmStream;
@@ -34,12 +35,21 @@ mod wasm {
             to_proxy(self.0.on_request_body(body_size, end_of_stream))
         }
 
+        /// proxy-wasm's default continues, which would release a held request: the machine decides.
+        fn on_http_request_trailers(&mut self, _num_trailers: usize) -> ProxyAction {
+            to_proxy(self.0.on_request_trailers())
+        }
+
         fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> ProxyAction {
             to_proxy(self.0.on_response_headers(end_of_stream))
         }
 
         fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> ProxyAction {
             to_proxy(self.0.on_response_body(body_size, end_of_stream))
+        }
+
+        fn on_http_response_trailers(&mut self, _num_trailers: usize) -> ProxyAction {
+            to_proxy(self.0.on_response_trailers())
         }
     }
 }

@@ -65,6 +65,10 @@ mod wasm {
             hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
         }
 
+        fn request_headers(&self) -> Vec<(String, String)> {
+            hostcalls::get_map(MapType::HttpRequestHeaders).unwrap_or_default()
+        }
+
         fn set_request_header(&mut self, name: &str, value: &str) {
             warn_on_err("set request header", hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)));
         }

@@ -17,6 +17,8 @@ pub const ROUTE_ANNOTATION_PATH: [&str; 4] = ["xds", "route_metadata", "filter_m
 
 pub trait Host: Env {
     fn request_header(&self, name: &str) -> Option<String>;
+    /// Every request header entry, pseudo-headers included, a repeated header once per value.
+    fn request_headers(&self) -> Vec<(String, String)>;
     fn set_request_header(&mut self, name: &str, value: &str);
     fn remove_request_header(&mut self, name: &str);
     fn response_header(&self, name: &str) -> Option<String>;

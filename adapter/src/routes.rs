@@ -33,6 +33,9 @@ pub enum RouteLookup {
     Guarded(Rc<RoutePolicy>),
     /// The annotation does not parse: the route must not run unprotected.
     Broken(Rc<str>),
+    /// No rule matches the request as sent, but one matches it as a lenient upstream reads it
+    /// (another spelling of the path or method): refused, naming the path to send.
+    NotCanonical(String),
 }
 
 #[derive(Default)]
@@ -54,7 +57,7 @@ impl RouteCache {
             RouteLookup::Broken(why) => host.log(crate::host::Level::Error, &format!("bad route annotation: {why}")),
             // Annotated, but nothing the filter guards (no role): rules may still apply.
             RouteLookup::NotMine => return by_rule(host, &config.routes),
-            RouteLookup::Guarded(_) => {}
+            RouteLookup::Guarded(_) | RouteLookup::NotCanonical(_) => {}
         }
         let mut entries = self.entries.borrow_mut();
         if entries.len() >= MAX_ENTRIES {
@@ -89,14 +92,27 @@ fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
     let header = |name: &str| host.request_header(name).unwrap_or_default();
     // The path alone rules out most requests: one header read instead of three.
     let path = header(":path");
-    if !rules.any_path_matches(&path) {
+    let named = rules.any_path_matches(&path);
+    if !named && idem_core::route_rules::lenient_path(&path).is_none() {
+        // A plain path no rule names: the common case, settled without reading more.
         return RouteLookup::NotMine;
     }
-    match rules.find(&header(":method"), &header(":authority"), &path) {
-        Some(rule) => RouteLookup::Guarded(Rc::clone(&rule.policy)),
+    let (method, authority) = (header(":method"), header(":authority"));
+    if let Some(rule) = rules.find(&method, &authority, &path).filter(|_| named) {
+        return RouteLookup::Guarded(Rc::clone(&rule.policy));
+    }
+    // Not a guarded request as sent. Could the upstream read it as one? (DESIGN §6)
+    let mut methods = vec![method];
+    methods.extend(METHOD_OVERRIDES.iter().filter_map(|h| host.request_header(h)));
+    let methods: Vec<&str> = methods.iter().map(String::as_str).collect();
+    match rules.lenient_match(&methods, &authority, &path) {
+        Some(canonical) => RouteLookup::NotCanonical(canonical),
         None => RouteLookup::NotMine,
     }
 }
+
+/// Headers web frameworks read as the request's real method (Rails, Express, Spring, ...).
+const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
 
 fn parse(pairs: &[(String, Vec<u8>)], defaults: &RouteDefaults) -> RouteLookup {
     let get = |key: &str| {

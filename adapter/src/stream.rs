@@ -13,7 +13,6 @@ use crate::routes::{RouteCache, RouteLookup};
 use crate::sidecar;
 use idem_core::machine::{
     self, CalloutAnswer, Counter, Ctx, Effect, Flow, HeadNeeds, Machine, Outcome, RequestHead, ResponseHead, Step,
-    FINGERPRINT_HEADER, IDEMPOTENCY_KEY_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER,
 };
 use idem_core::policy::{PluginConfig, Role, SubjectSource};
 use std::rc::Rc;
@@ -47,7 +46,9 @@ pub struct Stream<H: Host> {
     /// For log lines about this stream.
     trace_id: String,
     scope: String,
-    /// The buffered response body's size, to replace it whole.
+    /// The buffered body sizes, to read (request) or replace (response) them whole, also when
+    /// the stream ends with trailers instead of a last body chunk.
+    request_size: usize,
     response_size: usize,
 }
 
@@ -60,6 +61,7 @@ impl<H: Host> Stream<H> {
             pending: None,
             trace_id: String::new(),
             scope: String::new(),
+            request_size: 0,
             response_size: 0,
         }
     }
@@ -87,6 +89,13 @@ impl<H: Host> Stream<H> {
         let policy = match self.shared.routes.lookup(&self.host, cfg) {
             RouteLookup::NotMine => return Action::Continue,
             RouteLookup::Guarded(p) => p,
+            RouteLookup::NotCanonical(canonical) => {
+                let trace = self.read_trace_id();
+                let reply = machine::not_canonical(cfg, &trace, &canonical);
+                self.host.count(Counter::RejectedHeader);
+                self.host.send_reply(reply.http_status, &reply.headers, &reply.body);
+                return Action::Pause;
+            }
             RouteLookup::Broken(_) => {
                 // A guarded route with a broken annotation must not run unprotected.
                 let trace = self.read_trace_id();
@@ -105,6 +114,7 @@ impl<H: Host> Stream<H> {
     }
 
     pub fn on_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        self.request_size = size;
         let step = self.machine.on_request_data(size, end_of_stream);
         if step.flow != Flow::NeedBody {
             return self.apply(step);
@@ -112,6 +122,23 @@ impl<H: Host> Stream<H> {
         let body = self.host.request_body(size);
         let next = self.machine.on_request_body(&body, &mut self.host);
         self.apply_outcome(next)
+    }
+
+    /// The request ended with trailers (HTTP/2, gRPC): that is its end of stream. A default
+    /// that continues here would release a held request the machine has not judged (DESIGN §6).
+    pub fn on_request_trailers(&mut self) -> Action {
+        if matches!(self.machine, Machine::Pass) {
+            return Action::Continue;
+        }
+        self.on_request_body(self.request_size, true)
+    }
+
+    /// The answer ended with trailers: its end of stream, as for the request.
+    pub fn on_response_trailers(&mut self) -> Action {
+        if matches!(self.machine, Machine::Pass) {
+            return Action::Continue;
+        }
+        self.on_response_body(self.response_size, true)
     }
 
     pub fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
@@ -155,28 +182,22 @@ impl<H: Host> Stream<H> {
         machine::trace_id(rid.as_deref(), tp.as_deref())
     }
 
-    /// The request facts the route's role needs, and no more (DESIGN §9).
+    /// The request facts the route's role needs, from one read of the header map: every value
+    /// of a header the guard reads is seen, so a repeated one is refused, never half-read.
     fn read_head(&self, role: Role) -> RequestHead {
         let needs = HeadNeeds::for_role(role);
-        let subject = match &self.shared.config.subject {
-            SubjectSource::Header(name) => self.host.request_header(name),
-            SubjectSource::Property(path) => {
-                let path: Vec<&str> = path.iter().map(String::as_str).collect();
-                self.host.property(&path).and_then(|b| String::from_utf8(b).ok())
-            }
+        let headers = self.host.request_headers();
+        let subject_header = match &self.shared.config.subject {
+            SubjectSource::Header(name) => Some(name.as_str()),
+            SubjectSource::Property(_) => None,
         };
-        let header = |wanted: bool, name: &str| if wanted { self.host.request_header(name) } else { None };
-        RequestHead {
-            trace_id: self.read_trace_id(),
-            subject: subject.filter(|s| !s.trim().is_empty()),
-            content_length: self.host.request_header("content-length").and_then(|l| l.parse().ok()),
-            fingerprint: header(needs.fingerprint, FINGERPRINT_HEADER),
-            path: header(needs.path, ":path").unwrap_or_default(),
-            method: header(needs.method, ":method").unwrap_or_default(),
-            idempotency_key: header(needs.idempotency_key, IDEMPOTENCY_KEY_HEADER),
-            mcp_method: header(needs.mcp, MCP_METHOD_HEADER),
-            mcp_name: header(needs.mcp, MCP_NAME_HEADER),
+        let mut head = RequestHead::from_headers(&headers, needs, subject_header);
+        if let SubjectSource::Property(path) = &self.shared.config.subject {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            head.subject =
+                self.host.property(&path).and_then(|b| String::from_utf8(b).ok()).filter(|s| !s.trim().is_empty());
         }
+        head
     }
 
     fn read_response_head(&self) -> ResponseHead {
@@ -244,6 +265,13 @@ impl<H: Host> Stream<H> {
             Effect::SetResponseHeader(name, value) => self.host.set_response_header(&name, &value),
             Effect::RemoveResponseHeader(name) => self.host.remove_response_header(name),
             Effect::ReplaceResponseBody(body) => self.host.replace_response_body(self.response_size, &body),
+            Effect::Rewrite(r) => {
+                self.host.set_response_header(":status", &r.http_status.to_string());
+                for (name, value) in &r.headers {
+                    self.host.set_response_header(name, value);
+                }
+                self.host.replace_response_body(self.response_size, &r.body);
+            }
             Effect::Reply(r) => self.host.send_reply(r.http_status, &r.headers, &r.body),
             Effect::ResumeRequest => self.host.resume_request(),
             Effect::ResumeResponse => self.host.resume_response(),

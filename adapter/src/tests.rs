@@ -76,6 +76,10 @@ impl Host for Fake {
         self.header_reads.set(self.header_reads.get() + 1);
         Fake::header(&self.request_headers, name)
     }
+    fn request_headers(&self) -> Vec<(String, String)> {
+        self.header_reads.set(self.header_reads.get() + 1);
+        self.request_headers.clone()
+    }
     fn set_request_header(&mut self, name: &str, value: &str) {
         self.request_headers.push((name.into(), value.into()));
     }
@@ -342,7 +346,7 @@ fn expired_confirm_asks_before_it_answers() -> TestResult {
     let size = s.host().request_body.len();
     s.on_request_body(size, true);
     assert_eq!(s.host().last_call_header(":method").as_deref(), Some("GET"));
-    assert_eq!(s.host().last_call_header(":path"), Some(format!("/v1/operations/{}", "ab".repeat(16))));
+    assert_eq!(s.host().last_call_header(":path"), Some(format!("/v1/operations/{}?exp=1000", "ab".repeat(16))));
     answer(&mut s, 404, json!({"error": "not_found"}));
     assert_eq!(s.host().last_reply_json()["status"], "fingerprint_expired");
     Ok(())
@@ -417,6 +421,22 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
     assert_eq!(start("GET", "/v1/transfers", false).0, Action::Continue);
     let (action, s) = start("POST", "/v1/transfers/x", false);
     assert_eq!((action, s.host().header_reads.get()), (Action::Continue, 1));
+    // Another spelling of the guarded request is refused, never passed (DESIGN §6).
+    for (method, path) in [("POST", "/V1/Transfers"), ("post", "/v1/transfers"), ("POST", "/v1//transfers/")] {
+        let (action, s) = start(method, path, false);
+        assert_eq!(action, Action::Pause, "{method} {path}");
+        assert_eq!(s.host().last_reply_json()["status"], "path_not_canonical", "{method} {path}");
+    }
+    let (action, s) = {
+        let mut fake = Fake::default();
+        request(&mut fake, &json!({"amount": 1}), &[(":method", "GET"), (":authority", "pay.example")]);
+        fake.request_headers.push(("x-http-method-override".into(), "POST".into()));
+        fake.request_headers.retain(|(k, _)| k != ":path");
+        fake.request_headers.push((":path".into(), "/v1/transfers".into()));
+        let mut s = Stream::new(Rc::clone(&shared), fake);
+        (s.on_request_headers(false), s)
+    };
+    assert_eq!((action, s.host().last_reply_json()["status"].as_str()), (Action::Pause, Some("path_not_canonical")));
     // Route metadata wins over a rule: this route is a preview, which needs no fingerprint.
     let (action, mut s) = start("POST", "/v1/transfers", true);
     assert_eq!(action, Action::Pause);

@@ -380,6 +380,7 @@ pub const ROUTE_KEYS: &[&str] = &[
     "protocol",
     "tools",
     "tool",
+    "quote_expires",
 ];
 
 const MAX_SCOPE_LEN: usize = 128;
@@ -527,6 +528,42 @@ pub struct RoutePolicy {
     pub tools: Vec<(String, std::rc::Rc<RoutePolicy>)>,
     /// `tool`: how agents see this action (`idemd tools` generates definitions from it).
     pub tool: Option<ToolSpec>,
+    /// Preview: where the answer states its quote's own expiry; the fingerprint never outlives it.
+    pub quote_expires: Option<QuoteExpiry>,
+}
+
+/// `quote_expires`: a JSON pointer into the preview's answer (`/expires_at`) or a response header
+/// (`header:quote-expires-at`), holding unix seconds or an RFC 3339 time (DESIGN §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuoteExpiry {
+    Pointer(String),
+    Header(String),
+}
+
+impl QuoteExpiry {
+    fn parse(text: &str) -> Result<QuoteExpiry, PolicyError> {
+        if let Some(name) = text.strip_prefix("header:") {
+            let name = name.trim().to_ascii_lowercase();
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) {
+                return perr(format!("quote_expires: {text:?} does not name a header (header:quote-expires-at)"));
+            }
+            return Ok(QuoteExpiry::Header(name));
+        }
+        if !text.starts_with('/') || !is_json_pointer(text) || text.len() > MAX_POINTER_LEN {
+            return perr(format!("quote_expires: {text:?} is neither a JSON pointer (/expires_at) nor header:NAME"));
+        }
+        Ok(QuoteExpiry::Pointer(text.to_string()))
+    }
+
+    /// The expiry a value states: unix seconds (a JSON number or digits) or an RFC 3339 time.
+    pub fn read(value: &Value) -> Option<u64> {
+        match value {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok(),
+            Value::String(s) => crate::utc::parse_rfc3339(s),
+            _ => None,
+        }
+    }
 }
 
 /// The `tool` annotation: `{"name", "description", "parameters"}`, where
@@ -573,6 +610,11 @@ fn parse_tool_spec(text: &str) -> Result<ToolSpec, PolicyError> {
 impl RoutePolicy {
     pub fn tool(&self, name: &str) -> Option<&std::rc::Rc<RoutePolicy>> {
         self.tools.iter().find(|(n, _)| n == name).map(|(_, p)| p)
+    }
+
+    /// The names of an MCP route's listed tools.
+    pub fn tool_names(&self) -> impl Iterator<Item = &str> {
+        self.tools.iter().map(|(n, _)| n.as_str())
     }
 }
 
@@ -670,6 +712,13 @@ pub fn parse_route_policy(
     if role == Role::Idempotent && !client_keys {
         return perr("client_keys: role idempotent always takes the caller's Idempotency-Key");
     }
+    let quote_expires = match leaf_string(get, "quote_expires")? {
+        None => None,
+        Some(_) if role != Role::Preview => {
+            return perr(format!("quote_expires: only for role preview, not {}", role.as_str()))
+        }
+        Some(text) => Some(QuoteExpiry::parse(&text)?),
+    };
     let tool = match leaf_string(get, "tool")? {
         Some(text) => Some(parse_tool_spec(&text)?),
         None => None,
@@ -697,6 +746,7 @@ pub fn parse_route_policy(
         callers,
         tools: Vec::new(),
         tool,
+        quote_expires,
     }))
 }
 
@@ -730,12 +780,15 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
             Value::Number(n) => n.as_f64().map(LeafValue::Num),
             other => Some(LeafValue::Str(other.to_string())),
         };
-        let policy = match parse_route_policy(&leaf, defaults) {
+        let mut policy = match parse_route_policy(&leaf, defaults) {
             Ok(Some(p)) if matches!(p.role, Role::Preview | Role::Confirm | Role::Status) => p,
             Ok(Some(p)) => return perr(format!("tools.{name}.role: {} is not for a tool", p.role.as_str())),
             Ok(None) => return perr(format!("tools.{name}.role: required (preview, confirm or status)")),
             Err(PolicyError(e)) => return perr(format!("tools.{name}.{e}")),
         };
+        // An MCP tool always has a name: `in_progress` without a status tool polls by calling it again.
+        let spec = policy.tool.get_or_insert(ToolSpec { name: None, description: None, parameters: None });
+        spec.name.get_or_insert_with(|| name.clone());
         tools.push((name.clone(), std::rc::Rc::new(policy)));
     }
     Ok(RoutePolicy {
@@ -753,6 +806,7 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
         callers: Callers::Agents,
         tools,
         tool: None,
+        quote_expires: None,
     })
 }
 
@@ -1047,6 +1101,7 @@ mod tests {
             callers: Callers::Agents,
             tools: Vec::new(),
             tool: None,
+            quote_expires: None,
         };
         assert_eq!(p, Some(want));
         Ok(())

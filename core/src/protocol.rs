@@ -170,6 +170,22 @@ pub struct AcquireRequest {
     /// How the caller named the operation (a metrics label).
     #[serde(default, skip_serializing_if = "KeyMode::is_fingerprint")]
     pub mode: KeyMode,
+    /// The fingerprint's `exp` (unix seconds): the record is kept until `exp` plus the
+    /// retention at least, so no retry with a live fingerprint finds it reaped (DESIGN §4).
+    /// `None` for client keys (their window is the retention alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exp: Option<u64>,
+}
+
+/// The body of `GET /v1/operations/{key}?exp=…` when there is no row. `reaped_possible`: a row
+/// for a fingerprint with that `exp` could have existed and been deleted after the retention,
+/// so "never started" is not known (idemd knows its retention, the caller knows `exp`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotFoundView {
+    #[serde(default)]
+    pub error: String,
+    #[serde(default)]
+    pub reaped_possible: bool,
 }
 
 /// How an operation was named: a server-issued fingerprint, or the caller's

@@ -34,6 +34,12 @@ pub enum ReplyKind {
     StatusUnavailable,
     ParamsChanged,
     FingerprintExpired,
+    /// 502: the preview succeeded upstream, but its quote's stated expiry (the route's
+    /// `quote_expires`) is missing, unreadable or past: no fingerprint, nothing to confirm.
+    QuoteUnusable,
+    /// 410: expired, no row, and one may have been kept and reaped after the retention: whether
+    /// the operation ran is no longer known here. Never "nothing ran".
+    RecordGone,
     FingerprintInvalid,
     FingerprintMissing,
     Forbidden,
@@ -49,10 +55,15 @@ pub enum ReplyKind {
     KeyMissing,
     /// 400: the `Idempotency-Key` is not one valid key; `detail` says why.
     KeyInvalid,
+    /// 400: a header the guard reads came more than once (DESIGN §6); `detail` names it.
+    InvalidHeader,
+    /// 400: another spelling of a guarded path or method (case, escapes, slashes, an override
+    /// header) that an upstream may read as the guarded one; `detail` names the path to use.
+    PathNotCanonical,
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 19] = [
+    pub const ALL: [ReplyKind; 23] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -72,6 +83,10 @@ impl ReplyKind {
         ReplyKind::InvalidField,
         ReplyKind::KeyMissing,
         ReplyKind::KeyInvalid,
+        ReplyKind::InvalidHeader,
+        ReplyKind::PathNotCanonical,
+        ReplyKind::RecordGone,
+        ReplyKind::QuoteUnusable,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -94,7 +109,30 @@ impl ReplyKind {
             ReplyKind::InvalidField => "invalid_field",
             ReplyKind::KeyMissing => "idempotency_key_missing",
             ReplyKind::KeyInvalid => "idempotency_key_invalid",
+            ReplyKind::InvalidHeader => "invalid_header",
+            ReplyKind::PathNotCanonical => "path_not_canonical",
+            ReplyKind::RecordGone => "record_expired",
+            ReplyKind::QuoteUnusable => "quote_unusable",
         }
+    }
+
+    /// A report of what became of an operation (a status tool answers these as results), as
+    /// opposed to a refusal of this call or "cannot tell now".
+    pub fn is_report(self) -> bool {
+        matches!(
+            self,
+            ReplyKind::AlreadyCompleted
+                | ReplyKind::AlreadyFailed
+                | ReplyKind::InProgress
+                | ReplyKind::OutcomeUnknown
+                | ReplyKind::NeedsReview
+                | ReplyKind::NotYetExecuted
+        )
+    }
+
+    /// A replay of a recorded result.
+    pub fn is_replay(self) -> bool {
+        matches!(self, ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed)
     }
 }
 
@@ -103,6 +141,9 @@ pub struct ReplyContext<'a> {
     pub trace_id: &'a str,
     /// The status tool's name, for `in_progress` (and `needs_review`).
     pub poll_with: Option<&'a str>,
+    /// This call's own tool, where it has a name: without a status tool, `in_progress` polls by
+    /// calling it again with the same fingerprint (which reports, never executes twice).
+    pub own_tool: Option<&'a str>,
     pub poll_after_ms: u64,
     pub retry_after_ms: u64,
     /// The recorded upstream answer, for `already_completed` / `already_failed`.
@@ -120,11 +161,30 @@ pub struct ReplyContext<'a> {
     pub status_query: bool,
 }
 
+/// A local reply, rendered for plain HTTP. `facts` keeps what it says as data, so a framing
+/// that wraps it (MCP, DESIGN §11) renders its own shape instead of re-parsing `body`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub http_status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    pub facts: Option<Facts>,
+}
+
+/// What a reply says: its kind and the §7 envelope's fields (for a replay, `result` is the
+/// recorded answer). `None` on a reply that is the upstream's own recorded answer
+/// (`replay: original`) or a framing's own message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub kind: ReplyKind,
+    pub envelope: Map<String, Value>,
+}
+
+impl Reply {
+    /// A reply that is only bytes (a framing's own message).
+    pub fn raw(http_status: u16, headers: Vec<(String, String)>, body: Vec<u8>) -> Reply {
+        Reply { http_status, headers, body, facts: None }
+    }
 }
 
 pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
@@ -133,7 +193,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     body.insert("status".into(), kind.status().into());
     body.insert("meaning".into(), text.meaning.into());
     body.insert("instruction".into(), text.instruction.into());
-    body.insert("retryable".into(), retryable(kind, ctx).into());
+    body.insert("retryable".into(), retryable(kind).into());
     body.insert("trace_id".into(), ctx.trace_id.into());
 
     let mut headers = vec![
@@ -156,7 +216,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
             headers.push(("idempotent-replayed".to_string(), "true".to_string()));
         }
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
-            body.insert("poll_with".into(), ctx.poll_with.map_or(Value::Null, Value::from));
+            body.insert("poll_with".into(), ctx.poll_with.or(ctx.own_tool).map_or(Value::Null, Value::from));
             body.insert("poll_after_ms".into(), ctx.poll_after_ms.into());
         }
         ReplyKind::NeedsReview => {
@@ -169,7 +229,11 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     if let Some(key) = ctx.operation {
         if matches!(
             kind,
-            ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview | ReplyKind::StatusUnavailable
+            ReplyKind::InProgress
+                | ReplyKind::OutcomeUnknown
+                | ReplyKind::NeedsReview
+                | ReplyKind::StatusUnavailable
+                | ReplyKind::RecordGone
         ) {
             body.insert("operation".into(), key.into());
         }
@@ -188,7 +252,9 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
         body.insert("detail".into(), detail.into());
     }
 
-    Reply { http_status: http_status(kind, ctx), headers, body: Value::Object(body).to_string().into_bytes() }
+    // Serializing a map of plain values cannot fail.
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    Reply { http_status: http_status(kind, ctx), headers, body: bytes, facts: Some(Facts { kind, envelope: body }) }
 }
 
 /// A recorded result replayed as the upstream sent it (the route's `replay:
@@ -199,7 +265,7 @@ pub fn original(result: &StoredResult) -> Reply {
         result.headers.iter().filter(|(k, _)| !k.eq_ignore_ascii_case("idempotent-replayed")).cloned().collect();
     headers.push(("idempotent-replayed".to_string(), "true".to_string()));
     let status = if (200..=599).contains(&result.status) { result.status } else { 200 };
-    Reply { http_status: status, headers, body: decode_body(&result.body_b64).unwrap_or_default() }
+    Reply::raw(status, headers, decode_body(&result.body_b64).unwrap_or_default())
 }
 
 /// Resolve a route's `result_ref` pointer against a JSON body: strings as-is,
@@ -225,13 +291,19 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
         ReplyKind::NotYetExecuted => 200,
         ReplyKind::ParamsChanged => 422,
-        ReplyKind::FingerprintExpired => 410,
+        ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
+        ReplyKind::QuoteUnusable => 502,
         ReplyKind::FingerprintInvalid => 400,
         ReplyKind::FingerprintMissing => 428,
         ReplyKind::Forbidden => 403,
         ReplyKind::SubjectMissing => 401,
         ReplyKind::BodyTooLarge => 413,
-        ReplyKind::InvalidJson | ReplyKind::InvalidField | ReplyKind::KeyMissing | ReplyKind::KeyInvalid => 400,
+        ReplyKind::InvalidJson
+        | ReplyKind::InvalidField
+        | ReplyKind::KeyMissing
+        | ReplyKind::KeyInvalid
+        | ReplyKind::InvalidHeader
+        | ReplyKind::PathNotCanonical => 400,
     }
 }
 
@@ -239,27 +311,7 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
 /// `callers: programs`): the status the IETF draft names, a stable `type` per
 /// case, and `Retry-After` where waiting helps.
 pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
-    let (status, slug, title) = match kind {
-        ReplyKind::KeyMissing => (400, "idempotency-key-missing", "This operation requires an Idempotency-Key header"),
-        ReplyKind::KeyInvalid => (400, "idempotency-key-invalid", "The Idempotency-Key header is not one valid key"),
-        ReplyKind::ParamsChanged => {
-            (422, "idempotency-key-reused", "This Idempotency-Key was already used with a different request payload")
-        }
-        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
-            (409, "request-in-progress", "A request with this Idempotency-Key is still being processed")
-        }
-        ReplyKind::NeedsReview => {
-            (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
-        }
-        ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => {
-            (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
-        }
-        ReplyKind::SubjectMissing => (401, "unauthenticated", "The caller could not be identified"),
-        ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
-        ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
-        ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
-        other => (http_status(other, ctx), other.status(), "See the status"),
-    };
+    let (status, slug, title) = problem_type(kind, ctx);
     let mut body = Map::new();
     body.insert("type".into(), format!("{PROBLEM_BASE}{slug}").into());
     body.insert("title".into(), title.into());
@@ -282,7 +334,55 @@ pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
     if let Some(ms) = wait_ms {
         headers.push(("retry-after".to_string(), ms.div_ceil(1000).max(1).to_string()));
     }
-    Reply { http_status: status, headers, body: Value::Object(body).to_string().into_bytes() }
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    Reply { http_status: status, headers, body: bytes, facts: Some(Facts { kind, envelope: body }) }
+}
+
+/// Every kind's problem: its status, the `type` slug (lower case, hyphens) and a title that is
+/// a sentence. Client-key routes name the key; the rest speak of the request.
+fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'static str) {
+    match kind {
+        ReplyKind::KeyMissing => (400, "idempotency-key-missing", "This operation requires an Idempotency-Key header"),
+        ReplyKind::KeyInvalid => (400, "idempotency-key-invalid", "The Idempotency-Key header is not one valid key"),
+        ReplyKind::ParamsChanged => {
+            (422, "idempotency-key-reused", "This Idempotency-Key was already used with a different request payload")
+        }
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
+            (409, "request-in-progress", "A request with this Idempotency-Key is still being processed")
+        }
+        ReplyKind::NeedsReview => {
+            (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
+        }
+        ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => {
+            (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
+        }
+        ReplyKind::SubjectMissing => (401, "unauthenticated", "The caller could not be identified"),
+        ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
+        ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
+        ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
+        ReplyKind::InvalidHeader => (400, "invalid-header", "A header the gateway reads was sent more than once"),
+        ReplyKind::PathNotCanonical => {
+            (400, "path-not-canonical", "The path or method is another spelling of a guarded operation")
+        }
+        ReplyKind::FingerprintMissing => (
+            428,
+            "fingerprint-missing",
+            "This operation requires a fingerprint from its preview, or an Idempotency-Key",
+        ),
+        ReplyKind::FingerprintInvalid => (400, "fingerprint-invalid", "The fingerprint is not one this gateway issued"),
+        ReplyKind::FingerprintExpired => {
+            (410, "fingerprint-expired", "The fingerprint has expired and nothing ran with it")
+        }
+        ReplyKind::RecordGone => {
+            (410, "record-expired", "The record of this request is older than the retention and no longer kept")
+        }
+        ReplyKind::QuoteUnusable => (502, "quote-unusable", "The preview's quote states no usable expiry"),
+        ReplyKind::Forbidden => (403, "forbidden", "This fingerprint or key belongs to another caller"),
+        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
+            (http_status(kind, ctx), "already-recorded", "This request was already processed; its result was recorded")
+        }
+        ReplyKind::NotYetExecuted => (200, "not-yet-executed", "This operation has not been executed"),
+    }
 }
 
 /// The `type` URIs of [`problem`] (`urn:agent-idempotency:problem:idempotency-key-reused`
@@ -290,12 +390,13 @@ pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
 /// resolve; a URN says so plainly.
 pub const PROBLEM_BASE: &str = "urn:agent-idempotency:problem:";
 
-fn retryable(kind: ReplyKind, ctx: &ReplyContext) -> bool {
+fn retryable(kind: ReplyKind) -> bool {
     match kind {
-        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => true,
-        // Without a status tool, polling *is* repeating the same call, which
-        // is safe: it can only report, never execute twice.
-        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => ctx.poll_with.is_none(),
+        // A preview reads only: asking again is always safe.
+        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable | ReplyKind::QuoteUnusable => true,
+        // The seed: in flight, like done, says "do not re-issue". Polling without a status tool is
+        // calling the same tool with the same fingerprint, which `poll_with` names and which only reports.
+        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => false,
         _ => false,
     }
 }
@@ -465,6 +566,28 @@ fn english(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             ),
             "Correct that field (give amounts as a JSON number or a decimal string such as \"12.50\") and call again.",
         ),
+        ReplyKind::InvalidHeader => w(
+            format!(
+                "A header the gateway reads came more than once ({}), so it cannot tell which one is meant. This call did not execute anything.",
+                ctx.detail.unwrap_or("named in `detail`")
+            ),
+            "Send that header exactly once, with one value, and call again.",
+        ),
+        ReplyKind::QuoteUnusable => w(
+            "The service answered the preview, but the quote's validity could not be read (or the quote has already expired), so no fingerprint was issued and nothing can be confirmed from this preview. This call did not execute anything.",
+            "Do not call the confirm tool for this preview. Call the preview tool again; if this keeps happening, tell the user that quotes cannot be confirmed right now.",
+        ),
+        ReplyKind::RecordGone => w(
+            "This fingerprint has expired, and the gateway no longer keeps records that old, so it cannot tell whether an earlier call executed this operation. This call did not execute anything.",
+            format!(
+                "Do not tell the user it was not done, and do not confirm again with this fingerprint. Tell the user the outcome can no longer be looked up here and give them the reference {}, which an operator can check in the service's own records. If the user wants a new operation, call the preview tool again.",
+                ctx.operation.unwrap_or(ctx.trace_id)
+            ),
+        ),
+        ReplyKind::PathNotCanonical => w(
+            "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) of an operation the gateway guards. This call did not execute anything.",
+            format!("Send the call again to the operation's documented path ({}).", ctx.detail.unwrap_or("see `detail`")),
+        ),
     }
 }
 
@@ -599,6 +722,25 @@ fn chinese(kind: ReplyKind, ctx: &ReplyContext) -> Wording {
             format!("字段 {} 的类型错误或数值超出范围，本次调用没有执行任何操作。", ctx.detail.unwrap_or("（见 detail）")),
             "修正该字段（金额请使用 JSON 数字或十进制字符串，例如 \"12.50\"），然后重新调用。",
         ),
+        ReplyKind::InvalidHeader => w(
+            format!("网关读取的某个请求头出现了不止一次（{}），无法判断以哪个为准，本次调用没有执行任何操作。", ctx.detail.unwrap_or("见 detail")),
+            "该请求头只发送一次、只带一个值，然后重新调用。",
+        ),
+        ReplyKind::QuoteUnusable => w(
+            "服务已返回预览结果，但无法读取报价的有效期（或报价已经过期），因此没有签发指纹，这次预览无法被确认。本次调用没有执行任何操作。",
+            "不要为这次预览调用确认工具。请重新调用预览工具；如果反复出现，告诉用户目前报价无法确认。",
+        ),
+        ReplyKind::RecordGone => w(
+            "该指纹已过期，网关不再保存这么久之前的记录，无法判断之前的调用是否已经执行了该操作。本次调用没有执行任何操作。",
+            format!(
+                "不要告诉用户操作没有完成，也不要用这个指纹再次确认。告诉用户这里已无法查询结果，并给出参考号 {}，运维人员可以在业务系统自己的记录中核对。如果用户想要新的操作，请先重新调用预览工具。",
+                ctx.operation.unwrap_or(ctx.trace_id)
+            ),
+        ),
+        ReplyKind::PathNotCanonical => w(
+            "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头），本次调用没有执行任何操作。",
+            format!("请按文档中的路径重新发送（调用）该操作（{}）。", ctx.detail.unwrap_or("见 detail")),
+        ),
     }
 }
 
@@ -643,13 +785,19 @@ mod tests {
             ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
             ReplyKind::NotYetExecuted => 200,
             ReplyKind::ParamsChanged => 422,
-            ReplyKind::FingerprintExpired => 410,
+            ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
+            ReplyKind::QuoteUnusable => 502,
             ReplyKind::FingerprintInvalid => 400,
             ReplyKind::FingerprintMissing => 428,
             ReplyKind::Forbidden => 403,
             ReplyKind::SubjectMissing => 401,
             ReplyKind::BodyTooLarge => 413,
-            ReplyKind::InvalidJson | ReplyKind::InvalidField | ReplyKind::KeyMissing | ReplyKind::KeyInvalid => 400,
+            ReplyKind::InvalidJson
+            | ReplyKind::InvalidField
+            | ReplyKind::KeyMissing
+            | ReplyKind::KeyInvalid
+            | ReplyKind::InvalidHeader
+            | ReplyKind::PathNotCanonical => 400,
         }
     }
 
@@ -661,6 +809,7 @@ mod tests {
                 let ctx = ReplyContext {
                     trace_id: "trace-123",
                     poll_with: Some("get_transfer_status"),
+                    own_tool: None,
                     poll_after_ms: 2000,
                     retry_after_ms: 1500,
                     result: Some(&result),
@@ -718,7 +867,11 @@ mod tests {
                 "invalid_json",
                 "invalid_field",
                 "idempotency_key_missing",
-                "idempotency_key_invalid"
+                "idempotency_key_invalid",
+                "invalid_header",
+                "path_not_canonical",
+                "record_expired",
+                "quote_unusable"
             ]
         );
     }
@@ -810,7 +963,17 @@ mod tests {
             &ReplyContext { poll_after_ms: 1500, ..Default::default() },
         ))?;
         assert_eq!(alone.get("poll_with"), Some(&Value::Null));
-        assert_eq!(alone.get("retryable"), Some(&Value::Bool(true)));
+        assert_eq!(alone.get("retryable"), Some(&Value::Bool(false)), "in flight says do not re-issue");
+        let own = json(&render(
+            ReplyKind::InProgress,
+            Language::En,
+            &ReplyContext { own_tool: Some("pay"), ..Default::default() },
+        ))?;
+        assert_eq!(
+            (own.get("poll_with"), own.get("retryable")),
+            (Some(&Value::from("pay")), Some(&Value::Bool(false)))
+        );
+        assert!(own.get("instruction").and_then(Value::as_str).is_some_and(|i| i.contains("same fingerprint")));
         assert!(alone.get("instruction").and_then(Value::as_str).is_some_and(|i| i.contains("1500 ms")));
         Ok(())
     }
@@ -859,7 +1022,8 @@ mod tests {
             for lang in [Language::En, Language::Zh] {
                 let body = json(&render(kind, lang, &ReplyContext { poll_with: Some("s"), ..Default::default() }))?;
                 let retryable = body.get("retryable").and_then(Value::as_bool);
-                let retry_later = matches!(kind, ReplyKind::NotExecuted | ReplyKind::StatusUnavailable);
+                let retry_later =
+                    matches!(kind, ReplyKind::NotExecuted | ReplyKind::StatusUnavailable | ReplyKind::QuoteUnusable);
                 assert_eq!(retryable, Some(retry_later), "{kind:?}");
                 let instruction = body.get("instruction").and_then(Value::as_str).unwrap_or_default();
                 let names_next_step = [

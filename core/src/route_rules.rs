@@ -95,11 +95,107 @@ fn without_query(path: &str) -> &str {
     path.split(['?', '#']).next().unwrap_or_default()
 }
 
+impl RouteRules {
+    /// A request no rule matches as sent, that a rule would match read leniently: with its path
+    /// as an upstream may read it (see [`lenient_path`]), its method in another case, or its
+    /// method from an override header (`X-HTTP-Method-Override` and kin). The mesh sends such
+    /// a request to the same upstream as the guarded one, so it must be refused, never passed
+    /// (DESIGN §6). `Some` names the path to send instead.
+    pub fn lenient_match(&self, methods: &[&str], authority: &str, path: &str) -> Option<String> {
+        let canonical = lenient_path(path);
+        let host = strip_port(authority);
+        let folded = canonical.as_deref().unwrap_or_else(|| without_query(path));
+        let hit = self.rules.iter().any(|r| methods.iter().any(|m| r.matcher.matches_folded(m, host, folded)));
+        hit.then(|| folded.to_string())
+    }
+}
+
+/// A path as a lenient upstream may read it: query and fragment cut, percent-escapes decoded
+/// (repeatedly: some decode twice), `;parameters` of a segment dropped, backslashes as slashes,
+/// repeated slashes merged, `.` and `..` resolved, no trailing slash, lower case. `None` when
+/// the path already is that (the common case costs one scan and no allocation).
+pub fn lenient_path(path: &str) -> Option<String> {
+    let raw = without_query(path);
+    let odd = raw.bytes().any(|b| matches!(b, b'%' | b';' | b'\\') || b.is_ascii_uppercase())
+        || raw.contains("//")
+        || raw.contains("/.")
+        || (raw.len() > 1 && raw.ends_with('/'));
+    if !odd {
+        return None;
+    }
+    let mut text = raw.to_string();
+    for _ in 0..3 {
+        let decoded = percent_decode(&text);
+        if decoded == text {
+            break;
+        }
+        text = decoded;
+    }
+    let text = text.replace('\\', "/");
+    let mut out: Vec<String> = Vec::new();
+    for segment in text.split('/') {
+        let segment = segment.split(';').next().unwrap_or_default();
+        match segment {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s.to_lowercase()),
+        }
+    }
+    let canonical = format!("/{}", out.join("/"));
+    (canonical != raw).then_some(canonical)
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes.get(i), bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (Some(b'%'), Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (Some(&b), _, _) => {
+                out.push(b);
+                i += 1;
+            }
+            (None, _, _) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 impl RouteMatch {
     fn matches(&self, method: &str, host: &str, path: &str) -> bool {
         self.method.as_deref().is_none_or(|m| m == method)
             && self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
             && self.path_matches(path)
+    }
+
+    /// `matches`, with the method in any case and the path's literals compared without case
+    /// (the path is already lenient: lower case).
+    fn matches_folded(&self, method: &str, host: &str, path: &str) -> bool {
+        let method_ok = self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method.trim()));
+        let host_ok = self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host));
+        let path_ok = match &self.path {
+            PathMatch::Prefix(p) => path.starts_with(p.to_lowercase().as_str()),
+            PathMatch::Exact(want) => {
+                let mut got = path.split('/');
+                let mut want = want.iter();
+                loop {
+                    match (got.next(), want.next()) {
+                        (None, None) => break true,
+                        (Some(g), Some(Segment::Literal(w))) if g.eq_ignore_ascii_case(w) => {}
+                        (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
+                        _ => break false,
+                    }
+                }
+            }
+        };
+        method_ok && host_ok && path_ok
     }
 
     fn path_matches(&self, path: &str) -> bool {
@@ -356,6 +452,42 @@ mod tests {
         }
         assert!(r.any_path_matches("/v1/transfers?x=1") && r.any_path_matches("/v1/status/x"));
         assert!(!r.any_path_matches("/v1/transfers/") && !r.any_path_matches("/healthz"));
+        Ok(())
+    }
+
+    #[test]
+    fn what_a_lenient_upstream_reads_as_a_guarded_path_is_found() -> Result<(), RuleError> {
+        let r = rules(json!([
+            rule("confirm", json!({"method": "POST", "path": "/v1/transfers"}), "confirm"),
+            rule("by_id", json!({"path": "/v1/accounts/{id}/pay"}), "confirm"),
+        ]))?;
+        for path in [
+            "/v1/transfers/",
+            "//v1/transfers",
+            "/v1//transfers",
+            "/v1/%74ransfers",
+            "/v1/%2574ransfers",
+            "/v1/transfers%2F",
+            "/v1/./transfers",
+            "/v1/x/../transfers",
+            "/V1/Transfers",
+            "/v1/transfers;x=1",
+            "/v1\\transfers",
+            "/v1/accounts/A-1/PAY/",
+        ] {
+            assert!(r.find("POST", "h", path).is_none(), "{path} is not matched as sent");
+            assert!(r.lenient_match(&["POST"], "h", path).is_some(), "{path}");
+        }
+        // The method, in another case or from an override header, is read leniently too.
+        assert_eq!(r.lenient_match(&["post"], "h", "/v1/transfers").as_deref(), Some("/v1/transfers"));
+        assert!(r.lenient_match(&["GET", "POST"], "h", "/v1/transfers").is_some());
+        assert!(r.lenient_match(&["GET"], "h", "/v1/transfers").is_none());
+        // Other paths stay other paths, and a plain path costs no allocation.
+        for path in ["/v1/transfers/preview", "/v1/transfer", "/healthz", "/v1/accounts//pay"] {
+            assert!(r.lenient_match(&["POST"], "h", path).is_none(), "{path}");
+        }
+        assert_eq!(lenient_path("/v1/transfers?x=1"), None);
+        assert_eq!(lenient_path("/a/b"), None);
         Ok(())
     }
 

@@ -55,20 +55,22 @@ async fn preview(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Res
         return injected_failure(status);
     }
     match TransferRequest::parse(&body) {
-        Ok(req) => (StatusCode::OK, Json(quote(&req))).into_response(),
+        Ok(req) => (StatusCode::OK, Json(quote(&req, faults.quote_ttl_s))).into_response(),
         Err(detail) => invalid_request(detail),
     }
 }
 
-/// The quote a preview answers (REST body, MCP `structuredContent`).
-pub(crate) fn quote(req: &TransferRequest) -> Value {
+/// The quote a preview answers (REST body, MCP `structuredContent`); it states its own expiry
+/// (`expires_at`, unix seconds), which the gateway's fingerprint never outlives. `ttl_s`: the
+/// `x-demo-quote-ttl-s` fault, for tests of that rule.
+pub(crate) fn quote(req: &TransferRequest, ttl_s: Option<u64>) -> Value {
     json!({
         "quote_id": transfer::new_id("q_"),
         "amount": req.amount,
         "currency": req.currency,
         "payee_id": req.payee_id,
         "fee": transfer::FEE,
-        "expires_at": transfer::unix_now() + transfer::QUOTE_TTL_SECS,
+        "expires_at": transfer::unix_now() + ttl_s.unwrap_or(transfer::QUOTE_TTL_SECS),
     })
 }
 
@@ -242,6 +244,10 @@ pub(crate) struct Faults {
     pub(crate) fail: Option<StatusCode>,
     crash_after_commit: bool,
     reset_first: bool,
+    /// MCP only: answers that do not keep to the tool's `outputSchema` (`crate::mcp`).
+    pub(crate) off_schema: bool,
+    /// `x-demo-quote-ttl-s`: a quote valid for this long instead of 15 minutes.
+    pub(crate) quote_ttl_s: Option<u64>,
 }
 
 impl Faults {
@@ -260,6 +266,8 @@ impl Faults {
                 .and_then(|code| StatusCode::from_u16(code).ok()),
             crash_after_commit: get("x-demo-crash-after-commit") == Some("1"),
             reset_first: get("x-demo-reset") == Some("first"),
+            off_schema: get("x-demo-off-schema") == Some("1"),
+            quote_ttl_s: get("x-demo-quote-ttl-s").and_then(|v| v.parse().ok()),
         }
     }
 

@@ -16,7 +16,8 @@
 //!
 //! Tool results carry `structuredContent` (the JSON object the REST route
 //! would answer) and one text block with the same JSON. Refusals are tool
-//! errors (`isError: true`) whose `structuredContent` is the REST error body.
+//! errors (`isError: true`) whose one text block is the REST error body, with
+//! no `structuredContent` (it would not conform to the tool's `outputSchema`).
 //! See `demo/MCP-WIRE.md` for the bytes on the wire.
 
 use crate::api::{self, App, Confirmed, Faults};
@@ -154,7 +155,8 @@ impl ServerHandler for Transfers {
         let headers = parts.map(|p| p.headers.clone()).unwrap_or_default();
         let arguments = serde_json::to_vec(&Value::Object(request.arguments.unwrap_or_default()))
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        let result = match request.name.as_ref() {
+        let off_schema = Faults::read(&headers, self.app.config.faults).off_schema;
+        let mut result = match request.name.as_ref() {
             QUOTE => self.quote(&headers, &arguments).await,
             EXECUTE => {
                 let hangup = parts.and_then(|p| p.extensions.get::<Hangup>().cloned());
@@ -166,16 +168,32 @@ impl ServerHandler for Transfers {
             })),
             other => return Err(ErrorData::invalid_params(format!("unknown tool: {other}"), None)),
         };
+        if off_schema {
+            off_its_schema(&mut result);
+        }
         Ok(result.into())
+    }
+}
+
+/// `x-demo-off-schema: 1`: a server that does not keep to its `outputSchema`, as many do. A refusal
+/// carries its REST error body as `structuredContent` too (the TypeScript SDK refuses that); a quote
+/// loses its required `quote_id` (both official SDKs refuse that): so a test sees their validation act.
+fn off_its_schema(result: &mut CallToolResult) {
+    if result.is_error == Some(true) {
+        let text = result.content.first().and_then(|c| c.as_text()).map(|t| t.text.clone());
+        result.structured_content = text.and_then(|t| serde_json::from_str(&t).ok());
+    } else if let Some(Value::Object(structured)) = result.structured_content.as_mut() {
+        structured.remove("quote_id");
     }
 }
 
 impl Transfers {
     async fn quote(&self, headers: &HeaderMap, arguments: &[u8]) -> CallToolResult {
         // x-demo-fail was answered before the MCP layer.
-        Faults::read(headers, self.app.config.faults).delay().await;
+        let faults = Faults::read(headers, self.app.config.faults);
+        faults.delay().await;
         match TransferRequest::parse(arguments) {
-            Ok(req) => tool_result(api::quote(&req)),
+            Ok(req) => tool_result(api::quote(&req, faults.quote_ttl_s)),
             Err(detail) => tool_error(json!({ "error": "invalid_request", "detail": detail })),
         }
     }
@@ -219,8 +237,12 @@ fn tool_result(value: Value) -> CallToolResult {
     CallToolResult::structured(value)
 }
 
+/// A refusal: `isError: true` and the REST error body as the text block, without `structuredContent`.
+/// The body does not conform to the tool's `outputSchema`, and the official TypeScript SDK validates an
+/// error's `structuredContent` against it too (its issue #1943): a client on it would get an exception
+/// instead of the refusal. (The Python SDK validates results that are not errors only.)
 fn tool_error(value: Value) -> CallToolResult {
-    CallToolResult::structured_error(value)
+    CallToolResult::error(vec![ContentBlock::text(value.to_string())])
 }
 
 /// The three tools, as `tools/list` shows them.

@@ -231,7 +231,7 @@ async fn without_a_key_execute_is_refused_like_rest() {
         let client = client(&demo.url("/mcp"), &[]).await;
         let refused = call(&client, "execute_transfer", transfer()).await;
         assert_eq!(refused.is_error, Some(true));
-        assert_eq!(refused.structured_content, Some(json!({ "error": "idempotency_key_required" })));
+        assert_eq!(refused.structured_content, None);
         assert_eq!(text_json(&refused), json!({ "error": "idempotency_key_required" }));
         let exec = demo.executions().await;
         assert_eq!((exec["total"].as_i64(), exec["attempts"].as_i64()), (Some(0), Some(1)), "{flags:?}");
@@ -260,21 +260,42 @@ async fn refusals_are_tool_errors_with_the_rest_bodies() {
     let mut over = transfer();
     over["amount"] = json!("10000.01");
     let limit = call(&client, "execute_transfer", over).await;
-    assert_eq!((limit.is_error, limit.structured_content), (Some(true), Some(json!({ "error": "limit_exceeded" }))));
+    // The REST body as the text block, and no structuredContent: it would not conform to the outputSchema.
+    assert_eq!((limit.is_error, &limit.structured_content), (Some(true), &None));
+    assert_eq!(text_json(&limit), json!({ "error": "limit_exceeded" }));
     for tool in ["quote_transfer", "execute_transfer"] {
         let invalid = call(&client, tool, json!({ "amount": "12,50", "currency": "EUR", "payee_id": "p" })).await;
-        assert_eq!(invalid.is_error, Some(true), "{tool}");
-        let body = invalid.structured_content.unwrap();
+        assert_eq!((invalid.is_error, &invalid.structured_content), (Some(true), &None), "{tool}");
+        let body = text_json(&invalid);
         assert_eq!(body["error"], "invalid_request", "{tool}");
         assert!(body["detail"].as_str().is_some_and(|d| d.contains("plain decimal")), "{body}");
     }
     let status = call(&client, "get_transfer_status", json!({ "fingerprint": "fp" })).await;
-    assert_eq!(status.is_error, Some(true));
-    assert_eq!(status.structured_content.unwrap()["error"], "not_found");
+    assert_eq!((status.is_error, &status.structured_content), (Some(true), &None));
+    assert_eq!(text_json(&status)["error"], "not_found");
     let unknown = client.call_tool(CallToolRequestParams::new("wire_money")).await.unwrap_err();
     assert!(unknown.to_string().contains("unknown tool: wire_money"), "{unknown}");
     assert_eq!(demo.executions().await["total"], 0);
     client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn off_schema_answers_leave_the_output_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--faults"]);
+    let client = client(&demo.url("/mcp"), &[("x-demo-off-schema", "1")]).await;
+    let quote = call(&client, "quote_transfer", transfer()).await;
+    let q = quote.structured_content.clone().expect("structuredContent");
+    assert!(q.get("quote_id").is_none() && q["fee"] == "1.00", "{q}");
+    let refused = call(&client, "execute_transfer", transfer()).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert_eq!(refused.structured_content, Some(json!({ "error": "idempotency_key_required" })));
+    assert_eq!(text_json(&refused), json!({ "error": "idempotency_key_required" }));
+    // Without --faults the header is ignored.
+    let plain = Demo::start(&dir.path().join("plain"), &[]);
+    let client = self::client(&plain.url("/mcp"), &[("x-demo-off-schema", "1")]).await;
+    let quote = call(&client, "quote_transfer", transfer()).await;
+    assert!(quote.structured_content.unwrap()["quote_id"].is_string());
 }
 
 #[tokio::test]

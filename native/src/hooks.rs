@@ -69,6 +69,13 @@ fn headers_status(a: Action) -> RequestHeadersStatus {
     }
 }
 
+fn trailers_status(a: Action) -> RequestTrailersStatus {
+    match a {
+        Action::Continue => RequestTrailersStatus::CONTINUE,
+        Action::Pause => RequestTrailersStatus::STOP_ITERATION,
+    }
+}
+
 fn body_status(a: Action) -> RequestBodyStatus {
     match a {
         Action::Continue => RequestBodyStatus::CONTINUE,
@@ -282,9 +289,22 @@ const _: abi::OnHttpFilterRequestBody = envoy_dynamic_module_on_http_filter_requ
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     _envoy: FilterEnvoyPtr,
-    _module: FilterModulePtr,
+    module: FilterModulePtr,
 ) -> RequestTrailersStatus {
-    RequestTrailersStatus::CONTINUE
+    // The request's end of stream when it has trailers: continuing here would release a held
+    // request the machine has not judged (DESIGN §6).
+    guard(
+        "request trailers",
+        // SAFETY: this stream's filter.
+        || match unsafe { filter(module) } {
+            Some(f) => trailers_status(f.stream.on_request_trailers()),
+            None => RequestTrailersStatus::CONTINUE,
+        },
+        || {
+            refuse(module);
+            RequestTrailersStatus::STOP_ITERATION
+        },
+    )
 }
 const _: abi::OnHttpFilterRequestTrailers = envoy_dynamic_module_on_http_filter_request_trailers;
 
@@ -328,9 +348,20 @@ const _: abi::OnHttpFilterResponseBody = envoy_dynamic_module_on_http_filter_res
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     _envoy: FilterEnvoyPtr,
-    _module: FilterModulePtr,
+    module: FilterModulePtr,
 ) -> ResponseTrailersStatus {
-    ResponseTrailersStatus::CONTINUE
+    guard(
+        "response trailers",
+        // SAFETY: this stream's filter.
+        || match unsafe { filter(module) } {
+            Some(f) => trailers_status(f.stream.on_response_trailers()),
+            None => ResponseTrailersStatus::CONTINUE,
+        },
+        || {
+            refuse(module);
+            ResponseTrailersStatus::STOP_ITERATION
+        },
+    )
 }
 const _: abi::OnHttpFilterResponseTrailers = envoy_dynamic_module_on_http_filter_response_trailers;
 

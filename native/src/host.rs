@@ -80,6 +80,27 @@ impl NativeHost {
         found.then(|| String::from_utf8_lossy(unsafe { out.as_bytes() }).into_owned())
     }
 
+    /// Every entry of a header map, a repeated header once per value.
+    fn headers(&self, kind: HeaderType) -> Vec<(String, String)> {
+        // SAFETY: a live filter pointer.
+        let n = unsafe { abi::envoy_dynamic_module_callback_http_get_headers_size(self.envoy, kind) };
+        let mut raw = vec![abi::envoy_http_header::NULL; n];
+        // SAFETY: `raw` has room for the `n` headers Envoy reported.
+        if n == 0 || !unsafe { abi::envoy_dynamic_module_callback_http_get_headers(self.envoy, kind, raw.as_mut_ptr()) }
+        {
+            return Vec::new();
+        }
+        raw.iter()
+            .map(|h| {
+                let text = |ptr, len| {
+                    // SAFETY: lent until this hook returns; copied at once.
+                    String::from_utf8_lossy(unsafe { envoy_buffer { ptr, len }.as_bytes() }).into_owned()
+                };
+                (text(h.key_ptr, h.key_len), text(h.value_ptr, h.value_len))
+            })
+            .collect()
+    }
+
     fn set_header(&mut self, kind: HeaderType, name: &str, value: Option<&str>) {
         let value = value.map_or(module_buffer::NULL, |v| module_buffer::new(v.as_bytes()));
         // SAFETY: a live filter pointer; both buffers outlive the call.
@@ -269,25 +290,12 @@ impl Host for NativeHost {
         self.header(HeaderType::RESPONSE_HEADER, name)
     }
 
+    fn request_headers(&self) -> Vec<(String, String)> {
+        self.headers(HeaderType::REQUEST_HEADER)
+    }
+
     fn response_headers(&self) -> Vec<(String, String)> {
-        let kind = HeaderType::RESPONSE_HEADER;
-        // SAFETY: a live filter pointer.
-        let n = unsafe { abi::envoy_dynamic_module_callback_http_get_headers_size(self.envoy, kind) };
-        let mut raw = vec![abi::envoy_http_header::NULL; n];
-        // SAFETY: `raw` has room for the `n` headers Envoy reported.
-        if n == 0 || !unsafe { abi::envoy_dynamic_module_callback_http_get_headers(self.envoy, kind, raw.as_mut_ptr()) }
-        {
-            return Vec::new();
-        }
-        raw.iter()
-            .map(|h| {
-                let text = |ptr, len| {
-                    // SAFETY: lent until this hook returns; copied at once.
-                    String::from_utf8_lossy(unsafe { envoy_buffer { ptr, len }.as_bytes() }).into_owned()
-                };
-                (text(h.key_ptr, h.key_len), text(h.value_ptr, h.value_len))
-            })
-            .collect()
+        self.headers(HeaderType::RESPONSE_HEADER)
     }
 
     fn set_response_header(&mut self, name: &str, value: &str) {

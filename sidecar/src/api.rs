@@ -204,6 +204,7 @@ mod tests {
             lease_ms: 1,
             trace_id: String::new(),
             mode: Default::default(),
+            exp: None,
         };
         assert_eq!(check_acquire(&ok), Ok(()));
         assert!(check_acquire(&AcquireRequest { param_hash: String::new(), ..ok.clone() }).is_err());

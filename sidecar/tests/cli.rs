@@ -203,6 +203,7 @@ mod ops_cli {
                 lease_ms: 0,
                 trace_id: "trace-cli-1".into(),
                 mode: Default::default(),
+                exp: None,
             };
             assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
             let rec = store.sql().get(&key).await.expect("get").expect("row");

@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub mod bypass;
 pub mod filter_host;
+pub mod http2;
+pub mod istio;
+pub mod wire;
 pub use filter_host::FilterHost;
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;

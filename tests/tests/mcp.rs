@@ -35,6 +35,11 @@ fn structured(r: &CallToolResult) -> Value {
     r.structured_content.clone().unwrap_or(Value::Null)
 }
 
+/// The gateway's §7 envelope, where every gateway answer carries it (DESIGN §11).
+fn envelope(r: &CallToolResult) -> Value {
+    r.meta.as_ref().and_then(|m| m.0.get("agent-idempotency/reply")).cloned().unwrap_or(Value::Null)
+}
+
 fn args(amount: Value, memo: &str, fp: Option<&str>) -> Value {
     let mut a = json!({"amount": amount, "currency": "EUR", "payee_id": "payee-42", "memo": memo});
     if let Some(fp) = fp {
@@ -66,13 +71,21 @@ async fn the_agent_flow(path: &str) -> TestResult {
 
     let again = call(&alice, "execute_transfer", args(json!("12.50"), "please rent ASAP", Some(&fp))).await?;
     assert_eq!(again.is_error, Some(false));
-    let envelope = structured(&again);
-    assert_eq!(envelope["status"], "already_completed", "{again:?}");
-    assert_eq!(envelope["result"]["structuredContent"]["transfer_id"], transfer_id.as_str());
-    assert_eq!(envelope["result_ref"], transfer_id.as_str());
+    // The replay is the recorded result: its structuredContent is the tool's own (it conforms to the
+    // output schema), and the gateway's words ride in `_meta` and a text block.
+    assert_eq!(structured(&again), structured(&first), "{again:?}");
+    let said = envelope(&again);
+    assert_eq!(said["status"], "already_completed", "{again:?}");
+    assert_eq!(said["result"]["structuredContent"]["transfer_id"], transfer_id.as_str());
+    assert_eq!(said["result_ref"], transfer_id.as_str());
 
     let status = call(&alice, "get_transfer_status", json!({"fingerprint": fp})).await?;
-    assert_eq!(structured(&status)["status"], "already_completed", "{status:?}");
+    assert_eq!(status.is_error, Some(false));
+    assert_eq!(
+        structured(&status)["status"],
+        "already_completed",
+        "the status tool's output is the envelope: {status:?}"
+    );
     assert_eq!(counts(&stack).await?.0, 1);
     alice.cancel().await?;
     Ok(())
@@ -107,7 +120,7 @@ async fn fifty_parallel_executes_of_one_fingerprint_run_once() -> TestResult {
     let mut kinds = HashMap::new();
     for t in tasks {
         let r = t.await?.map_err(|e| -> BoxError { e.into() })?;
-        let kind = structured(&r)["status"].as_str().unwrap_or("executed").to_owned();
+        let kind = envelope(&r)["status"].as_str().unwrap_or("executed").to_owned();
         *kinds.entry(kind).or_insert(0) += 1;
     }
     assert_eq!(counts(&stack).await?.0, 1, "one execution: {kinds:?}");
@@ -125,13 +138,14 @@ async fn refusals_are_tool_errors_the_model_can_act_on() -> TestResult {
 
     let tampered = call(&alice, "execute_transfer", args(json!("4000.00"), "x", Some(&fp))).await?;
     assert_eq!(tampered.is_error, Some(true));
-    assert_eq!(structured(&tampered)["status"], "params_changed");
+    assert_eq!(tampered.structured_content, None, "no result, nothing for the output schema to reject");
+    assert_eq!(envelope(&tampered)["status"], "params_changed");
     let missing = call(&alice, "execute_transfer", args(json!("40.00"), "x", None)).await?;
-    assert_eq!(structured(&missing)["status"], "fingerprint_missing");
+    assert_eq!(envelope(&missing)["status"], "fingerprint_missing");
     let bob = client(&stack, "/mcp", "user-bob").await?;
     let stolen = call(&bob, "execute_transfer", args(json!("40.00"), "x", Some(&fp))).await?;
     assert_eq!(stolen.is_error, Some(true));
-    assert_eq!(structured(&stolen)["status"], "forbidden");
+    assert_eq!(envelope(&stolen)["status"], "forbidden");
     assert_eq!(counts(&stack).await?, (0, 0), "nothing ran, nothing reached the MCP server's execute");
     assert_eq!(stack.stat("wasmcustom.idem.security_events").await?, 2);
     Ok(())

@@ -121,10 +121,22 @@ impl Confirm {
         };
         let policy = Rc::clone(&self.ctx.policy);
         let json = canonical::parse_json_body(body, self.ctx.config.max_body_bytes);
-        // A fingerprint wins; role `idempotent` never takes one.
+        // A fingerprint wins; role `idempotent` never takes one. One in the header and another in
+        // the body is no fingerprint at all: which one is meant is not ours to guess.
         let token = match policy.role {
             Role::Idempotent => None,
-            _ => header_token.clone().or_else(|| json.as_ref().ok().and_then(body_fingerprint)),
+            _ => {
+                let in_body = json.as_ref().ok().and_then(body_fingerprint);
+                if let (Some(h), Some(b)) = (header_token.as_deref(), in_body.as_deref()) {
+                    if h.trim() != b.trim() {
+                        let detail = "the Agent-Fingerprint header and the body's fingerprint differ";
+                        let ctx = ReplyContext { detail: Some(detail), ..Default::default() };
+                        let step = self.reply(ReplyKind::FingerprintInvalid, ctx);
+                        return Ok(self.finish(step.with(Effect::Count(Counter::RejectedInvalid))));
+                    }
+                }
+                header_token.clone().or(in_body)
+            }
         };
         if token.is_none() && policy.client_keys {
             let (client_key, method, path) = (client_key.clone(), method.clone(), path.clone());
@@ -154,12 +166,12 @@ impl Confirm {
         }
         if claims.expired(env.now_s()) {
             // Expiry refuses to start an operation, never to report one that exists.
-            let call = Callout { method: "GET", path: operation_path(&claims.nonce), body: None };
+            let call = Callout { method: "GET", path: lookup_path(&claims.nonce, Some(claims.exp)), body: None };
             self.phase = Phase::CheckingExpired { key: claims.nonce };
             return Ok(Step::pause().with(Effect::Count(Counter::ExpiredLookups)).with(Effect::Call(call)));
         }
         Ok(self
-            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, KeyMode::Fingerprint)
+            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, Some(claims.exp))
             .with(Effect::Count(Counter::Verified)))
     }
 
@@ -179,8 +191,11 @@ impl Confirm {
             Ok(k) => k,
             Err(e) => {
                 let (kind, detail) = match e {
-                    KeyError::Missing if self.ctx.policy.role == Role::Idempotent => (ReplyKind::KeyMissing, None),
-                    // A confirm route that also takes client keys: a fingerprint was the other way.
+                    // Programs are told about the key they can send (the README's table); an agent on a
+                    // route that takes both, about the fingerprint it should carry.
+                    KeyError::Missing if self.ctx.policy.role == Role::Idempotent || self.problem => {
+                        (ReplyKind::KeyMissing, None)
+                    }
                     KeyError::Missing => (ReplyKind::FingerprintMissing, None),
                     KeyError::Invalid(why) => (ReplyKind::KeyInvalid, Some(why)),
                 };
@@ -206,7 +221,7 @@ impl Confirm {
         if let Some(step) = self.cached(&op, env) {
             return step.with(Effect::Count(Counter::ClientKeyRequests));
         }
-        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), KeyMode::ClientKey)
+        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), None)
             .with(Effect::Count(Counter::ClientKeyRequests))
     }
 
@@ -248,7 +263,16 @@ impl Confirm {
         replay_cache::store(cfg, &entry)
     }
 
-    fn acquire(&mut self, key: OpKey, param_hash: String, subject_hash: String, scope: String, mode: KeyMode) -> Step {
+    /// `exp`: the fingerprint's, or `None` for a client key.
+    fn acquire(
+        &mut self,
+        key: OpKey,
+        param_hash: String,
+        subject_hash: String,
+        scope: String,
+        exp: Option<u64>,
+    ) -> Step {
+        let mode = if exp.is_some() { KeyMode::Fingerprint } else { KeyMode::ClientKey };
         let req = AcquireRequest {
             key: key.clone(),
             param_hash,
@@ -257,6 +281,7 @@ impl Confirm {
             lease_ms: self.ctx.policy.lease_ms,
             trace_id: self.ctx.trace_id.clone(),
             mode,
+            exp,
         };
         self.phase = Phase::Acquiring { key };
         Step::pause().with(Effect::Call(post("/v1/acquire", &req)))
@@ -311,8 +336,13 @@ impl Confirm {
 
     fn on_expired_lookup(&mut self, answer: &CalloutAnswer, key: &OpKey, env: &mut dyn Env) -> Step {
         match answer.status {
-            // No row: never started (or released, which means it never ran), and now it cannot start.
-            Some(404) => self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired)),
+            // No row, and none could have been reaped: never started (or released, which means it
+            // never ran), and now it cannot start.
+            Some(404) if !answer.reaped_possible() => {
+                self.ctx.simple(ReplyKind::FingerprintExpired).with(Effect::Count(Counter::RejectedExpired))
+            }
+            // No row any more, and one may have been: nothing is known, and nothing may be claimed.
+            Some(404) => self.record_gone(key),
             Some(200) => match answer.json::<OperationView>() {
                 Some(view) => match view.state {
                     OpState::Done => self.replay_terminal(key, TerminalState::Done, view.result.as_ref(), env),
@@ -324,6 +354,11 @@ impl Confirm {
             },
             _ => self.unchecked(key),
         }
+    }
+
+    fn record_gone(&self, key: &OpKey) -> Step {
+        let ctx = ReplyContext { operation: Some(key), ..Default::default() };
+        self.reply(ReplyKind::RecordGone, ctx).with(Effect::Count(Counter::RejectedExpired))
     }
 
     /// A recorded terminal result, replayed and remembered in the replay cache.
@@ -372,8 +407,7 @@ impl Confirm {
     }
 
     fn in_progress(&self, kind: ReplyKind, key: &OpKey) -> Step {
-        let (poll_with, poll_after_ms) = self.ctx.polling();
-        let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(key), ..Default::default() };
+        let ctx = ReplyContext { operation: Some(key), ..self.ctx.polling() };
         self.reply(kind, ctx).with(Effect::Count(Counter::InProgress))
     }
 
@@ -482,20 +516,12 @@ impl Confirm {
             // Programs read the upstream's own 429/503/5xx; their retry gets 409 until it is settled.
             return Step::go_on();
         }
-        let (poll_with, poll_after_ms) = self.ctx.polling();
         let ctx = ReplyContext {
-            poll_with,
-            poll_after_ms,
             retry_after_ms: retry_after_ms(&head.headers).unwrap_or(self.ctx.config.defaults.retry_after_ms),
             operation: Some(nonce),
-            ..Default::default()
+            ..self.ctx.polling()
         };
-        let out = self.ctx.render(kind, ctx);
-        let mut step = Step::go_on().with(Effect::SetResponseHeader(":status".into(), out.http_status.to_string()));
-        for (name, value) in out.headers {
-            step.effects.push(Effect::SetResponseHeader(name, value));
-        }
-        step.with(Effect::ReplaceResponseBody(out.body))
+        Step::go_on().with(Effect::Rewrite(self.ctx.render(kind, ctx)))
     }
 
     /// The ack of complete/release: count it and let the held answer go. If the
@@ -544,8 +570,13 @@ fn replay_kind(state: TerminalState) -> ReplyKind {
     }
 }
 
-pub(super) fn operation_path(nonce: &str) -> String {
-    format!("/v1/operations/{nonce}")
+/// `GET /v1/operations/{key}`, with the fingerprint's `exp` when there is one, so that idemd can
+/// say whether a missing row may have been reaped.
+pub(super) fn lookup_path(key: &str, exp: Option<u64>) -> String {
+    match exp {
+        Some(exp) => format!("/v1/operations/{key}?exp={exp}"),
+        None => format!("/v1/operations/{key}"),
+    }
 }
 
 fn post<T: serde::Serialize>(path: &str, body: &T) -> Callout {

@@ -11,24 +11,34 @@
 //!   message: a result is DONE, `isError` FAILED, a request error before the
 //!   tool ran FAILED, any other error unknown;
 //! - what is recorded is the JSON-RPC `result`, replayed with the retry's `id`;
-//! - every gateway answer is a JSON-RPC response with the request's `id`: a
-//!   normal tool result whose `structuredContent` is the DESIGN §7 envelope,
-//!   with `isError: true` for refusals, so the model can correct itself; only
-//!   a batch or a malformed envelope gets a JSON-RPC error.
+//! - every gateway answer is a JSON-RPC response with the request's `id`, valid
+//!   against the tool's `outputSchema` (DESIGN §7, §11): a replay is the
+//!   recorded result itself (its `structuredContent` is the tool's own) with
+//!   the §7 envelope in a text block and `_meta`; an answer that carries no
+//!   result is `isError: true` with the envelope in text and `_meta`; a status
+//!   tool's reports are results whose `structuredContent` is the envelope.
+//!   Only a batch or a malformed message gets a JSON-RPC error.
 //!
-//! `tools/call` of unlisted tools, every other method and notifications pass
-//! through untouched; the `Mcp-Method`/`Mcp-Name` headers, when present, decide
-//! that before the body is read.
+//! Every request with a body is read before anything is forwarded: the
+//! `Mcp-Method`/`Mcp-Name` headers are a claim the body can contradict, so they
+//! must agree with it (else JSON-RPC `-32020`, HTTP 400) and never decide
+//! alone. `tools/call` of unlisted tools and every other method then pass
+//! through untouched.
 
 use super::{Ctx, Effect, Env, Flow, Machine, Outcome, RequestHead, ResponseHead, Step, Unexpected};
 use crate::policy::Role;
-use crate::reply::Reply;
+use crate::reply::{Facts, Reply};
 use crate::strict_json;
 use serde_json::{json, Map, Value};
 use std::rc::Rc;
 
 pub const MCP_METHOD_HEADER: &str = "mcp-method";
 pub const MCP_NAME_HEADER: &str = "mcp-name";
+/// Where a gateway answer's §7 envelope rides in a tool result's `_meta` (MCP's
+/// `prefix/name` form for keys of an extension's own).
+pub const META_KEY: &str = "agent-idempotency/reply";
+/// JSON-RPC error of MCP 2026-07-28 for a request whose `Mcp-*` headers and body disagree.
+pub const HEADER_MISMATCH: i64 = -32020;
 
 #[derive(Debug)]
 pub struct Mcp {
@@ -61,15 +71,11 @@ enum Framing {
 }
 
 impl Mcp {
-    /// `None` when the headers already say it is not a guarded `tools/call`.
-    pub(super) fn start(ctx: Ctx, head: &RequestHead) -> Option<Mcp> {
-        if !head.method.eq_ignore_ascii_case("POST") {
-            return None;
-        }
-        if head.mcp_method.as_deref().is_some_and(|m| m != "tools/call") {
-            return None;
-        }
-        if head.mcp_name.as_deref().is_some_and(|n| ctx.policy.tool(n).is_none()) {
+    /// `None` only for a request without a body that is not a POST (the event stream a GET
+    /// opens, a DELETE ending a session): nothing else can carry a JSON-RPC message. Whatever
+    /// its method or headers, a request with a body is read and judged by its body.
+    pub(super) fn start(ctx: Ctx, head: &RequestHead, end_of_stream: bool) -> Option<Mcp> {
+        if end_of_stream && !head.method.eq_ignore_ascii_case("POST") {
             return None;
         }
         Some(Mcp { ctx, head: head.clone(), phase: Phase::AwaitBody })
@@ -106,21 +112,54 @@ impl Mcp {
             }
         };
         let id = message.get("id").cloned().unwrap_or(Value::Null);
-        if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+        let method = message.get("method").and_then(Value::as_str);
+        let params = message.get("params").and_then(Value::as_object);
+        if let Some(refusal) = self.headers_disagree(&id, method, params) {
+            return Ok(self.finish(refusal));
+        }
+        let Some(method) = method else {
+            // No method: a client's answer to a request of the server's (sampling, elicitation).
+            return Ok(self.finish(Step::go_on()));
+        };
+        if method != "tools/call" {
+            if spelled_like(method, "tools/call") {
+                // A server may be lenient where the gateway is exact: never let one through unjudged.
+                return Ok(self.finish(rpc_error(
+                    id,
+                    -32601,
+                    &format!("unknown method {method:?}: send exactly \"tools/call\""),
+                )));
+            }
             return Ok(self.finish(Step::go_on()));
         }
-        let Some(params) = message.get("params").and_then(Value::as_object) else {
+        let Some(params) = params else {
             return Ok(self.finish(rpc_error(id, -32602, "tools/call needs params with a name and arguments")));
         };
         let Some(name) = params.get("name").and_then(Value::as_str) else {
             return Ok(self.finish(rpc_error(id, -32602, "tools/call needs params.name")));
         };
-        if self.head.mcp_name.as_deref().is_some_and(|n| n != name) {
-            return Ok(self.finish(rpc_error(id, -32602, "the Mcp-Name header and params.name differ")));
+        let Some(policy) = self.ctx.policy.tool(name).cloned() else {
+            let listed = self.ctx.policy.tool_names().find(|t| spelled_like(name, t)).map(str::to_owned);
+            if let Some(listed) = listed {
+                let msg = format!("unknown tool {name:?}: the guarded tool is named {listed:?}");
+                return Ok(self.finish(rpc_error(id, -32602, &msg)));
+            }
+            return Ok(self.finish(Step::go_on()));
+        };
+        if !matches!(message.get("id"), Some(Value::String(_))) && !message.get("id").is_some_and(Value::is_i64) {
+            return Ok(self.finish(rpc_error(
+                Value::Null,
+                -32600,
+                "a guarded tools/call must be a request with a string or integer id",
+            )));
         }
-        let Some(policy) = self.ctx.policy.tool(name).cloned() else { return Ok(self.finish(Step::go_on())) };
-        if message.get("id").is_none() {
-            return Ok(self.finish(rpc_error(Value::Null, -32600, "a guarded tools/call must have an id")));
+        if params.contains_key("task") {
+            // A task-augmented call answers with a task handle, not the result: nothing to record.
+            return Ok(self.finish(rpc_error(
+                id,
+                -32602,
+                "a guarded tool cannot be called as a task: call it without params.task",
+            )));
         }
         let arguments = match params.get("arguments") {
             None => Value::Object(Map::new()),
@@ -209,6 +248,33 @@ impl Mcp {
         step
     }
 
+    /// The `Mcp-Method`/`Mcp-Name` headers, where sent, must say what the body says (MCP
+    /// 2026-07-28): the gateway is a party that could route on them, so a disagreement is
+    /// refused here, never left to the server.
+    fn headers_disagree(&self, id: &Value, method: Option<&str>, params: Option<&Map<String, Value>>) -> Option<Step> {
+        if let Some(claimed) = self.head.mcp_method.as_deref() {
+            if Some(claimed.trim()) != method {
+                let msg = format!(
+                    "the Mcp-Method header ({claimed:?}) does not match the body's method ({}): nothing was forwarded",
+                    method.map_or_else(|| "none".to_string(), |m| format!("{m:?}"))
+                );
+                return Some(rpc_error(id.clone(), HEADER_MISMATCH, &msg));
+            }
+        }
+        if let Some(claimed) = self.head.mcp_name.as_deref() {
+            // What Mcp-Name mirrors: a tool's or prompt's name, a resource's URI.
+            let named = params.and_then(|p| p.get("name").or_else(|| p.get("uri"))).and_then(Value::as_str);
+            if Some(claimed.trim()) != named {
+                let msg = format!(
+                    "the Mcp-Name header ({claimed:?}) does not match the body ({}): nothing was forwarded",
+                    named.map_or_else(|| "no name".to_string(), |n| format!("{n:?}"))
+                );
+                return Some(rpc_error(id.clone(), HEADER_MISMATCH, &msg));
+            }
+        }
+        None
+    }
+
     /// The tool machine's effects, in JSON-RPC terms.
     fn translate(&self, step: Step) -> Step {
         let Phase::Tool { id, role, framing, message, .. } = &self.phase else { return step };
@@ -218,7 +284,8 @@ impl Mcp {
         for effect in step.effects {
             let translated = match effect {
                 Effect::SetResponseHeader(name, _) if name == "content-length" => continue,
-                Effect::Reply(r) => Effect::Reply(tool_reply(id, &r)),
+                Effect::Reply(r) => Effect::Reply(tool_reply(id, &r, *role)),
+                Effect::Rewrite(r) => Effect::Rewrite(tool_reply(id, &r, *role)),
                 Effect::SetResponseHeader(name, _) if name == ":status" => {
                     Effect::SetResponseHeader(name, "200".into())
                 }
@@ -231,11 +298,6 @@ impl Mcp {
                         out.effects.push(Effect::SetResponseHeader("content-length".into(), body.len().to_string()));
                     }
                     Effect::ReplaceResponseBody(body)
-                }
-                Effect::ReplaceResponseBody(b) => {
-                    // A rewritten confirm answer (in_progress, not_executed): JSON, whatever the upstream framed.
-                    let r = Reply { http_status: 200, headers: Vec::new(), body: b };
-                    Effect::ReplaceResponseBody(tool_reply(id, &r).body)
                 }
                 other => other,
             };
@@ -301,35 +363,77 @@ fn verdict(http: u16, message: Option<&Value>, role: Role) -> (u16, Vec<u8>) {
     (status, payload)
 }
 
-/// A gateway answer as a tool result: `structuredContent` is the §7 envelope,
-/// a text block says what to do, `isError` marks refusals.
-fn tool_reply(id: &Value, r: &Reply) -> Reply {
-    let envelope: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    let kind = envelope.get("status").and_then(Value::as_str).unwrap_or_default();
-    // Reports are results; refusals, failures and "could not" are errors the model should act on.
-    let is_error = !(matches!(kind, "already_completed" | "in_progress" | "needs_review")
-        || (kind == "not_executed" && r.http_status == 200));
-    let text =
-        match (envelope.get("meaning").and_then(Value::as_str), envelope.get("instruction").and_then(Value::as_str)) {
-            (Some(m), Some(i)) => format!("{m} {i}"),
-            _ => String::from_utf8_lossy(&r.body).into_owned(),
-        };
-    let body = json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "result": {
-            "content": [{"type": "text", "text": text}],
-            "structuredContent": envelope,
-            "isError": is_error,
-        }
-    });
-    Reply {
-        http_status: 200,
-        headers: vec![
+/// A gateway answer as a JSON-RPC response to `tools/call`, valid against the tool's
+/// `outputSchema` (DESIGN §11): the official SDKs reject a non-error result whose
+/// `structuredContent` does not conform, and today's TypeScript SDK checks it on errors too.
+/// - a replay of the confirm tool is the recorded result (its `structuredContent` is the tool's
+///   own), plus the gateway's words in a text block and the envelope in `_meta`; a recorded
+///   failure keeps `isError` and drops `structuredContent` (it rides in the envelope's `result`);
+/// - a status tool's reports are results whose `structuredContent` is the envelope (a status
+///   tool the gateway answers declares the envelope as its output);
+/// - everything else carries no result: `isError: true`, the envelope in text and `_meta`.
+fn tool_reply(id: &Value, r: &Reply, role: Role) -> Reply {
+    let result = match &r.facts {
+        // The recorded result as it was (`replay: original`): the JSON-RPC result itself.
+        None => serde_json::from_slice::<Value>(&r.body).ok().filter(Value::is_object).unwrap_or_else(
+            || json!({"content": [{"type": "text", "text": String::from_utf8_lossy(&r.body)}], "isError": true}),
+        ),
+        Some(facts) => tool_result(facts, role),
+    };
+    let body = json!({"jsonrpc": "2.0", "id": id, "result": result});
+    Reply::raw(
+        200,
+        vec![
             ("content-type".to_string(), "application/json".to_string()),
             ("cache-control".to_string(), "no-store".to_string()),
         ],
-        body: body.to_string().into_bytes(),
+        body.to_string().into_bytes(),
+    )
+}
+
+fn tool_result(facts: &Facts, role: Role) -> Value {
+    let envelope = Value::Object(facts.envelope.clone());
+    let said = |key: &str| facts.envelope.get(key).and_then(Value::as_str).unwrap_or_default();
+    let words = json!({"type": "text", "text": format!("{} {}", said("meaning"), said("instruction"))});
+    let meta = |mut result: Map<String, Value>| {
+        let mut m = result.remove("_meta").and_then(|v| v.as_object().cloned()).unwrap_or_default();
+        m.insert(META_KEY.into(), envelope.clone());
+        result.insert("_meta".into(), Value::Object(m));
+        // MCP 2026-07-28 requires it on every result (its SDKs refuse one without); older
+        // clients ignore it. A replay recorded from an older call gets it too.
+        result.entry("resultType").or_insert_with(|| "complete".into());
+        Value::Object(result)
+    };
+    let recorded = facts.envelope.get("result").and_then(Value::as_object);
+    match (facts.kind, role, recorded) {
+        (kind, Role::Confirm | Role::Idempotent, Some(original)) if kind.is_replay() => {
+            let mut result = original.clone();
+            if result.get("isError").and_then(Value::as_bool).unwrap_or(false) {
+                result.remove("structuredContent");
+            }
+            match result.get_mut("content").and_then(Value::as_array_mut) {
+                Some(content) => content.push(words),
+                None => {
+                    result.insert("content".into(), json!([words]));
+                }
+            }
+            meta(result)
+        }
+        (kind, Role::Status, _) if kind.is_report() => {
+            let text = json!({"type": "text", "text": envelope.to_string()});
+            let mut result = Map::new();
+            result.insert("content".into(), json!([words, text]));
+            result.insert("structuredContent".into(), envelope.clone());
+            result.insert("isError".into(), false.into());
+            meta(result)
+        }
+        _ => {
+            let text = json!({"type": "text", "text": envelope.to_string()});
+            let mut result = Map::new();
+            result.insert("content".into(), json!([words, text]));
+            result.insert("isError".into(), true.into());
+            meta(result)
+        }
     }
 }
 
@@ -345,12 +449,22 @@ pub(super) fn too_large() -> Step {
 
 fn rpc_error(id: Value, code: i64, message: &str) -> Step {
     let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-    let reply = Reply {
-        http_status: 400,
-        headers: vec![("content-type".to_string(), "application/json".to_string())],
-        body: body.to_string().into_bytes(),
-    };
-    Step::pause().with(Effect::Reply(reply))
+    let headers = vec![("content-type".to_string(), "application/json".to_string())];
+    Step::pause().with(Effect::Reply(Reply::raw(400, headers, body.to_string().into_bytes())))
+}
+
+/// A header the guard reads came twice on an MCP route: a JSON-RPC error before the body is
+/// read (so without the request's id).
+pub(super) fn repeated_header(name: &str) -> Step {
+    let code = if name.starts_with("mcp-") { HEADER_MISMATCH } else { -32600 };
+    rpc_error(Value::Null, code, &format!("the {name} header was sent more than once: nothing was forwarded"))
+}
+
+/// `name` is not `wanted` but would be read as it by a lenient server: other case, spaces
+/// around it, or control characters in it.
+fn spelled_like(name: &str, wanted: &str) -> bool {
+    let folded: String = name.chars().filter(|c| !c.is_control() && !c.is_whitespace()).collect();
+    name != wanted && folded.eq_ignore_ascii_case(wanted)
 }
 
 /// The preview's answer with the fingerprint where the model reads it:

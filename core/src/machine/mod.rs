@@ -28,7 +28,7 @@ use std::fmt;
 use std::rc::Rc;
 
 pub use self::confirm::Confirm;
-pub use self::mcp::{Mcp, MCP_METHOD_HEADER, MCP_NAME_HEADER};
+pub use self::mcp::{Mcp, HEADER_MISMATCH, MCP_METHOD_HEADER, MCP_NAME_HEADER, META_KEY};
 pub use self::preview::Preview;
 pub use self::status::Status;
 
@@ -71,7 +71,67 @@ pub struct RequestHead {
     /// MCP routes: the `Mcp-Method` / `Mcp-Name` headers, when the client sends them.
     pub mcp_method: Option<String>,
     pub mcp_name: Option<String>,
+    /// A header the guard reads that came more than once (DESIGN §6: a 400, never "first wins").
+    pub repeated: Option<&'static str>,
 }
+
+impl RequestHead {
+    /// The head from the request's header pairs (pseudo-headers included, names in lower case as
+    /// Envoy gives them), reading what `needs` asks for and the subject from `subject_header`
+    /// (`None` when the subject comes from a property). A header the guard reads that appears
+    /// twice is noted in `repeated`; the host never chooses one of the values.
+    pub fn from_headers(headers: &[(String, String)], needs: HeadNeeds, subject_header: Option<&str>) -> RequestHead {
+        let mut head = RequestHead::default();
+        let mut seen: Vec<&'static str> = Vec::new();
+        let mut note = |head: &mut RequestHead, name: &'static str| {
+            if seen.contains(&name) {
+                head.repeated = head.repeated.or(Some(name));
+            } else {
+                seen.push(name);
+            }
+        };
+        let (mut rid, mut tp) = (None, None);
+        for (name, value) in headers {
+            let name = name.as_str();
+            if subject_header.is_some_and(|s| s.eq_ignore_ascii_case(name)) {
+                note(&mut head, SUBJECT_HEADER_LABEL);
+                head.subject = Some(value.clone());
+                continue;
+            }
+            match name {
+                "x-request-id" => rid = rid.or(Some(value.as_str())),
+                "traceparent" => tp = tp.or(Some(value.as_str())),
+                "content-length" => head.content_length = value.trim().parse().ok(),
+                FINGERPRINT_HEADER if needs.fingerprint => {
+                    note(&mut head, FINGERPRINT_HEADER);
+                    head.fingerprint = Some(value.clone());
+                }
+                ":path" if needs.path => head.path = value.clone(),
+                ":method" if needs.method => head.method = value.clone(),
+                IDEMPOTENCY_KEY_HEADER if needs.idempotency_key => {
+                    note(&mut head, IDEMPOTENCY_KEY_HEADER);
+                    head.idempotency_key = Some(value.clone());
+                }
+                MCP_METHOD_HEADER if needs.mcp => {
+                    note(&mut head, MCP_METHOD_HEADER);
+                    head.mcp_method = Some(value.clone());
+                }
+                MCP_NAME_HEADER if needs.mcp => {
+                    note(&mut head, MCP_NAME_HEADER);
+                    head.mcp_name = Some(value.clone());
+                }
+                _ => {}
+            }
+        }
+        head.trace_id = trace_id(rid, tp);
+        head.subject = head.subject.filter(|s| !s.trim().is_empty());
+        head
+    }
+}
+
+/// How a repeated subject header is named in `RequestHead::repeated` (its real name is the
+/// configuration's).
+pub const SUBJECT_HEADER_LABEL: &str = "the subject header";
 
 /// Which request headers a role reads (the trace id, subject and content
 /// length are always read): a preview, the hot path, reads no more.
@@ -127,6 +187,11 @@ impl CalloutAnswer {
         self.status?;
         serde_json::from_slice(&self.body).ok()
     }
+
+    /// A lookup's 404 that says a row could have existed and been reaped (DESIGN §4).
+    fn reaped_possible(&self) -> bool {
+        self.json::<crate::protocol::NotFoundView>().is_some_and(|v| v.reaped_possible)
+    }
 }
 
 /// A call to idemd. The host adds the cluster, authority, credential, trace id
@@ -164,10 +229,11 @@ pub enum Counter {
     ExpiredLookups,
     ClientKeyRequests,
     ReplayCacheHits,
+    RejectedHeader,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 22] = [
+    pub const ALL: [Counter; 23] = [
         Counter::Minted,
         Counter::Verified,
         Counter::RejectedMissing,
@@ -190,6 +256,7 @@ impl Counter {
         Counter::ExpiredLookups,
         Counter::ClientKeyRequests,
         Counter::ReplayCacheHits,
+        Counter::RejectedHeader,
     ];
 
     pub fn name(self) -> &'static str {
@@ -216,6 +283,7 @@ impl Counter {
             Counter::ExpiredLookups => "idem.expired_lookups",
             Counter::ClientKeyRequests => "idem.client_key_requests",
             Counter::ReplayCacheHits => "idem.replay_cache_hits",
+            Counter::RejectedHeader => "idem.rejected.invalid_header",
         }
     }
 }
@@ -237,6 +305,8 @@ pub enum Effect {
     RemoveResponseHeader(&'static str),
     /// Replace the buffered response body (its size is the host's to know).
     ReplaceResponseBody(Vec<u8>),
+    /// Replace the held answer with this reply: its status, its headers and its body.
+    Rewrite(Reply),
     /// Answer locally; nothing more of this stream reaches either side.
     Reply(Reply),
     /// Dispatch, and feed the answer to [`Machine::on_callout`].
@@ -346,6 +416,28 @@ impl Ctx {
         self.policy.role == Role::Idempotent && self.policy.callers == crate::policy::Callers::Programs
     }
 
+    /// A route whose callers are programs sending their own keys (only keys, or keys beside
+    /// fingerprints): what is wrong before the body is read is told to them as a problem.
+    fn for_programs(&self) -> bool {
+        self.policy.callers == crate::policy::Callers::Programs
+            && (self.policy.role == Role::Idempotent || self.policy.client_keys)
+    }
+
+    /// A header the guard reads came more than once: which value is meant is unknowable, and
+    /// choosing one ("first wins") is how a proxy and an upstream come to disagree (DESIGN §6).
+    fn repeated_header(&self, name: &str) -> Step {
+        let kind = match name {
+            FINGERPRINT_HEADER => ReplyKind::FingerprintInvalid,
+            IDEMPOTENCY_KEY_HEADER => ReplyKind::KeyInvalid,
+            _ => ReplyKind::InvalidHeader,
+        };
+        let detail = format!("{name} was sent more than once");
+        let ctx = ReplyContext { detail: Some(&detail), ..Default::default() };
+        Step::pause()
+            .with(Effect::Reply(self.render_as(kind, ctx, self.for_programs())))
+            .with(Effect::Count(Counter::RejectedHeader))
+    }
+
     /// A reply that needs nothing but the defaults.
     fn simple(&self, kind: ReplyKind) -> Step {
         let ctx = ReplyContext { retry_after_ms: self.config.defaults.retry_after_ms, ..Default::default() };
@@ -409,9 +501,15 @@ impl Ctx {
         })
     }
 
-    /// The route's status tool and polling interval, for `in_progress`.
-    fn polling(&self) -> (Option<&str>, u64) {
-        (self.policy.status_tool.as_deref(), self.policy.poll_after_ms)
+    /// Where and when `in_progress` polls: the status tool, else this call's own tool (by its
+    /// `tool.name`; an MCP tool always has one), after the route's interval.
+    fn polling(&self) -> ReplyContext<'_> {
+        ReplyContext {
+            poll_with: self.policy.status_tool.as_deref(),
+            own_tool: self.policy.tool.as_ref().and_then(|t| t.name.as_deref()),
+            poll_after_ms: self.policy.poll_after_ms,
+            ..Default::default()
+        }
     }
 }
 
@@ -429,9 +527,15 @@ impl Machine {
     /// Start a machine for a request on an annotated route; `head` is read by
     /// the host only for such routes.
     pub fn start(ctx: Ctx, head: &RequestHead, end_of_stream: bool, env: &mut dyn Env) -> (Machine, Step) {
+        if let Some(name) = head.repeated {
+            let step =
+                if ctx.policy.role == Role::Mcp { mcp::repeated_header(name) } else { ctx.repeated_header(name) };
+            return (Machine::Pass, step);
+        }
         if ctx.policy.role == Role::Mcp {
-            // Whose call it is, and whether it is guarded at all, is in the JSON-RPC body.
-            let Some(mcp) = Mcp::start(ctx, head) else { return (Machine::Pass, Step::go_on()) };
+            // Whose call it is, and whether it is guarded at all, is in the JSON-RPC body: every
+            // request that carries one is read, whatever its headers claim.
+            let Some(mcp) = Mcp::start(ctx, head, end_of_stream) else { return (Machine::Pass, Step::go_on()) };
             let mut machine = Machine::Mcp(Box::new(mcp));
             let step = if end_of_stream {
                 machine.on_request_body(&[], env).unwrap_or_else(|e| Step::go_on().with(Effect::Warn(e.to_string())))
@@ -565,6 +669,7 @@ impl Machine {
     pub fn response_needs_headers(&self) -> bool {
         match self {
             Machine::Confirm(c) => c.forwarded(),
+            Machine::Preview(p) => p.needs_headers(),
             Machine::Mcp(m) => m.response_needs_headers(),
             _ => false,
         }
@@ -593,7 +698,7 @@ impl Machine {
     pub fn on_response_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
         self.with_role(|m| match m {
             Machine::Pass | Machine::Status(_) => Err(Unexpected { event: "response_body", phase: "pass" }),
-            Machine::Preview(p) => p.on_response_body(body),
+            Machine::Preview(p) => p.on_response_body(body, env),
             Machine::Confirm(c) => c.on_response_body(body),
             Machine::Mcp(m) => m.on_response_body(body, env),
         })
@@ -605,6 +710,14 @@ impl Machine {
 pub fn misconfigured(config: &PluginConfig, trace_id: &str) -> Reply {
     let ctx = ReplyContext { trace_id, retry_after_ms: config.defaults.retry_after_ms, ..Default::default() };
     reply::render(ReplyKind::StatusUnavailable, config.language, &ctx)
+}
+
+/// The answer to a request a route rule would guard if its path or method were spelled as the
+/// rule spells them (DESIGN §6): nothing is forwarded; `canonical` is the path to send.
+pub fn not_canonical(config: &PluginConfig, trace_id: &str, canonical: &str) -> Reply {
+    let detail = format!("send the request to {canonical} with the method in upper case and no method-override header");
+    let ctx = ReplyContext { trace_id, detail: Some(&detail), ..Default::default() };
+    reply::render(ReplyKind::PathNotCanonical, config.language, &ctx)
 }
 
 /// The trace id an operator finds in Envoy's access log: `x-request-id`, else

@@ -5,6 +5,8 @@
 use super::{parse_body, Counter, Ctx, Effect, Env, Flow, Outcome, ResponseHead, Step, Unexpected};
 use crate::canonical;
 use crate::fingerprint;
+use crate::policy::QuoteExpiry;
+use crate::reply::{ReplyContext, ReplyKind};
 use serde_json::Value;
 
 pub const FINGERPRINT_EXPIRES_HEADER: &str = "agent-fingerprint-expires-at";
@@ -21,6 +23,10 @@ enum Phase {
     AwaitBody,
     /// Forwarded; the bound fields hash to this.
     Forwarded {
+        param_hash: String,
+    },
+    /// The route's quote states its expiry in the answer's body: minted once it is read.
+    AwaitQuote {
         param_hash: String,
     },
     /// Minted into the headers; the body gets it too once complete.
@@ -74,37 +80,103 @@ impl Preview {
         if !(200..300).contains(&head.status) || !is_json {
             return self.finish(Step::go_on());
         }
-        let Some(nonce) = env.random16() else {
-            let warn = Effect::Warn("no randomness for a nonce; preview passes without a fingerprint".into());
-            return self.finish(Step::go_on().with(warn));
+        let param_hash = param_hash.clone();
+        let quote = match &self.ctx.policy.quote_expires {
+            None => None,
+            Some(QuoteExpiry::Header(name)) => {
+                let stated = head.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim());
+                Some(stated.and_then(|v| QuoteExpiry::read(&Value::String(v.to_string()))))
+            }
+            Some(QuoteExpiry::Pointer(_)) if end_of_stream => Some(None),
+            Some(QuoteExpiry::Pointer(_)) => {
+                // The validity is in the body: hold the answer until it is read.
+                self.phase = Phase::AwaitQuote { param_hash };
+                return Step::pause().with(Effect::RemoveResponseHeader("content-length"));
+            }
         };
-        let policy = &self.ctx.policy;
-        let exp = env.now_s().saturating_add(policy.fingerprint_ttl_s);
-        let token =
-            fingerprint::mint(&self.ctx.config.keyring, nonce, exp, &self.subject_hash, &policy.scope, param_hash);
-        let mut step = Step::go_on()
-            .with(Effect::Count(Counter::Minted))
-            .with(Effect::SetResponseHeader(super::FINGERPRINT_HEADER.into(), token.clone()))
-            .with(Effect::SetResponseHeader(FINGERPRINT_EXPIRES_HEADER.into(), exp.to_string()));
+        let mut step = match self.mint(&param_hash, quote, env) {
+            Ok((step, token, exp)) => {
+                self.phase = Phase::Minted { token, exp };
+                step
+            }
+            Err(step) => return self.finish(step),
+        };
         if end_of_stream {
             return self.finish(step);
         }
         // The body grows: its old length is wrong.
         step.effects.push(Effect::RemoveResponseHeader("content-length"));
         step.flow = Flow::Pause;
-        self.phase = Phase::Minted { token, exp };
         step
+    }
+
+    /// Mint, with `exp = min(now + ttl, the quote's expiry)` where the route states one
+    /// (`quote`: `None` without `quote_expires`; `Some(None)` when the answer's is unreadable).
+    /// `Err` is the step to end with: no randomness (the answer passes without a fingerprint), or
+    /// no usable quote expiry (the answer is replaced: nothing must be confirmable from it).
+    fn mint(
+        &self,
+        param_hash: &str,
+        quote: Option<Option<u64>>,
+        env: &mut dyn Env,
+    ) -> Result<(Step, String, u64), Step> {
+        let policy = &self.ctx.policy;
+        let now = env.now_s();
+        let mut exp = now.saturating_add(policy.fingerprint_ttl_s);
+        match quote {
+            None => {}
+            Some(Some(q)) if q > now => exp = exp.min(q),
+            Some(_) => {
+                let detail = "the quote's expiry is missing, unreadable or past";
+                let ctx = ReplyContext { detail: Some(detail), ..Default::default() };
+                return Err(Step::go_on().with(Effect::Rewrite(self.ctx.render(ReplyKind::QuoteUnusable, ctx))));
+            }
+        }
+        let Some(nonce) = env.random16() else {
+            let warn = Effect::Warn("no randomness for a nonce; preview passes without a fingerprint".into());
+            return Err(Step::go_on().with(warn));
+        };
+        let token =
+            fingerprint::mint(&self.ctx.config.keyring, nonce, exp, &self.subject_hash, &policy.scope, param_hash);
+        let step = Step::go_on()
+            .with(Effect::Count(Counter::Minted))
+            .with(Effect::SetResponseHeader(super::FINGERPRINT_HEADER.into(), token.clone()))
+            .with(Effect::SetResponseHeader(FINGERPRINT_EXPIRES_HEADER.into(), exp.to_string()));
+        Ok((step, token, exp))
+    }
+
+    /// Whether the upstream's headers must be read (the quote states its expiry in one).
+    pub(super) fn needs_headers(&self) -> bool {
+        matches!(self.phase, Phase::Forwarded { .. })
+            && matches!(self.ctx.policy.quote_expires, Some(QuoteExpiry::Header(_)))
     }
 
     pub(super) fn on_response_data(&mut self, end_of_stream: bool) -> Step {
         match (&self.phase, end_of_stream) {
-            (Phase::Minted { .. }, false) => Step::pause(),
-            (Phase::Minted { .. }, true) => Step::need_body(),
+            (Phase::Minted { .. } | Phase::AwaitQuote { .. }, false) => Step::pause(),
+            (Phase::Minted { .. } | Phase::AwaitQuote { .. }, true) => Step::need_body(),
             _ => Step::go_on(),
         }
     }
 
-    pub(super) fn on_response_body(&mut self, body: &[u8]) -> Outcome {
+    pub(super) fn on_response_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
+        let mut first = Step::go_on();
+        if let Phase::AwaitQuote { param_hash } = &self.phase {
+            let stated = match &self.ctx.policy.quote_expires {
+                Some(QuoteExpiry::Pointer(p)) => canonical::parse_json_body(body, self.ctx.config.max_response_bytes)
+                    .ok()
+                    .and_then(|v| v.pointer(p).and_then(QuoteExpiry::read)),
+                _ => None,
+            };
+            let param_hash = param_hash.clone();
+            match self.mint(&param_hash, Some(stated), env) {
+                Ok((step, token, exp)) => {
+                    first = step;
+                    self.phase = Phase::Minted { token, exp };
+                }
+                Err(step) => return Ok(self.finish(step)),
+            }
+        }
         let Phase::Minted { token, exp } = &self.phase else {
             return Err(Unexpected { event: "response_body", phase: self.phase_name() });
         };
@@ -117,7 +189,7 @@ impl Preview {
             // A body we cannot extend still carries the fingerprint in the header.
             None => Step::go_on().with(Effect::SetResponseHeader("content-length".into(), body.len().to_string())),
         };
-        Ok(self.finish(step))
+        Ok(self.finish(first.then(step)))
     }
 
     fn finish(&mut self, step: Step) -> Step {
@@ -129,6 +201,7 @@ impl Preview {
         match self.phase {
             Phase::AwaitBody => "preview.await_body",
             Phase::Forwarded { .. } => "preview.forwarded",
+            Phase::AwaitQuote { .. } => "preview.await_quote",
             Phase::Minted { .. } => "preview.minted",
             Phase::Finished => "preview.finished",
         }

@@ -2,7 +2,7 @@
 //! subject are checked; expiry is not (an agent may poll long after), but it
 //! decides what "never confirmed" means: still possible, or too late.
 
-use super::confirm::{operation_path, stored_ref};
+use super::confirm::{lookup_path, stored_ref};
 use super::{body_fingerprint, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Outcome, Step, Unexpected};
 use crate::client_key;
 use crate::protocol::{OpKey, OpState, OperationView, StoredResult};
@@ -75,7 +75,7 @@ impl Status {
                 }
             },
         };
-        let call = Callout { method: "GET", path: operation_path(&key), body: None };
+        let call = Callout { method: "GET", path: lookup_path(&key, exp), body: None };
         self.phase = Phase::LookingUp { key, exp };
         Ok(Step::pause().with(Effect::Count(Counter::StatusLookups)).with(Effect::Call(call)))
     }
@@ -88,6 +88,11 @@ impl Status {
         };
         let view = answer.json::<OperationView>();
         Ok(match (answer.status, view) {
+            (Some(404), _) if answer.reaped_possible() => {
+                // The record may have been kept and deleted: nothing is known about the operation.
+                let ctx = ReplyContext { operation: Some(&key), status_query: true, ..Default::default() };
+                self.ctx.reply(ReplyKind::RecordGone, ctx)
+            }
             (Some(404), _) if exp.is_some_and(|exp| env.now_s() >= exp) => {
                 // Never executed and can no longer be: a new preview is the only way on.
                 self.ctx.simple(ReplyKind::FingerprintExpired)
@@ -100,8 +105,7 @@ impl Status {
                 OpState::Done => self.outcome(ReplyKind::AlreadyCompleted, view.result.as_ref()),
                 OpState::Failed => self.outcome(ReplyKind::AlreadyFailed, view.result.as_ref()),
                 OpState::InFlight => {
-                    let (poll_with, poll_after_ms) = self.ctx.polling();
-                    let ctx = ReplyContext { poll_with, poll_after_ms, operation: Some(&key), ..Default::default() };
+                    let ctx = ReplyContext { operation: Some(&key), ..self.ctx.polling() };
                     self.ctx.reply(ReplyKind::InProgress, ctx)
                 }
                 OpState::NeedsReview => {

@@ -74,6 +74,7 @@ fn head(fp: Option<String>) -> RequestHead {
         idempotency_key: None,
         mcp_method: None,
         mcp_name: None,
+        repeated: None,
     }
 }
 
@@ -186,13 +187,10 @@ fn confirm_release_rewrites_to_not_executed_with_the_upstream_retry_after() -> T
     assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/release"));
     let req: ReleaseRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
     assert_eq!(req.owner, OWNER);
-    assert!(step.effects.contains(&Effect::SetResponseHeader(":status".into(), "503".into())));
-    assert!(step.effects.contains(&Effect::SetResponseHeader("retry-after".into(), "7".into())));
-    let body = step.effects.iter().find_map(|e| match e {
-        Effect::ReplaceResponseBody(b) => Some(b.clone()),
-        _ => None,
-    });
-    let v: Value = serde_json::from_slice(&body.ok_or("no body")?)?;
+    let rewrite = rewritten(&step).ok_or("no rewrite")?;
+    assert_eq!(rewrite.http_status, 503);
+    assert!(rewrite.headers.contains(&("retry-after".into(), "7".into())));
+    let v: Value = serde_json::from_slice(&rewrite.body)?;
     assert_eq!(v["status"], "not_executed");
     let step = m.on_callout(&answer(200, json!({"outcome": "OK"})), &mut env)?;
     assert!(counted(&step, Counter::Released) && step.effects.contains(&Effect::ResumeResponse));
@@ -209,9 +207,17 @@ fn confirm_unknown_outcome_stays_in_flight_and_tells_the_model_to_poll() -> Test
     assert!(call(&step).is_none(), "nothing is recorded: the reconciler decides");
     assert!(counted(&step, Counter::UnknownOutcome));
     assert_eq!(step.flow, Flow::Continue);
-    assert!(step.effects.contains(&Effect::SetResponseHeader(":status".into(), "202".into())));
+    assert_eq!(rewritten(&step).map(|r| r.http_status), Some(202));
     assert!(matches!(m, Machine::Pass));
     Ok(())
+}
+
+/// The reply a step rewrites the held answer into.
+fn rewritten(step: &Step) -> Option<&crate::reply::Reply> {
+    step.effects.iter().find_map(|e| match e {
+        Effect::Rewrite(r) => Some(r),
+        _ => None,
+    })
 }
 
 #[test]
@@ -337,7 +343,7 @@ fn expiry_boundary_is_exact() -> TestResult {
     assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/acquire"));
     let (_, step, _) = expired(1000)?;
     let c = call(&step).ok_or("no lookup")?;
-    assert_eq!((c.method, c.path.clone()), ("GET", format!("/v1/operations/{KEY}")));
+    assert_eq!((c.method, c.path.clone()), ("GET", format!("/v1/operations/{KEY}?exp=1000")));
     assert!(counted(&step, Counter::ExpiredLookups));
     Ok(())
 }
@@ -499,6 +505,74 @@ fn preview_mints_into_a_successful_json_answer() -> TestResult {
     Ok(())
 }
 
+/// A preview route whose quote states its expiry (`quote_expires`).
+fn quoting_ctx(quote_expires: &str) -> Result<Ctx, Box<dyn std::error::Error>> {
+    let leaves = [
+        ("role", "preview"),
+        ("scope", "pay"),
+        ("bind", "/amount:decimal, /currency"),
+        ("quote_expires", quote_expires),
+    ];
+    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
+    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
+    Ok(Ctx { config: config()?, policy: Rc::new(p), trace_id: "trace-1".into() })
+}
+
+/// The fingerprint's `exp` never outlives the quote (DESIGN §3): `min(now + ttl, the quote's expiry)`,
+/// and an answer whose expiry is missing, unreadable or past gets no fingerprint at all.
+#[test]
+fn a_fingerprint_never_outlives_the_quote() -> TestResult {
+    for (quote_body, want) in [
+        (json!({"quote": 1, "expires_at": 160}), Some(160)),
+        (json!({"quote": 1, "expires_at": "1970-01-01T00:03:00Z"}), Some(180)),
+        (json!({"quote": 1, "expires_at": 5000}), Some(100 + 900)),
+        (json!({"quote": 1}), None),
+        (json!({"quote": 1, "expires_at": "soon"}), None),
+        (json!({"quote": 1, "expires_at": 100}), None),
+    ] {
+        let mut env = FixedEnv { now: 100 };
+        let (mut m, _) = Machine::start(quoting_ctx("/expires_at")?, &head(None), false, &mut env);
+        m.on_request_body(&body(json!(10)), &mut env)?;
+        let step = m.on_response_head(&upstream(200, "via_upstream"), false, &mut env)?;
+        assert!(!counted(&step, Counter::Minted) && step.flow == Flow::Pause, "minted only once the quote is read");
+        let bytes = quote_body.to_string().into_bytes();
+        assert_eq!(m.on_response_data(bytes.len(), true)?, Step::need_body());
+        let step = m.on_response_body(&bytes, &mut env)?;
+        match want {
+            Some(exp) => {
+                assert!(counted(&step, Counter::Minted), "{quote_body}");
+                let header = Effect::SetResponseHeader(
+                    crate::machine::preview::FINGERPRINT_EXPIRES_HEADER.into(),
+                    exp.to_string(),
+                );
+                assert!(step.effects.contains(&header), "{quote_body}: {:?}", step.effects);
+            }
+            None => {
+                let r = rewritten(&step).ok_or("no rewrite")?;
+                let v: Value = serde_json::from_slice(&r.body)?;
+                assert_eq!((r.http_status, v["status"].as_str()), (502, Some("quote_unusable")), "{quote_body}");
+                assert!(!counted(&step, Counter::Minted));
+            }
+        }
+        assert!(matches!(m, Machine::Pass));
+    }
+    // The expiry in a header: read with the head, minted at once.
+    let mut env = FixedEnv { now: 100 };
+    let (mut m, _) = Machine::start(quoting_ctx("header:quote-expires-at")?, &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    assert!(m.response_needs_headers());
+    let mut h = upstream(200, "via_upstream");
+    h.headers.push(("Quote-Expires-At".into(), "150".into()));
+    let step = m.on_response_head(&h, false, &mut env)?;
+    let header = Effect::SetResponseHeader(crate::machine::preview::FINGERPRINT_EXPIRES_HEADER.into(), "150".into());
+    assert!(counted(&step, Counter::Minted) && step.effects.contains(&header), "{:?}", step.effects);
+    // Only a preview states a quote.
+    let leaves = [("role", "confirm"), ("scope", "pay"), ("quote_expires", "/x")];
+    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
+    assert!(parse_route_policy(&get, &RouteDefaults::default()).is_err());
+    Ok(())
+}
+
 #[test]
 fn preview_failure_or_non_json_mints_nothing() -> TestResult {
     for (status, ct) in [(500, "application/json"), (200, "text/html")] {
@@ -524,6 +598,7 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
         (999, answer(200, done), 200, "already_completed"),
         (999, answer(404, json!({})), 200, "not_executed"),
         (1000, answer(404, json!({})), 410, "fingerprint_expired"),
+        (1000, answer(404, json!({"error": "not_found", "reaped_possible": true})), 410, "record_expired"),
         (999, CalloutAnswer::failed(), 503, "status_unavailable"),
     ];
     for (now, a, http, status) in cases {
@@ -531,7 +606,7 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
         let h = RequestHead { path: format!("/status?x=1&fingerprint={fp}"), ..head(None) };
         let (mut m, step) = Machine::start(ctx("status")?, &h, true, &mut env);
         let c = call(&step).ok_or("no lookup")?;
-        assert_eq!(c.path, format!("/v1/operations/{KEY}"));
+        assert_eq!(c.path, format!("/v1/operations/{KEY}?exp=1000"));
         let step = m.on_callout(&a, &mut env)?;
         assert_eq!(reply_status(&step)?, (http, status.to_string()), "{now} {a:?}");
     }
@@ -671,6 +746,16 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
     // Neither: the agent's way is the one to name.
     let (mut m, _) = Machine::start(c()?, &head(None), false, &mut env);
     assert_eq!(reply_status(&m.on_request_body(&body(json!(10)), &mut env)?)?, (428, "fingerprint_missing".into()));
+    // Neither, on a route whose callers are programs: the key they can send (the README's table).
+    let programs = || -> Result<Ctx, Box<dyn std::error::Error>> {
+        let base = c()?;
+        let mut p = (*base.policy).clone();
+        p.callers = crate::policy::Callers::Programs;
+        Ok(Ctx { policy: Rc::new(p), ..base })
+    };
+    let (mut m, _) = Machine::start(programs()?, &head(None), false, &mut env);
+    let (status, kind, _) = problem_of(&m.on_request_body(&body(json!(10)), &mut env)?)?;
+    assert_eq!((status, kind.as_str()), (400, "urn:agent-idempotency:problem:idempotency-key-missing"));
     Ok(())
 }
 
@@ -711,13 +796,18 @@ fn rpc_result(step: &Step) -> Result<Value, Box<dyn std::error::Error>> {
 #[test]
 fn mcp_passes_what_is_not_a_guarded_tool_call() -> TestResult {
     let mut env = FixedEnv { now: 999 };
+    // Only a request without a body that is not a POST passes unread (a GET's event stream).
+    let h = RequestHead { method: "GET".into(), ..head(None) };
+    let (m, step) = Machine::start(mcp_ctx()?, &h, true, &mut env);
+    assert!(matches!(m, Machine::Pass) && step == Step::go_on(), "{h:?}");
+    // Headers alone never let a request through: it is held until its body is read.
     for h in [
         RequestHead { mcp_method: Some("initialize".into()), ..head(None) },
         RequestHead { mcp_method: Some("tools/call".into()), mcp_name: Some("other".into()), ..head(None) },
         RequestHead { method: "GET".into(), ..head(None) },
     ] {
         let (m, step) = Machine::start(mcp_ctx()?, &h, false, &mut env);
-        assert!(matches!(m, Machine::Pass) && step == Step::go_on(), "{h:?}");
+        assert!(matches!(m, Machine::Mcp(_)) && step.flow == Flow::Pause, "{h:?}");
     }
     for body in [
         rpc(json!(0), "initialize", json!({})),
@@ -826,15 +916,113 @@ fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestRes
     let step = m.on_callout(&answer(200, json!({"outcome": "OK"})), &mut env)?;
     assert!(step.effects.contains(&Effect::ResumeResponse));
 
-    // The retry, with another id: a tool result whose structuredContent is the envelope.
+    // The retry, with another id: the recorded result itself (its structuredContent is the
+    // tool's own, so it conforms to the tool's output schema), the envelope in `_meta`.
     let (mut m, _) = mcp_start(&call_tool(json!("retry-9"), "execute_transfer", args), &mut env)?;
     let done =
         json!({"outcome": "DONE", "result": {"status": 200, "body_b64": encode_body(result.to_string().as_bytes())}});
     let v = rpc_result(&m.on_callout(&answer(200, done), &mut env)?)?;
     assert_eq!(v["id"], "retry-9");
     assert_eq!(v["result"]["isError"], false);
-    assert_eq!(v["result"]["structuredContent"]["status"], "already_completed");
-    assert_eq!(v["result"]["structuredContent"]["result"], result);
+    assert_eq!(v["result"]["structuredContent"], result["structuredContent"]);
+    let envelope = &v["result"]["_meta"][META_KEY];
+    assert_eq!(envelope["status"], "already_completed");
+    assert_eq!(envelope["result"], result);
+    let said = v["result"]["content"].to_string();
+    assert!(said.contains("Do not call this tool again"), "the gateway's words ride in a text block: {said}");
+    Ok(())
+}
+
+/// A recorded failure replays as an error result without structuredContent: today's
+/// TypeScript SDK checks structuredContent against the output schema even on errors.
+#[test]
+fn mcp_replay_of_a_failure_is_an_error_without_structured_content() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let args = json!({"amount": "10.00", "currency": "EUR", "fingerprint": token(1000)?});
+    let (mut m, _) = mcp_start(&call_tool(json!(3), "execute_transfer", args), &mut env)?;
+    let failed =
+        json!({"content": [{"type": "text", "text": "no"}], "structuredContent": {"error": "limit"}, "isError": true});
+    let rec =
+        json!({"outcome": "FAILED", "result": {"status": 422, "body_b64": encode_body(failed.to_string().as_bytes())}});
+    let v = rpc_result(&m.on_callout(&answer(200, rec), &mut env)?)?;
+    assert_eq!(v["result"]["isError"], true);
+    assert!(v["result"].get("structuredContent").is_none(), "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "MCP 2026-07-28 clients require it: {v}");
+    assert_eq!(v["result"]["_meta"][META_KEY]["status"], "already_failed");
+    assert_eq!(v["result"]["_meta"][META_KEY]["result"], failed);
+    Ok(())
+}
+
+/// The headers are a claim the body must agree with (MCP 2026-07-28): a lie is -32020,
+/// HTTP 400, and nothing is forwarded, whatever the body asks for.
+#[test]
+fn mcp_headers_that_contradict_the_body_are_refused_before_anything_is_forwarded() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let transfer = call_tool(json!(7), "execute_transfer", json!({"amount": "9999.00", "currency": "EUR"}));
+    for (method, name) in [
+        (Some("tools/list"), None),
+        (Some("notifications/initialized"), None),
+        (Some("tools/call"), Some("some_unlisted_tool")),
+        (None, Some("quote_transfer")),
+    ] {
+        let h = RequestHead { mcp_method: method.map(str::to_owned), mcp_name: name.map(str::to_owned), ..head(None) };
+        let (mut m, first) = Machine::start(mcp_ctx()?, &h, false, &mut env);
+        assert_eq!(first.flow, Flow::Pause, "{h:?}: held until the body is read");
+        let step = m.on_request_body(&transfer, &mut env)?;
+        let r = step.reply().ok_or("no reply")?;
+        let v: Value = serde_json::from_slice(&r.body)?;
+        assert_eq!((r.http_status, v["error"]["code"].as_i64(), v["id"].as_i64()), (400, Some(-32020), Some(7)), "{v}");
+        assert!(call(&step).is_none() && !step.effects.contains(&Effect::ResumeRequest), "{h:?}");
+    }
+    // Headers that agree change nothing.
+    let h =
+        RequestHead { mcp_method: Some("tools/call".into()), mcp_name: Some("execute_transfer".into()), ..head(None) };
+    let (mut m, _) = Machine::start(mcp_ctx()?, &h, false, &mut env);
+    let step = m.on_request_body(&transfer, &mut env)?;
+    assert_eq!(rpc_result(&step)?["result"]["_meta"][META_KEY]["status"], "fingerprint_missing");
+    Ok(())
+}
+
+/// What a lenient server might read as a guarded call gets the gateway's own answer:
+/// near-spellings, notifications, ids that are not ids, task-augmented calls, repeated headers.
+#[test]
+fn mcp_what_could_reach_a_listed_tool_is_answered_never_passed() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let args = json!({"amount": "1.00", "currency": "EUR"});
+    let cases: Vec<(Vec<u8>, i64)> = vec![
+        (rpc(json!(1), "Tools/Call", json!({"name": "execute_transfer", "arguments": args})), -32601),
+        (rpc(json!(1), "tools/call ", json!({"name": "execute_transfer", "arguments": args})), -32601),
+        (rpc(json!(1), "tools/call\u{0}", json!({"name": "execute_transfer", "arguments": args})), -32601),
+        (call_tool(json!(1), "Execute_Transfer", args.clone()), -32602),
+        (call_tool(json!(1), "execute_transfer ", args.clone()), -32602),
+        (call_tool(json!(null), "execute_transfer", args.clone()), -32600),
+        (call_tool(json!(1.5), "execute_transfer", args.clone()), -32600),
+        (
+            rpc(json!(1), "tools/call", json!({"name": "execute_transfer", "arguments": args, "task": {"ttl": 60}})),
+            -32602,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"execute_transfer","arguments":{}}}"#.to_vec(),
+            -32600,
+        ),
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call"}"#.to_vec(), -32700),
+    ];
+    for (body, code) in cases {
+        let (_, step) = mcp_start(&body, &mut env)?;
+        let r = step.reply().ok_or_else(|| format!("no reply to {}", String::from_utf8_lossy(&body)))?;
+        let v: Value = serde_json::from_slice(&r.body)?;
+        assert_eq!(
+            (r.http_status, v["error"]["code"].as_i64()),
+            (400, Some(code)),
+            "{}: {v}",
+            String::from_utf8_lossy(&body)
+        );
+        assert!(call(&step).is_none() && !step.effects.contains(&Effect::ResumeRequest));
+    }
+    let h = RequestHead { repeated: Some("mcp-method"), ..head(None) };
+    let (_, step) = Machine::start(mcp_ctx()?, &h, false, &mut env);
+    let v: Value = serde_json::from_slice(&step.reply().ok_or("no reply")?.body)?;
+    assert_eq!(v["error"]["code"].as_i64(), Some(-32020));
     Ok(())
 }
 
@@ -846,11 +1034,12 @@ fn mcp_refusals_and_tool_errors() -> TestResult {
     let (_, step) = mcp_start(&call_tool(json!(4), "execute_transfer", tampered), &mut env)?;
     let v = rpc_result(&step)?;
     assert_eq!((v["id"].as_i64(), v["result"]["isError"].as_bool()), (Some(4), Some(true)));
-    assert_eq!(v["result"]["structuredContent"]["status"], "params_changed");
+    assert!(v["result"].get("structuredContent").is_none(), "no result, so nothing to validate: {v}");
+    assert_eq!(v["result"]["_meta"][META_KEY]["status"], "params_changed");
     assert!(call(&step).is_none());
     let (_, step) =
         mcp_start(&call_tool(json!(5), "execute_transfer", json!({"amount": 1, "currency": "EUR"})), &mut env)?;
-    assert_eq!(rpc_result(&step)?["result"]["structuredContent"]["status"], "fingerprint_missing");
+    assert_eq!(rpc_result(&step)?["result"]["_meta"][META_KEY]["status"], "fingerprint_missing");
     // The tool answered isError: a definite failure, recorded FAILED.
     let args = json!({"amount": "10.00", "currency": "EUR", "fingerprint": token(1000)?});
     let (mut m, _) = mcp_start(&call_tool(json!(6), "execute_transfer", args), &mut env)?;
@@ -972,4 +1161,104 @@ fn nothing_but_terminal_states_is_ever_cached() -> TestResult {
     let step = m.on_callout(&answer(200, done), &mut env)?;
     assert_eq!(env.keep(&step), 1);
     Ok(())
+}
+
+// ---- headers the guard reads -------------------------------------------------
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+}
+
+#[test]
+fn the_head_is_read_from_every_header_entry_and_repeats_are_noted() {
+    let all = HeadNeeds::for_role(Role::Confirm);
+    let h = RequestHead::from_headers(
+        &pairs(&[
+            (":method", "POST"),
+            (":path", "/v1/transfers"),
+            ("x-agent-subject", "alice"),
+            ("agent-fingerprint", "fp"),
+            ("x-request-id", "rid-1"),
+            ("content-length", "12"),
+        ]),
+        all,
+        Some("x-agent-subject"),
+    );
+    assert_eq!(
+        (h.method.as_str(), h.path.as_str(), h.subject.as_deref(), h.fingerprint.as_deref(), h.trace_id.as_str()),
+        ("POST", "/v1/transfers", Some("alice"), Some("fp"), "rid-1")
+    );
+    assert_eq!((h.content_length, h.repeated), (Some(12), None));
+    for (name, label) in [
+        ("agent-fingerprint", "agent-fingerprint"),
+        ("idempotency-key", "idempotency-key"),
+        ("x-agent-subject", SUBJECT_HEADER_LABEL),
+    ] {
+        let h = RequestHead::from_headers(&pairs(&[(name, "a"), (name, "a")]), all, Some("x-agent-subject"));
+        assert_eq!(h.repeated, Some(label), "{name}: the same value twice is still two");
+    }
+    // What a role does not read cannot be refused for repeating (a preview reads no key).
+    let h = RequestHead::from_headers(
+        &pairs(&[("idempotency-key", "a"), ("idempotency-key", "b")]),
+        HeadNeeds::for_role(Role::Preview),
+        Some("x-agent-subject"),
+    );
+    assert_eq!(h.repeated, None);
+    let mcp = HeadNeeds::for_role(Role::Mcp);
+    let h = RequestHead::from_headers(&pairs(&[("mcp-name", "a"), ("mcp-name", "b")]), mcp, None);
+    assert_eq!(h.repeated, Some(MCP_NAME_HEADER));
+}
+
+#[test]
+fn a_repeated_header_is_a_400_before_anything_is_read_or_forwarded() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    for (label, status) in [
+        (FINGERPRINT_HEADER, "fingerprint_invalid"),
+        (IDEMPOTENCY_KEY_HEADER, "idempotency_key_invalid"),
+        (SUBJECT_HEADER_LABEL, "invalid_header"),
+    ] {
+        let h = RequestHead { repeated: Some(label), ..head(None) };
+        let (m, step) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+        let r = step.reply().ok_or("no reply")?;
+        let v: Value = serde_json::from_slice(&r.body)?;
+        assert_eq!((r.http_status, v["status"].as_str()), (400, Some(status)), "{label}: {v}");
+        assert!(v["detail"].as_str().is_some_and(|d| d.contains(label)), "{v}");
+        assert!(matches!(m, Machine::Pass) && counted(&step, Counter::RejectedHeader));
+    }
+    // Programs get the README's problem.
+    let h = RequestHead { repeated: Some(IDEMPOTENCY_KEY_HEADER), ..head(None) };
+    let (_, step) = Machine::start(idempotent_ctx(&[("callers", "programs")])?, &h, false, &mut env);
+    let (status, kind, _) = problem_of(&step)?;
+    assert_eq!((status, kind.as_str()), (400, "urn:agent-idempotency:problem:idempotency-key-invalid"));
+    Ok(())
+}
+
+#[test]
+fn a_fingerprint_in_the_header_and_another_in_the_body_is_no_fingerprint() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let fp = token(1000)?;
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(fp.clone())), false, &mut env);
+    let body = json!({"amount": 10, "currency": "EUR", "fingerprint": format!("{fp}x")});
+    let step = m.on_request_body(body.to_string().as_bytes(), &mut env)?;
+    let v: Value = serde_json::from_slice(&step.reply().ok_or("no reply")?.body)?;
+    assert_eq!(v["status"], "fingerprint_invalid");
+    assert!(call(&step).is_none());
+    // The same one in both places is one fingerprint.
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(fp.clone())), false, &mut env);
+    let body = json!({"amount": 10, "currency": "EUR", "fingerprint": fp});
+    let step = m.on_request_body(body.to_string().as_bytes(), &mut env)?;
+    assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    Ok(())
+}
+
+#[test]
+fn every_problem_type_is_a_slug_and_every_title_a_sentence() {
+    for kind in crate::reply::ReplyKind::ALL {
+        let r = crate::reply::problem(kind, &crate::reply::ReplyContext::default());
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        let slug = v["type"].as_str().and_then(|t| t.strip_prefix(crate::reply::PROBLEM_BASE)).unwrap_or_default();
+        assert!(!slug.is_empty() && slug.chars().all(|c| c.is_ascii_lowercase() || c == '-'), "{kind:?}: {slug}");
+        let title = v["title"].as_str().unwrap_or_default();
+        assert!(title.split(' ').count() >= 4 && title.starts_with(char::is_uppercase), "{kind:?}: {title}");
+    }
 }

@@ -35,6 +35,9 @@ use idem_core::reply::Reply;
 use serde_json::{json, Map, Value};
 use std::rc::Rc;
 
+/// Where a gateway answer's envelope rides in a tool result (DESIGN §11), spelled here, not imported.
+const META_KEY: &str = "agent-idempotency/reply";
+
 /// The tools table of `envoy/e2e.yaml`'s `/mcp` route.
 pub const TOOLS: &str = r#"{"quote_transfer": {"role": "preview", "scope": "payments.transfer", "bind": "/amount:decimal, /currency, /payee_id"}, "execute_transfer": {"role": "confirm", "scope": "payments.transfer", "bind": "/amount:decimal, /currency, /payee_id", "status_tool": "get_transfer_status", "result_ref": "/structuredContent/transfer_id"}, "get_transfer_status": {"role": "status", "scope": "payments.transfer", "status_tool": "get_transfer_status", "result_ref": "/structuredContent/transfer_id"}}"#;
 pub const PREVIEW_TOOL: &str = "quote_transfer";
@@ -145,6 +148,7 @@ fn head(mcp_method: Option<String>, mcp_name: Option<String>) -> RequestHead {
         idempotency_key: None,
         mcp_method,
         mcp_name,
+        repeated: None,
     }
 }
 
@@ -172,13 +176,20 @@ impl Trace {
     fn replaced(&self) -> Vec<&Vec<u8>> {
         self.effects
             .iter()
-            .filter_map(|e| if let Effect::ReplaceResponseBody(b) = e { Some(b) } else { None })
+            .filter_map(|e| match e {
+                Effect::ReplaceResponseBody(b) => Some(b),
+                Effect::Rewrite(r) => Some(&r.body),
+                _ => None,
+            })
             .collect()
     }
 
-    fn response_header(&self, name: &str) -> Option<&str> {
+    /// A response header as the effects leave it (a rewrite sets its status and headers).
+    fn response_header(&self, name: &str) -> Option<String> {
         self.effects.iter().rev().find_map(|e| match e {
-            Effect::SetResponseHeader(n, v) if n == name => Some(v.as_str()),
+            Effect::SetResponseHeader(n, v) if n == name => Some(v.clone()),
+            Effect::Rewrite(r) if name == ":status" => Some(r.http_status.to_string()),
+            Effect::Rewrite(r) => r.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
             _ => None,
         })
     }
@@ -213,8 +224,8 @@ fn send(req: &Request, env: &mut FixedEnv) -> (Machine, Trace) {
 /// What the request should come to, by the MCP rules (module doc of core's mcp.rs).
 #[derive(Debug)]
 enum Want {
-    /// The headers say it is no guarded `tools/call`: nothing read, nothing done.
-    HeaderPass,
+    /// No body and not a POST (an event stream's GET, a session's DELETE): nothing read, nothing done.
+    NoBody,
     /// Not a guarded call (another method, an unlisted tool): passes untouched.
     Pass,
     /// A JSON-RPC error with this id (and this code, for the standard ones).
@@ -228,12 +239,9 @@ enum Want {
 
 fn want(req: &Request) -> Want {
     let h = &req.head;
-    let listed = |n: &str| tool(n).is_some();
-    if !h.method.eq_ignore_ascii_case("POST")
-        || h.mcp_method.as_deref().is_some_and(|m| m != "tools/call")
-        || h.mcp_name.as_deref().is_some_and(|n| !listed(n))
-    {
-        return Want::HeaderPass;
+    // The headers never decide alone: whatever they claim, a body is read (DESIGN §6).
+    if req.end_of_stream && !h.method.eq_ignore_ascii_case("POST") {
+        return Want::NoBody;
     }
     let body: &[u8] = if req.end_of_stream { &[] } else { &req.body };
     if body.len() > MAX_BODY_BYTES {
@@ -247,17 +255,41 @@ fn want(req: &Request) -> Want {
         _ => return Want::Error { id: Value::Null, code: Some(-32700) },
     };
     let id = message.get("id").cloned().unwrap_or(Value::Null);
-    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
-        return Want::Pass;
+    let method = message.get("method").and_then(Value::as_str);
+    let params = message.get("params").and_then(Value::as_object);
+    // Mcp-Method / Mcp-Name, where sent, say exactly what the body says (trimmed), or -32020.
+    if h.mcp_method.as_deref().is_some_and(|m| Some(m.trim()) != method) {
+        return Want::Error { id, code: Some(-32020) };
     }
-    let Some(params) = message.get("params").and_then(Value::as_object) else { return Want::Error { id, code: None } };
+    let named = params.and_then(|p| p.get("name").or_else(|| p.get("uri"))).and_then(Value::as_str);
+    if h.mcp_name.as_deref().is_some_and(|n| Some(n.trim()) != named) {
+        return Want::Error { id, code: Some(-32020) };
+    }
+    // A lenient server could read these as the real thing: the gateway answers them itself.
+    let near = |got: &str, wanted: &str| {
+        got != wanted
+            && got.chars().filter(|c| !c.is_control() && !c.is_whitespace()).collect::<String>().to_lowercase()
+                == wanted.to_lowercase()
+    };
+    match method {
+        Some("tools/call") => {}
+        Some(m) if near(m, "tools/call") => return Want::Error { id, code: Some(-32601) },
+        _ => return Want::Pass,
+    }
+    let Some(params) = params else { return Want::Error { id, code: None } };
     let Some(name) = params.get("name").and_then(Value::as_str) else { return Want::Error { id, code: None } };
-    if h.mcp_name.as_deref().is_some_and(|n| n != name) {
-        return Want::Error { id, code: None };
-    }
-    let Some(policy) = tool(name) else { return Want::Pass };
-    if !message.contains_key("id") {
+    let Some(policy) = tool(name) else {
+        let names = ["quote_transfer", "execute_transfer", "get_transfer_status"];
+        if names.iter().any(|t| near(name, t)) {
+            return Want::Error { id, code: Some(-32602) };
+        }
+        return Want::Pass;
+    };
+    if !matches!(message.get("id"), Some(Value::String(_))) && !message.get("id").is_some_and(Value::is_i64) {
         return Want::Error { id: Value::Null, code: Some(-32600) };
+    }
+    if params.contains_key("task") {
+        return Want::Error { id, code: Some(-32602) };
     }
     let args = match params.get("arguments") {
         None => Value::Object(Map::new()),
@@ -286,12 +318,28 @@ fn rpc_body(r: &Reply, id: &Value, what: &str) -> Value {
     rpc_value(&r.body, id, what)
 }
 
-/// A tool result: the §7 envelope in `structuredContent`, `isError`, a text block.
+/// A gateway tool result (DESIGN §11): the §7 envelope in `_meta`, `isError`, a text block;
+/// `structuredContent` only where it is valid for the tool's output schema: a replay's own
+/// (never the envelope) or, for the status tool's reports, the envelope. No result: `isError`.
 fn check_tool_result(v: &Value, what: &str) -> String {
     let result = &v["result"];
-    let status = result["structuredContent"]["status"].as_str();
-    let Some(status) = status else { panic!("{what}: no structuredContent.status: {v}") };
-    assert!(result["isError"].is_boolean(), "{what}: isError is not a bool: {v}");
+    let envelope = &result["_meta"][META_KEY];
+    let status = envelope["status"].as_str();
+    let Some(status) = status else { panic!("{what}: no _meta[{META_KEY}].status: {v}") };
+    let is_error = result["isError"].as_bool();
+    let Some(is_error) = is_error else { panic!("{what}: isError is not a bool: {v}") };
+    let structured = result.get("structuredContent");
+    let replay = matches!(status, "already_completed" | "already_failed");
+    if replay && status == "already_completed" {
+        assert!(!is_error, "{what}: a replay of a success is a result: {v}");
+        assert_ne!(structured, Some(envelope), "{what}: a replay's structuredContent is the tool's own: {v}");
+    } else if let Some(s) = structured {
+        // Only the status tool reports in structuredContent, and then it is the envelope.
+        assert_eq!(s, envelope, "{what}: structuredContent that is neither the tool's nor the envelope: {v}");
+        assert!(!is_error, "{what}: a report is not an error: {v}");
+    } else if !replay {
+        assert!(is_error, "{what}: an answer without a result must be isError: {v}");
+    }
     let content = result["content"].as_array().map(Vec::as_slice).unwrap_or_default();
     assert!(
         content.iter().any(|b| b["type"] == "text" && b["text"].is_string()),
@@ -340,8 +388,8 @@ fn check_request(req: &Request, machine: &Machine, trace: &Trace) -> (Want, Sent
     let want = want(req);
     let what = format!("request {:?} with {:?}", String::from_utf8_lossy(&req.body), req.head);
     let sent = match &want {
-        Want::HeaderPass => {
-            assert!(matches!(machine, Machine::Pass), "{what}: the headers say pass");
+        Want::NoBody => {
+            assert!(matches!(machine, Machine::Pass), "{what}: no body, nothing to judge");
             assert!(trace.effects.is_empty() && trace.flow == Some(Flow::Continue), "{what}: {trace:?}");
             Sent::Replied
         }
@@ -423,7 +471,7 @@ fn check_tool_call(
                     if claims.expired(NOW) {
                         assert_eq!(
                             (call.method, call.path.clone()),
-                            ("GET", format!("/v1/operations/{}", claims.nonce))
+                            ("GET", format!("/v1/operations/{}?exp={}", claims.nonce, claims.exp))
                         );
                         return Sent::LookingUp;
                     }
@@ -449,7 +497,10 @@ fn check_tool_call(
             Some(claims) => {
                 assert!(!replied, "{what}: {:?}", trace.effects);
                 let [call] = calls.as_slice() else { panic!("{what}: {} callouts: {:?}", calls.len(), trace.effects) };
-                assert_eq!((call.method, call.path.clone()), ("GET", format!("/v1/operations/{}", claims.nonce)));
+                assert_eq!(
+                    (call.method, call.path.clone()),
+                    ("GET", format!("/v1/operations/{}?exp={}", claims.nonce, claims.exp))
+                );
                 assert_eq!(trace.flow, Some(Flow::Pause), "{what}");
                 Sent::LookingUp
             }
@@ -619,7 +670,12 @@ fn check_confirm_answer(machine: &mut Machine, up: &Upstream, id: &Value, claims
     for b in trace.replaced() {
         let v = rpc_value(b, id, &format!("{what}: rewritten"));
         check_tool_result(&v, &what);
-        assert_eq!(trace.response_header("content-type"), Some("application/json"), "{what}: {:?}", trace.effects);
+        assert_eq!(
+            trace.response_header("content-type").as_deref(),
+            Some("application/json"),
+            "{what}: {:?}",
+            trace.effects
+        );
     }
     if let Some(status) = trace.response_header(":status") {
         assert_eq!(status, "200", "{what}: an MCP answer stays a 200");
@@ -671,6 +727,7 @@ fn check_preview_answer(machine: &mut Machine, up: &Upstream, param_hash: &str, 
     assert!(matches!(machine, Machine::Pass), "{what}: the preview is over, yet still held");
     let minted = trace.has(&Effect::Count(idem_core::machine::Counter::Minted));
     let header = trace.response_header(FINGERPRINT_HEADER);
+    let header = header.as_deref();
     assert_eq!(minted, header.is_some(), "{what}: {:?}", trace.effects);
     let sh = fp::subject_hash(subject);
     let scope = tool(PREVIEW_TOOL).map(|p| p.scope.clone()).unwrap_or_default();
@@ -1120,7 +1177,7 @@ mod tests {
             ("seed-mcp-name-mismatch", "Error"),
             ("seed-batch", "Error"),
             ("seed-initialize", "Pass"),
-            ("seed-tools-list", "HeaderPass"),
+            ("seed-tools-list", "Pass"),
         ] {
             assert_eq!(stage(seed), want, "{seed}");
         }

@@ -279,6 +279,7 @@ fn request(key: OpKey) -> AcquireRequest {
         lease_ms: 0,
         trace_id: String::new(),
         mode: Default::default(),
+        exp: None,
     }
 }
 

@@ -638,6 +638,7 @@ mod tests {
             lease_ms: 0,
             trace_id: String::new(),
             mode: Default::default(),
+            exp: None,
         }
     }
 

@@ -335,6 +335,7 @@ pub fn acq(key: &str) -> AcquireRequest {
         lease_ms: 0,
         trace_id: "test-trace".into(),
         mode: Default::default(),
+        exp: None,
     }
 }
 
