@@ -179,36 +179,27 @@ impl RouteMatch {
     /// `matches`, with the method in any case and the path's literals compared without case
     /// (the path is already lenient: lower case).
     fn matches_folded(&self, method: &str, host: &str, path: &str) -> bool {
-        let method_ok = self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method.trim()));
-        let host_ok = self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host));
-        let path_ok = match &self.path {
-            PathMatch::Prefix(p) => path.starts_with(p.to_lowercase().as_str()),
-            PathMatch::Exact(want) => {
-                let mut got = path.split('/');
-                let mut want = want.iter();
-                loop {
-                    match (got.next(), want.next()) {
-                        (None, None) => break true,
-                        (Some(g), Some(Segment::Literal(w))) if g.eq_ignore_ascii_case(w) => {}
-                        (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
-                        _ => break false,
-                    }
-                }
-            }
-        };
-        method_ok && host_ok && path_ok
+        self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method.trim()))
+            && self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
+            && self.path_matches_as(path, true)
     }
 
     fn path_matches(&self, path: &str) -> bool {
+        self.path_matches_as(path, false)
+    }
+
+    /// The path against the rule's, its literals exact or (`fold`) without case.
+    fn path_matches_as(&self, path: &str, fold: bool) -> bool {
+        let same = |g: &str, w: &str| if fold { g.eq_ignore_ascii_case(w) } else { g == w };
         match &self.path {
-            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Prefix(p) => path.get(..p.len()).is_some_and(|head| same(head, p)),
             PathMatch::Exact(want) => {
                 let mut got = path.split('/');
                 let mut want = want.iter();
                 loop {
                     match (got.next(), want.next()) {
                         (None, None) => break true,
-                        (Some(g), Some(Segment::Literal(w))) if g == w => {}
+                        (Some(g), Some(Segment::Literal(w))) if same(g, w) => {}
                         (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
                         _ => break false,
                     }
