@@ -73,8 +73,9 @@ test: build lint
 	if [ -s $(SKIP_LOG) ]; then echo; echo "*** SKIPPED BACKENDS (unreachable; these tests passed without them, IDEM_REQUIRE_BACKENDS=1 fails them):"; sort $(SKIP_LOG) | uniq -c; fi; \
 	exit $$status
 
+# WALKTHROUGH=1: run every step of the walkthrough, print the answers, stop (scripts/run.sh --walkthrough).
 run: build
-	scripts/run.sh
+	scripts/run.sh $(if $(WALKTHROUGH),--walkthrough)
 
 # DESIGN §9 side by side in one run (tests/src/bin/filter-bench/): idemd's store bench, then the filter against
 # plain Envoy, an empty proxy-wasm filter and the raw database; writes target/bench/summary.md and chart.svg.

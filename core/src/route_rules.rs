@@ -131,7 +131,8 @@ pub fn lenient_path(path: &str) -> Option<String> {
         }
         text = decoded;
     }
-    let text = text.replace('\\', "/");
+    // A decoded `?` or `#` ends the path for an app that decodes before it splits.
+    let text = text.split(['?', '#']).next().unwrap_or_default().replace('\\', "/");
     let mut out: Vec<String> = Vec::new();
     for segment in text.split('/') {
         let segment = segment.split(';').next().unwrap_or_default();
@@ -178,36 +179,27 @@ impl RouteMatch {
     /// `matches`, with the method in any case and the path's literals compared without case
     /// (the path is already lenient: lower case).
     fn matches_folded(&self, method: &str, host: &str, path: &str) -> bool {
-        let method_ok = self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method.trim()));
-        let host_ok = self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host));
-        let path_ok = match &self.path {
-            PathMatch::Prefix(p) => path.starts_with(p.to_lowercase().as_str()),
-            PathMatch::Exact(want) => {
-                let mut got = path.split('/');
-                let mut want = want.iter();
-                loop {
-                    match (got.next(), want.next()) {
-                        (None, None) => break true,
-                        (Some(g), Some(Segment::Literal(w))) if g.eq_ignore_ascii_case(w) => {}
-                        (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
-                        _ => break false,
-                    }
-                }
-            }
-        };
-        method_ok && host_ok && path_ok
+        self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method.trim()))
+            && self.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
+            && self.path_matches_as(path, true)
     }
 
     fn path_matches(&self, path: &str) -> bool {
+        self.path_matches_as(path, false)
+    }
+
+    /// The path against the rule's, its literals exact or (`fold`) without case.
+    fn path_matches_as(&self, path: &str, fold: bool) -> bool {
+        let same = |g: &str, w: &str| if fold { g.eq_ignore_ascii_case(w) } else { g == w };
         match &self.path {
-            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Prefix(p) => path.get(..p.len()).is_some_and(|head| same(head, p)),
             PathMatch::Exact(want) => {
                 let mut got = path.split('/');
                 let mut want = want.iter();
                 loop {
                     match (got.next(), want.next()) {
                         (None, None) => break true,
-                        (Some(g), Some(Segment::Literal(w))) if g == w => {}
+                        (Some(g), Some(Segment::Literal(w))) if same(g, w) => {}
                         (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
                         _ => break false,
                     }
@@ -474,6 +466,9 @@ mod tests {
             "/v1/transfers;x=1",
             "/v1\\transfers",
             "/v1/accounts/A-1/PAY/",
+            "/v1/transfers%3Fx=1",
+            "/v1/transfers%23frag",
+            "/v1/transfers%3fx",
         ] {
             assert!(r.find("POST", "h", path).is_none(), "{path} is not matched as sent");
             assert!(r.lenient_match(&["POST"], "h", path).is_some(), "{path}");

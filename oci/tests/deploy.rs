@@ -371,7 +371,14 @@ fn the_plugin_configuration_is_one_string_everywhere() -> TestResult {
     assert_eq!(config["defaults"]["lease_ms"].to_string(), "60000", "a Struct double prints without .0");
     let routes = config["routes"].as_array().ok_or("no routes")?;
     let roles: Vec<&str> = routes.iter().filter_map(|r| r["role"].as_str()).collect();
-    assert_eq!(roles, ["preview", "confirm", "status"], "the demo's three routes");
+    assert_eq!(
+        roles,
+        ["preview", "confirm", "status", "mcp", "mcp", "mcp"],
+        "the demo's three routes and MCP endpoints"
+    );
+    let mcp_paths: Vec<&str> =
+        routes.iter().filter(|r| r["role"] == "mcp").filter_map(|r| r["match"]["path"].as_str()).collect();
+    assert_eq!(mcp_paths, ["/mcp", "/mcp/sse", "/mcp/session"], "every MCP endpoint the demo serves has its rule");
 
     let envoy_filter = documents(&read("deploy/istio/envoyfilter.yaml")?)?;
     let ecds = envoy_filter
@@ -559,6 +566,46 @@ fn the_kustomizations_apply_what_works() -> TestResult {
         for m in must_not {
             assert!(!resources.contains(m), "{dir} must not apply {m}");
         }
+    }
+    Ok(())
+}
+
+/// DESIGN §6, no path around an annotation: the mesh route is a catch-all to the app, so the path must be normalised
+/// before the filter matches its rules. The EnvoyFilter merges the three settings into the guarded workload's inbound
+/// HTTP connection managers, and envoy/istio-like.yaml (what the tests run) carries the same three.
+#[test]
+fn the_inbound_connection_manager_normalises_paths_as_istio_like_yaml_does() -> TestResult {
+    const FIELDS: [&str; 3] = ["normalize_path", "merge_slashes", "path_with_escaped_slashes_action"];
+    let envoy_filter = documents(&read("deploy/istio/envoyfilter.yaml")?)?;
+    let patches =
+        envoy_filter.first().and_then(|d| at(d, &["spec", "configPatches"]).ok()).ok_or("no configPatches")?;
+    let hcm_patch = each(Some(patches))
+        .find(|p| s(p, "applyTo") == Some("NETWORK_FILTER"))
+        .ok_or("no NETWORK_FILTER patch in deploy/istio/envoyfilter.yaml")?;
+    assert_eq!(s(at(hcm_patch, &["match"])?, "context"), Some("SIDECAR_INBOUND"), "the guarded side: inbound");
+    assert_eq!(
+        s(at(hcm_patch, &["match", "listener", "filterChain", "filter"])?, "name"),
+        Some("envoy.filters.network.http_connection_manager")
+    );
+    assert_eq!(s(at(hcm_patch, &["patch"])?, "operation"), Some("MERGE"), "merged into istiod's own manager");
+    let patched = at(hcm_patch, &["patch", "value", "typed_config"])?;
+    assert!(s(patched, "@type").is_some_and(|t| t.ends_with(".HttpConnectionManager")), "{patched:?}");
+    assert_eq!(at(patched, &["normalize_path"])?.as_bool(), Some(true));
+    assert_eq!(at(patched, &["merge_slashes"])?.as_bool(), Some(true));
+    let action = s(patched, "path_with_escaped_slashes_action");
+    assert!(
+        matches!(action, Some("REJECT_REQUEST" | "UNESCAPE_AND_REDIRECT" | "UNESCAPE_AND_FORWARD")),
+        "escaped slashes never pass unchanged: {action:?}"
+    );
+
+    let istio_like = documents(&read("envoy/istio-like.yaml")?)?;
+    let hcm = istio_like
+        .first()
+        .and_then(|d| at(d, &["static_resources", "listeners", "0", "filter_chains", "0", "filters", "0"]).ok())
+        .and_then(|f| at(f, &["typed_config"]).ok())
+        .ok_or("no connection manager in envoy/istio-like.yaml")?;
+    for field in FIELDS {
+        assert_eq!(hcm.get(field), patched.get(field), "envoy/istio-like.yaml's {field} is the EnvoyFilter's");
     }
     Ok(())
 }

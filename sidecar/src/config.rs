@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod check;
 pub mod ops;
 pub mod reconcile;
 pub mod tools;
 
+pub use self::check::CheckArgs;
 pub use self::ops::OpsArgs;
 pub use self::reconcile::ReconcileArgs;
 pub use self::tools::ToolsArgs;
@@ -36,6 +38,10 @@ pub enum Command {
     /// Tool definitions for agents (OpenAI, Anthropic, MCP), generated from
     /// the route annotations the filter enforces.
     Tools(ToolsArgs),
+    /// Check Envoy configurations before deploying them: refuse (exit 1, each
+    /// finding naming its rule, listener and route) one that leaves a path to a
+    /// guarded upstream around the annotations.
+    Check(CheckArgs),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -7,11 +7,13 @@
 //! `api` is the HTTP face; `config` the command line. In the background,
 //! `reconcile` decides operations whose executor went silent and `reaper`
 //! deletes terminal rows past the retention; `ops` is the operator's CLI; `tools` generates agents'
-//! tool definitions from the route annotations.
+//! tool definitions from the route annotations; `check` refuses Envoy configurations that leave a path
+//! around them.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;
 pub mod auth;
+pub mod check;
 pub mod config;
 pub mod metrics;
 pub mod ops;

@@ -1,4 +1,4 @@
-//! `idemd serve`, `idemd ops` and `idemd tools` — everything else is in the library, so
+//! `idemd serve`, `idemd ops`, `idemd tools` and `idemd check` — everything else is in the library, so
 //! tests and the bench drive exactly the code the binary runs.
 
 use std::process::ExitCode;
@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Ops(args) => idemd::ops::main(args),
         Command::Tools(args) => idemd::tools::main(args),
+        Command::Check(args) => idemd::check::main(args),
         Command::Serve(args) => {
             // Refuse a bad TTL or background setting before touching any store.
             if let Err(broken) = args.validate() {

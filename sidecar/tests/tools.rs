@@ -77,13 +77,17 @@ fn check_formats(all: &Value) -> TestResult {
 }
 
 #[test]
-fn envoy_yaml_gives_three_tools_whose_schemas_accept_a_transfer_and_refuse_a_broken_one() -> TestResult {
+fn envoy_yaml_gives_its_rest_and_mcp_tools_whose_schemas_accept_a_transfer_and_refuse_a_broken_one() -> TestResult {
     let run = tools(&["--envoy", "envoy/envoy.yaml"])?;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(!run.stderr.contains("warning"), "every bound field of envoy.yaml is typed or described: {}", run.stderr);
     check_formats(&run.stdout)?;
     let mcp = &run.stdout["mcp"];
-    assert_eq!(names(mcp, &["name"]), ["transfer_preview", "transfer_confirm", "get_transfer_status"]);
+    // The REST routes, then the MCP route's tools (its status tool is the REST one's namesake and agrees with it).
+    assert_eq!(
+        names(mcp, &["name"]),
+        ["transfer_preview", "transfer_confirm", "get_transfer_status", "execute_transfer", "quote_transfer"]
+    );
 
     let transfer = json!({"amount": "12.50", "currency": "EUR", "payee_id": "payee_42", "memo": "rent"});
     let with = |extra: Value| {
@@ -402,10 +406,14 @@ fn refused_annotations_and_clashing_names_exit_2_naming_them() -> TestResult {
 
 #[test]
 fn route_rules_inside_an_envoy_configuration() -> TestResult {
-    // envoy/istio-like.yaml: no route metadata, the rules in the plugin configuration (secrets from env).
+    // envoy/istio-like.yaml: no route metadata, the rules in the plugin configuration (secrets from env): the REST
+    // routes' and the MCP endpoints' (whose tools are listed once for the three endpoints).
     let run = tools(&["--envoy", "envoy/istio-like.yaml", "--format", "mcp"])?;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert_eq!(names(&run.stdout, &["name"]), ["transfer_preview", "transfer_confirm", "get_transfer_status"]);
+    assert_eq!(
+        names(&run.stdout, &["name"]),
+        ["transfer_preview", "transfer_confirm", "get_transfer_status", "execute_transfer", "quote_transfer"]
+    );
     Ok(())
 }
 
@@ -416,13 +424,13 @@ fn an_annotated_route_with_the_filter_disabled_is_refused() -> TestResult {
     let text = std::fs::read_to_string(repo().join("envoy/envoy.yaml"))?;
     let disable = "                typed_per_filter_config:\n                  envoy.filters.http.wasm:\n                    \"@type\": type.googleapis.com/envoy.config.route.v3.FilterConfig\n                    disabled: true\n";
     let dir = tempfile::tempdir()?;
-    // On the unannotated catch-all: the intended use, accepted.
+    // On an unannotated route: the intended use, accepted.
     let ok_text = text.replacen(
-        "              - name: passthrough\n                match: { prefix: / }\n                route: { cluster: demo }\n",
-        &format!("              - name: passthrough\n                match: {{ prefix: / }}\n                route: {{ cluster: demo }}\n{disable}"),
+        "              - name: healthz\n                match: { path: /healthz }\n                route: { cluster: demo }\n",
+        &format!("              - name: healthz\n                match: {{ path: /healthz }}\n                route: {{ cluster: demo }}\n{disable}"),
         1,
     );
-    assert_ne!(ok_text, text, "envoy.yaml has no passthrough route to edit");
+    assert_ne!(ok_text, text, "envoy.yaml has no healthz route to edit");
     let ok_path = dir.path().join("ok.yaml");
     std::fs::write(&ok_path, &ok_text)?;
     let ok = tools(&["--envoy", ok_path.to_str().ok_or("path")?])?;
@@ -453,7 +461,10 @@ fn an_annotated_route_with_the_filter_disabled_is_refused() -> TestResult {
 fn the_native_modules_config_and_per_route_annotations_are_read_too() -> TestResult {
     let run = tools(&["--envoy", "envoy/native.yaml", "--format", "mcp"])?;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert_eq!(names(&run.stdout, &["name"]), ["transfer_preview", "transfer_confirm", "get_transfer_status"]);
+    assert_eq!(
+        names(&run.stdout, &["name"]),
+        ["transfer_preview", "transfer_confirm", "get_transfer_status", "execute_transfer", "quote_transfer"]
+    );
     // A typo'd field in a per-route configuration: the module refuses it at load, and so does this check.
     let text = std::fs::read_to_string(repo().join("envoy/native.yaml"))?;
     let bad_text = text.replacen(r#"{"role": "status","#, r#"{"role": "status", "polll_after_ms": 5,"#, 1);

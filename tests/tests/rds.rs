@@ -58,7 +58,11 @@ fn route_table(version: u32, confirm_scope: &str) -> String {
                             "status_tool": "get_transfer_status", "result_ref": "/transfer_id"
                         }}}
                     },
-                    {"name": "passthrough", "match": {"prefix": "/"}, "route": {"cluster": "demo"}}
+                    {
+                        "name": "no_route",
+                        "match": {"prefix": "/"},
+                        "direct_response": {"status": 404, "body_format": {"json_format": {"status": "no_such_route"}}}
+                    }
                 ]
             }]
         }]

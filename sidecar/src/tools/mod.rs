@@ -90,7 +90,7 @@ pub fn main(args: ToolsArgs) -> ExitCode {
 
 /// Any `secret_env` resolves to a placeholder: the definitions need the
 /// annotations, never the secrets, and parsing must not fail for want of them.
-fn placeholder_secret(_: &str) -> Option<String> {
+pub(crate) fn placeholder_secret(_: &str) -> Option<String> {
     Some("x".repeat(64))
 }
 
@@ -340,7 +340,7 @@ impl Collected {
 /// (`config.root_id` or `config.name` is the namespace; `config.configuration.value`) or as the
 /// native dynamic module (`filter_name` is the namespace; `filter_config.value`). `Some(None)`:
 /// the filter, without a string configuration.
-fn agent_filter(f: &Value) -> Option<Option<&str>> {
+pub(crate) fn agent_filter(f: &Value) -> Option<Option<&str>> {
     let typed = f.get("typed_config")?;
     if let Some(c) = typed.get("config") {
         if [c.get("root_id"), c.get("name")].iter().any(|v| v.and_then(Value::as_str) == Some(ROUTE_NAMESPACE)) {
@@ -356,14 +356,14 @@ fn agent_filter(f: &Value) -> Option<Option<&str>> {
 
 /// A route's annotation in the native module's per-route configuration (a JSON object of the
 /// annotation fields in `filter_config.value`), if it has one for the filter named `filter`.
-fn per_route_annotation(route: &Value, filter: &str) -> Option<Result<Value, String>> {
+pub(crate) fn per_route_annotation(route: &Value, filter: &str) -> Option<Result<Value, String>> {
     let at = format!("/typed_per_filter_config/{}", filter.replace('~', "~0").replace('/', "~1"));
     let config = route.pointer(&at)?;
     let text = config.pointer("/filter_config/value").and_then(Value::as_str)?;
     Some(serde_json::from_str(text).map_err(|e| format!("per-route configuration of {filter}: not JSON: {e}")))
 }
 
-fn is_hcm(typed_config: &Value) -> bool {
+pub(crate) fn is_hcm(typed_config: &Value) -> bool {
     typed_config.get("@type").and_then(Value::as_str).is_some_and(|t| t.ends_with(".HttpConnectionManager"))
 }
 

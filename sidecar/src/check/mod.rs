@@ -1,0 +1,122 @@
+//! `idemd check`: refuse an Envoy configuration that leaves a path to a
+//! guarded upstream around the annotations (DESIGN §6, "No path around an
+//! annotation"), before it is deployed.
+//!
+//! The filter guards what Envoy routes to an annotated route (or what a route
+//! rule matches). Anything else reaches the upstream untouched, so a
+//! configuration is only as safe as its route table is tight:
+//!
+//! * the path is normalised before routing (`normalize_path`, `merge_slashes`,
+//!   escaped slashes refused or decoded), so `//v1/transfers`, `/v1/./transfers`
+//!   or `/v1%2Ftransfers` cannot miss the route annotated for `/v1/transfers`
+//!   and land on one the upstream resolves to the same handler;
+//! * no unannotated catch-all, prefix or pattern route reaches a cluster that
+//!   also serves annotated routes (a path that misses the annotated route by a
+//!   byte would reach the same upstream unguarded);
+//! * where routes cannot carry annotations (a mesh's catch-all route), the
+//!   plugin configuration has route rules.
+//!
+//! There is no opt-out annotation: a broad unannotated route to a guarded
+//! cluster is safe only if the upstream serves nothing guarded under it, which
+//! nothing in the configuration can show. The fixes are always available —
+//! explicit routes, a `direct_response`, another cluster, or route rules.
+//!
+//! Each rule is an entry of [`rules::RULES`] with a name every finding carries.
+
+pub mod model;
+pub mod rules;
+
+use std::process::ExitCode;
+
+use crate::config::CheckArgs;
+use model::EnvoyConfig;
+
+/// One reason to refuse a configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The rule's name (`rules::RULES`).
+    pub rule: &'static str,
+    /// Where: `envoy/e2e.yaml: listener agents: virtual host transfers: route passthrough`.
+    pub at: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: [{}] {}", self.at, self.rule, self.message)
+    }
+}
+
+/// What checking one file found.
+#[derive(Debug)]
+pub struct Report {
+    pub findings: Vec<Finding>,
+    /// What was not checked and why, and what deserves a look without refusing.
+    pub notes: Vec<String>,
+    /// Connection managers that run the filter, and routes read.
+    pub managers_with_filter: usize,
+    pub routes: usize,
+}
+
+/// Every rule over one configuration's text (`label` names it in findings).
+pub fn check_envoy(label: &str, yaml: &str) -> Result<Report, String> {
+    let config = EnvoyConfig::parse(label, yaml)?;
+    let mut findings = Vec::new();
+    for rule in rules::RULES {
+        (rule.check)(rule, &config, &mut findings);
+    }
+    let mut notes = config.notes.clone();
+    for m in config.managers.iter().filter(|m| m.filter.is_none()) {
+        let annotated = m.routes.iter().flat_map(|t| &t.hosts).flat_map(|h| &h.routes).any(|r| r.annotation.is_some());
+        if annotated {
+            notes.push(format!("{}: annotated routes, but no agent filter runs here: they pass unguarded", m.at));
+        }
+    }
+    Ok(Report {
+        findings,
+        notes,
+        managers_with_filter: config.managers.iter().filter(|m| m.filter.is_some()).count(),
+        routes: config.managers.iter().flat_map(|m| &m.routes).flat_map(|t| &t.hosts).map(|h| h.routes.len()).sum(),
+    })
+}
+
+/// `idemd check`: exit 0 when every file passes every rule, 1 when a finding
+/// refuses one (each printed with its rule), 2 when a file cannot be read.
+pub fn main(args: CheckArgs) -> ExitCode {
+    let mut refused = false;
+    for path in &args.envoy {
+        let label = path.display().to_string();
+        let report = std::fs::read_to_string(path)
+            .map_err(|e| format!("{label}: cannot read: {e}"))
+            .and_then(|text| check_envoy(&label, &text));
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("idemd check: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        for note in &report.notes {
+            eprintln!("idemd check: note: {note}");
+        }
+        for finding in &report.findings {
+            eprintln!("idemd check: {finding}");
+        }
+        if report.findings.is_empty() {
+            println!(
+                "idemd check: {label}: ok ({} connection manager(s) running the filter, {} route(s), {} rules)",
+                report.managers_with_filter,
+                report.routes,
+                rules::RULES.len()
+            );
+        } else {
+            refused = true;
+            println!("idemd check: {label}: REFUSED ({} finding(s))", report.findings.len());
+        }
+    }
+    if refused {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

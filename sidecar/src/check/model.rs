@@ -1,0 +1,301 @@
+//! What the rules read of an Envoy configuration: its HTTP connection
+//! managers, whether the agent filter runs in each and how it is configured,
+//! how each normalises paths, and its route tables (inline, or the RDS file
+//! a `path_config_source` names), route by route: what a route matches, where
+//! it sends the request, whether it is annotated.
+
+use serde_json::Value;
+
+use idem_core::policy::{parse_plugin_config, ROUTE_NAMESPACE};
+
+use crate::tools::{agent_filter, is_hcm, per_route_annotation, placeholder_secret};
+
+/// One configuration file.
+#[derive(Debug)]
+pub struct EnvoyConfig {
+    /// The file as given on the command line.
+    pub label: String,
+    pub managers: Vec<Manager>,
+    /// What was not checked, and why (an RDS source that is not a readable file).
+    pub notes: Vec<String>,
+}
+
+/// One HTTP connection manager (of one filter chain of one listener).
+#[derive(Debug)]
+pub struct Manager {
+    /// `envoy/e2e.yaml: listener agents` (with the chain's index when a listener has several).
+    pub at: String,
+    /// The agent filter in this manager's `http_filters`, if it runs here.
+    pub filter: Option<AgentFilter>,
+    pub normalize_path: Option<bool>,
+    pub merge_slashes: Option<bool>,
+    /// `path_with_escaped_slashes_action` as written (None: unset).
+    pub escaped_slashes: Option<String>,
+    /// The route table; None when it comes from a source this check cannot read.
+    pub routes: Option<RouteTable>,
+}
+
+/// The agent filter's entry (the .wasm or the native module).
+#[derive(Debug)]
+pub struct AgentFilter {
+    /// Its name in `http_filters`: what `typed_per_filter_config` keys it by.
+    pub name: String,
+    /// The plugin configuration's text, as the filter receives it.
+    pub config: Option<String>,
+    /// How many route rules (`routes`) the configuration has, once idem-core accepted it.
+    pub rules: usize,
+    /// Why idem-core refuses the configuration (the filter would not load).
+    pub config_error: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct RouteTable {
+    /// `route_config transfers`, or `RDS transfers from envoy/e2e-rds-routes.yaml`.
+    pub source: String,
+    pub hosts: Vec<VirtualHost>,
+}
+
+#[derive(Debug)]
+pub struct VirtualHost {
+    pub name: String,
+    pub routes: Vec<Route>,
+    /// `typed_per_filter_config.<agent filter>.disabled: true` on the virtual host.
+    pub filter_disabled: bool,
+}
+
+#[derive(Debug)]
+pub struct Route {
+    /// `route transfer_confirm`, or `route #3 (unnamed)`.
+    pub label: String,
+    pub matcher: Matcher,
+    pub target: Target,
+    /// The route's annotation (route metadata under `agent_idempotency`, or the native module's per-route
+    /// configuration, which wins), when it has a role: the filter guards the route.
+    pub annotation: Option<Value>,
+    /// `typed_per_filter_config.<agent filter>.disabled: true` on the route.
+    pub filter_disabled: bool,
+}
+
+/// What part of the path space a route takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Matcher {
+    /// `path`: one path (after normalisation).
+    Exact(String),
+    /// `prefix` or `path_separated_prefix`: everything below it; `/` is the catch-all.
+    Prefix(String),
+    /// `safe_regex`, `path_match_policy`, `connect_matcher`: may match anything.
+    Pattern(String),
+}
+
+impl Matcher {
+    /// Matches more than one path: a catch-all, a prefix or a pattern.
+    pub fn is_broad(&self) -> bool {
+        !matches!(self, Matcher::Exact(_))
+    }
+}
+
+impl std::fmt::Display for Matcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Matcher::Exact(p) => write!(f, "path {p}"),
+            Matcher::Prefix(p) if p == "/" => write!(f, "prefix / (a catch-all)"),
+            Matcher::Prefix(p) => write!(f, "prefix {p}"),
+            Matcher::Pattern(p) => write!(f, "{p}"),
+        }
+    }
+}
+
+/// Where a route sends its requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `cluster`, or every cluster of `weighted_clusters`.
+    Clusters(Vec<String>),
+    /// Decided per request (`cluster_header`, a cluster specifier plugin): any cluster.
+    AnyCluster(String),
+    /// Answered by Envoy itself (`direct_response`, `redirect`) or not forwarded at all.
+    Local,
+}
+
+impl Target {
+    pub fn reaches(&self, cluster: &str) -> bool {
+        match self {
+            Target::Clusters(c) => c.iter().any(|c| c == cluster),
+            Target::AnyCluster(_) => true,
+            Target::Local => false,
+        }
+    }
+}
+
+impl EnvoyConfig {
+    /// Parse `yaml` (the file `label`). An RDS `path_config_source` is read relative to the current
+    /// directory, as Envoy reads it.
+    pub fn parse(label: &str, yaml: &str) -> Result<EnvoyConfig, String> {
+        let doc: Value = serde_norway::from_str(yaml).map_err(|e| format!("{label}: not valid YAML: {e}"))?;
+        let Some(listeners) = doc.pointer("/static_resources/listeners").and_then(Value::as_array) else {
+            return Err(format!("{label}: no static_resources.listeners"));
+        };
+        let mut config = EnvoyConfig { label: label.to_string(), managers: Vec::new(), notes: Vec::new() };
+        for listener in listeners {
+            let name = listener.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
+            let chains: Vec<&Value> = listener
+                .get("filter_chains")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .chain(listener.get("default_filter_chain"))
+                .collect();
+            for (i, chain) in chains.iter().enumerate() {
+                let filters = chain.get("filters").and_then(Value::as_array).into_iter().flatten();
+                for hcm in filters.filter_map(|f| f.get("typed_config")).filter(|t| is_hcm(t)) {
+                    let at = match chains.len() {
+                        1 => format!("{label}: listener {name}"),
+                        _ => format!("{label}: listener {name} (filter chain #{i})"),
+                    };
+                    let manager = config.manager(at, hcm)?;
+                    config.managers.push(manager);
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    fn manager(&mut self, at: String, hcm: &Value) -> Result<Manager, String> {
+        let filter = hcm
+            .get("http_filters")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find_map(|f| agent_filter(f).map(|config| (f, config)))
+            .map(|(f, config)| {
+                let name = f.get("name").and_then(Value::as_str).unwrap_or(ROUTE_NAMESPACE).to_string();
+                let parsed = config.map(|c| parse_plugin_config(c.as_bytes(), &placeholder_secret));
+                let (rules, config_error) = match parsed {
+                    Some(Ok(p)) => (p.routes.len(), None),
+                    Some(Err(e)) => (0, Some(e.to_string())),
+                    None => (0, Some("no plugin configuration string value".to_string())),
+                };
+                AgentFilter { name, config: config.map(str::to_string), rules, config_error }
+            });
+        let filter_name = filter.as_ref().map(|f| f.name.as_str());
+        let routes = if let Some(table) = hcm.get("route_config") {
+            let name = table.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
+            Some(route_table(format!("route_config {name}"), table, filter_name, &at)?)
+        } else if let Some(rds) = hcm.get("rds") {
+            self.rds(&at, rds, filter_name)?
+        } else {
+            self.notes.push(format!("{at}: no route_config and no rds (scoped routes are not checked)"));
+            None
+        };
+        Ok(Manager {
+            at,
+            normalize_path: hcm.get("normalize_path").and_then(Value::as_bool),
+            merge_slashes: hcm.get("merge_slashes").and_then(Value::as_bool),
+            escaped_slashes: hcm.get("path_with_escaped_slashes_action").and_then(Value::as_str).map(str::to_string),
+            filter,
+            routes,
+        })
+    }
+
+    /// The route table of an RDS subscription, when it is a file (`path_config_source`).
+    fn rds(&mut self, at: &str, rds: &Value, filter: Option<&str>) -> Result<Option<RouteTable>, String> {
+        let name = rds.get("route_config_name").and_then(Value::as_str).unwrap_or("(unnamed)");
+        let source = rds.get("config_source");
+        let path = source
+            .and_then(|s| s.pointer("/path_config_source/path").or_else(|| s.get("path")))
+            .and_then(Value::as_str);
+        let Some(path) = path else {
+            self.notes.push(format!("{at}: routes {name} come from an xDS server; they are not checked here"));
+            return Ok(None);
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.notes.push(format!("{at}: RDS file {path} (routes {name}) not checked: {e}"));
+                return Ok(None);
+            }
+        };
+        let doc: Value = serde_norway::from_str(&text).map_err(|e| format!("{path}: not valid YAML: {e}"))?;
+        let table = doc
+            .get("resources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|r| r.get("name").and_then(Value::as_str) == Some(name))
+            .ok_or_else(|| format!("{at}: RDS file {path} has no route configuration {name}"))?;
+        Ok(Some(route_table(format!("RDS {name} from {path}"), table, filter, at)?))
+    }
+}
+
+fn route_table(source: String, table: &Value, filter: Option<&str>, at: &str) -> Result<RouteTable, String> {
+    let mut hosts = Vec::new();
+    for host in table.get("virtual_hosts").and_then(Value::as_array).into_iter().flatten() {
+        let host_name = host.get("name").and_then(Value::as_str).unwrap_or("(unnamed)").to_string();
+        let mut routes = Vec::new();
+        for (i, route) in host.get("routes").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let label = match route.get("name").and_then(Value::as_str) {
+                Some(n) => format!("route {n}"),
+                None => format!("route #{i} (unnamed)"),
+            };
+            let where_ = format!("{at}: virtual host {host_name}: {label}");
+            let annotation = annotation(route, filter).map_err(|e| format!("{where_}: {e}"))?;
+            routes.push(Route {
+                matcher: matcher(route.get("match")),
+                target: target(route),
+                annotation,
+                filter_disabled: filter.is_some_and(|f| disabled(route, f)),
+                label,
+            });
+        }
+        let filter_disabled = filter.is_some_and(|f| disabled(host, f));
+        hosts.push(VirtualHost { name: host_name, routes, filter_disabled });
+    }
+    Ok(RouteTable { source, hosts })
+}
+
+fn matcher(m: Option<&Value>) -> Matcher {
+    let text = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_str).map(str::to_string);
+    if let Some(p) = text("path") {
+        Matcher::Exact(p)
+    } else if let Some(p) = text("prefix").or_else(|| text("path_separated_prefix")) {
+        Matcher::Prefix(p)
+    } else if let Some(r) = m.and_then(|m| m.pointer("/safe_regex/regex")).and_then(Value::as_str) {
+        Matcher::Pattern(format!("safe_regex {r}"))
+    } else if m.is_some_and(|m| m.get("path_match_policy").is_some()) {
+        Matcher::Pattern("path_match_policy".into())
+    } else if m.is_some_and(|m| m.get("connect_matcher").is_some()) {
+        Matcher::Pattern("connect_matcher".into())
+    } else {
+        // Envoy requires one of the above; anything else is read as the widest.
+        Matcher::Pattern("an unrecognised match".into())
+    }
+}
+
+fn target(route: &Value) -> Target {
+    let Some(action) = route.get("route") else { return Target::Local };
+    if let Some(c) = action.get("cluster").and_then(Value::as_str) {
+        return Target::Clusters(vec![c.to_string()]);
+    }
+    if let Some(w) = action.pointer("/weighted_clusters/clusters").and_then(Value::as_array) {
+        return Target::Clusters(
+            w.iter().filter_map(|c| c.get("name").and_then(Value::as_str)).map(Into::into).collect(),
+        );
+    }
+    if let Some(h) = action.get("cluster_header").and_then(Value::as_str) {
+        return Target::AnyCluster(format!("cluster_header {h}"));
+    }
+    Target::AnyCluster("a cluster specifier plugin".into())
+}
+
+/// `typed_per_filter_config.<filter>.disabled: true` (Envoy's FilterConfig).
+fn disabled(v: &Value, filter: &str) -> bool {
+    let at = format!("/typed_per_filter_config/{}/disabled", filter.replace('~', "~0").replace('/', "~1"));
+    v.pointer(&at).and_then(Value::as_bool) == Some(true)
+}
+
+/// The route's annotation, when it has a role (what the filter guards the route by): the native module's
+/// per-route configuration, else route metadata.
+fn annotation(route: &Value, filter: Option<&str>) -> Result<Option<Value>, String> {
+    let per_route = filter.and_then(|f| per_route_annotation(route, f)).transpose()?;
+    let meta = per_route.or_else(|| route.pointer(&format!("/metadata/filter_metadata/{ROUTE_NAMESPACE}")).cloned());
+    Ok(meta.filter(|m| m.get("role").is_some() || m.get("protocol").is_some()))
+}

@@ -1,0 +1,15 @@
+//! `idemd check …`: refuse a configuration that leaves a path around an
+//! annotation (`crate::check`), before it is deployed.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// An Envoy configuration (YAML) to check: every HTTP connection manager
+    /// of its static listeners, and the route tables they use (inline, or an
+    /// RDS file named by `path_config_source`). May be given more than once.
+    #[arg(long, value_name = "FILE", required = true, num_args = 1..)]
+    pub envoy: Vec<PathBuf>,
+}

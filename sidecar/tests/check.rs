@@ -1,0 +1,277 @@
+//! `idemd check`, the binary itself (DESIGN §6, "No path around an annotation"):
+//! every committed Envoy configuration passes; for each rule, a copy of a
+//! committed configuration broken the way that rule is about is refused (exit
+//! status 1) with the rule, the listener and the route named; what a rule
+//! allows (a catch-all to a cluster that serves no guarded route, Istio's
+//! catch-all with route rules, UNESCAPE_AND_FORWARD) passes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn check(files: &[&Path]) -> Result<Run, Box<dyn std::error::Error>> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemd"));
+    cmd.arg("check").current_dir(repo());
+    for f in files {
+        cmd.arg("--envoy").arg(f);
+    }
+    let out = cmd.output()?;
+    Ok(Run { code: out.status.code(), stdout: String::from_utf8(out.stdout)?, stderr: String::from_utf8(out.stderr)? })
+}
+
+fn committed(name: &str) -> Result<String, Box<dyn std::error::Error>> {
+    Ok(std::fs::read_to_string(repo().join("envoy").join(name))?)
+}
+
+/// `text` with `from` replaced (exactly once) by `to`: an edit that matches nothing must not test the unedited file.
+fn edit(text: &str, from: &str, to: &str) -> Result<String, Box<dyn std::error::Error>> {
+    match text.matches(from).count() {
+        1 => Ok(text.replacen(from, to, 1)),
+        n => Err(format!("expected one {from:?} to edit, found {n}").into()),
+    }
+}
+
+/// Write `text` into `dir` as `name` and check it.
+fn check_text(dir: &Path, name: &str, text: &str) -> Result<Run, Box<dyn std::error::Error>> {
+    let path = dir.join(name);
+    std::fs::write(&path, text)?;
+    check(&[&path])
+}
+
+/// Refused: exit 1, and a finding line naming `rule` at `at` (a substring of where it is).
+fn assert_refused(run: &Run, rule: &str, at: &str) {
+    assert_eq!(run.code, Some(1), "refused:\n{}{}", run.stdout, run.stderr);
+    let tag = format!("[{rule}]");
+    assert!(
+        run.stderr.lines().any(|l| l.contains(&tag) && l.contains(at)),
+        "a finding [{rule}] at {at:?}:\n{}",
+        run.stderr
+    );
+    assert!(run.stdout.contains("REFUSED"), "{}", run.stdout);
+}
+
+fn assert_ok(run: &Run) {
+    assert_eq!(run.code, Some(0), "accepted:\n{}{}", run.stdout, run.stderr);
+    assert!(!run.stderr.contains("] "), "no finding: {}", run.stderr);
+}
+
+/// envoy/bench.yaml with envoy/bench-empty.yaml spliced in at its marker, as filter-bench runs it.
+fn bench_as_run() -> Result<String, Box<dyn std::error::Error>> {
+    let marker = "  # @empty-listener (envoy/bench-empty.yaml, spliced in here by filter-bench)\n";
+    let fragment: String =
+        committed("bench-empty.yaml")?.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+    edit(&committed("bench.yaml")?, marker, &fragment)
+}
+
+/// Every Envoy configuration under envoy/ (a new one is checked without being listed here). Two files are
+/// not whole configurations: bench-empty.yaml (a listener filter-bench splices into bench.yaml, checked so)
+/// and e2e-rds-routes.yaml (the RDS file e2e-rds.yaml names, checked through it).
+#[test]
+fn every_committed_configuration_passes() -> TestResult {
+    let fragments = ["bench-empty.yaml", "e2e-rds-routes.yaml"];
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(repo().join("envoy"))?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.retain(|p| !fragments.iter().any(|f| p.ends_with(f)));
+    files.sort();
+    let rel: Vec<PathBuf> =
+        files.iter().map(|p| p.strip_prefix(repo()).map(Path::to_path_buf)).collect::<Result<_, _>>()?;
+    assert!(rel.len() >= 8, "{rel:?}");
+    let refs: Vec<&Path> = rel.iter().map(PathBuf::as_path).collect();
+    let run = check(&refs)?;
+    assert_ok(&run);
+    for f in &rel {
+        assert!(run.stdout.contains(&format!("{}: ok", f.display())), "{}: {}", f.display(), run.stdout);
+    }
+    // The RDS file was read, not skipped.
+    assert!(!run.stderr.contains("not checked"), "{}", run.stderr);
+
+    let dir = tempfile::tempdir()?;
+    assert_ok(&check_text(dir.path(), "bench-as-run.yaml", &bench_as_run()?)?);
+    Ok(())
+}
+
+const NORMALIZE: &str = "          normalize_path: true\n";
+const MERGE: &str = "          merge_slashes: true\n";
+const ESCAPED: &str = "          path_with_escaped_slashes_action: REJECT_REQUEST\n";
+
+#[test]
+fn a_connection_manager_without_normalize_path_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let run = check_text(dir.path(), "e2e.yaml", &edit(&committed("e2e.yaml")?, NORMALIZE, "")?)?;
+    assert_refused(&run, "normalize-path", "e2e.yaml: listener agents");
+    let run = check_text(
+        dir.path(),
+        "native.yaml",
+        &edit(&committed("native.yaml")?, NORMALIZE, "          normalize_path: false\n")?,
+    )?;
+    assert_refused(&run, "normalize-path", "native.yaml: listener agents");
+    // Istio's shape: the mesh's catch-all only needs the normalisation and the rules.
+    let run = check_text(dir.path(), "istio-like.yaml", &edit(&committed("istio-like.yaml")?, NORMALIZE, "")?)?;
+    assert_refused(&run, "normalize-path", "istio-like.yaml: listener virtualInbound");
+    Ok(())
+}
+
+#[test]
+fn a_connection_manager_without_merge_slashes_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let run = check_text(dir.path(), "envoy.yaml", &edit(&committed("envoy.yaml")?, MERGE, "")?)?;
+    assert_refused(&run, "merge-slashes", "envoy.yaml: listener agents");
+    // Only the broken rule speaks.
+    assert!(!run.stderr.contains("[normalize-path]") && !run.stderr.contains("[catch-all"), "{}", run.stderr);
+    Ok(())
+}
+
+#[test]
+fn escaped_slashes_passed_unchanged_are_refused_decoded_or_refused_they_pass() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let e2e = committed("e2e.yaml")?;
+    let run = check_text(dir.path(), "unset.yaml", &edit(&e2e, ESCAPED, "")?)?;
+    assert_refused(&run, "escaped-slashes", "unset.yaml: listener agents");
+    for unsafe_action in ["KEEP_UNCHANGED", "IMPLEMENTATION_SPECIFIC_DEFAULT"] {
+        let text = edit(&e2e, ESCAPED, &format!("          path_with_escaped_slashes_action: {unsafe_action}\n"))?;
+        let run = check_text(dir.path(), "kept.yaml", &text)?;
+        assert_refused(&run, "escaped-slashes", "kept.yaml: listener agents");
+        assert!(run.stderr.contains(unsafe_action), "{}", run.stderr);
+    }
+    // Decoded (Istio's DECODE_AND_MERGE_SLASHES) or redirected: the route table sees the decoded path.
+    for safe in ["UNESCAPE_AND_FORWARD", "UNESCAPE_AND_REDIRECT"] {
+        let text = edit(&e2e, ESCAPED, &format!("          path_with_escaped_slashes_action: {safe}\n"))?;
+        assert_ok(&check_text(dir.path(), "decoded.yaml", &text)?);
+    }
+    // bench.yaml's baselines are held to it too (the filter runs on `rules` as on `agents`).
+    let bench = committed("bench.yaml")?;
+    let broken = bench.replacen(ESCAPED, "", 4);
+    assert_eq!(broken.matches(ESCAPED).count(), 0, "bench.yaml's four listeners all set it");
+    let run = check_text(dir.path(), "bench.yaml", &broken)?;
+    assert_refused(&run, "escaped-slashes", "bench.yaml: listener rules");
+    Ok(())
+}
+
+/// The committed e2e.yaml's 404 route, and the same route sending everything to the demo instead.
+const NO_ROUTE: &str = "              - name: no_route\n                match: { prefix: / }\n                direct_response: &no_route\n";
+const PASSTHROUGH: &str = "              - name: passthrough\n                match: { prefix: / }\n                route: { cluster: demo }\n              - name: no_route\n                match: { prefix: / }\n                direct_response: &no_route\n";
+
+#[test]
+fn a_catch_all_to_a_cluster_that_serves_guarded_routes_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let e2e = committed("e2e.yaml")?;
+    // The catch-all the configuration had: every near miss of an annotated route reached the demo.
+    let run = check_text(dir.path(), "e2e.yaml", &edit(&e2e, NO_ROUTE, PASSTHROUGH)?)?;
+    assert_refused(&run, "catch-all-to-guarded-cluster", "listener agents: virtual host transfers: route passthrough");
+    assert!(run.stderr.contains("reaches cluster demo"), "{}", run.stderr);
+    // In another virtual host (a client picks the Host), and as a mere prefix: refused just the same.
+    let other = edit(
+        &e2e,
+        "              - name: transfer_confirm\n                match: { path: /v1/transfers }\n",
+        "              - name: transfer_confirm\n                match: { prefix: /v1/ }\n",
+    )?;
+    let run = check_text(dir.path(), "other.yaml", &other)?;
+    assert_refused(&run, "catch-all-to-guarded-cluster", "virtual host other: route transfer_confirm");
+    // With the filter disabled on it, still a hole.
+    let disabled = edit(
+        &e2e,
+        NO_ROUTE,
+        &PASSTHROUGH.replacen(
+            "route: { cluster: demo }\n",
+            "route: { cluster: demo }\n                typed_per_filter_config:\n                  envoy.filters.http.wasm:\n                    \"@type\": type.googleapis.com/envoy.config.route.v3.FilterConfig\n                    disabled: true\n",
+            1,
+        ),
+    )?;
+    let run = check_text(dir.path(), "disabled.yaml", &disabled)?;
+    assert_refused(&run, "catch-all-to-guarded-cluster", "route passthrough");
+    assert!(run.stderr.contains("the filter is disabled on it"), "{}", run.stderr);
+    // A catch-all to a cluster that serves no guarded route is fine.
+    let elsewhere = edit(&e2e, NO_ROUTE, &PASSTHROUGH.replacen("cluster: demo", "cluster: idem_sidecar", 1))?;
+    assert_ok(&check_text(dir.path(), "elsewhere.yaml", &elsewhere)?);
+    Ok(())
+}
+
+/// The routes of an RDS file are checked as an inline table (e2e-rds.yaml names envoy/e2e-rds-routes.yaml).
+#[test]
+fn a_catch_all_in_an_rds_file_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let routes = edit(
+        &committed("e2e-rds-routes.yaml")?,
+        "    - name: no_route\n      match: { prefix: / }\n      direct_response:\n",
+        "    - name: passthrough\n      match: { prefix: / }\n      route: { cluster: demo }\n    - name: no_route\n      match: { prefix: / }\n      direct_response:\n",
+    )?;
+    let routes_path = dir.path().join("routes.yaml");
+    std::fs::write(&routes_path, routes)?;
+    let config = edit(
+        &committed("e2e-rds.yaml")?,
+        "path: envoy/e2e-rds-routes.yaml",
+        &format!("path: {}", routes_path.display()),
+    )?;
+    let run = check_text(dir.path(), "e2e-rds.yaml", &config)?;
+    assert_refused(&run, "catch-all-to-guarded-cluster", "route passthrough");
+    // An RDS file that is not there is said, not silently passed.
+    let gone = edit(&committed("e2e-rds.yaml")?, "path: envoy/e2e-rds-routes.yaml", "path: /nonexistent/routes.yaml")?;
+    let run = check_text(dir.path(), "gone.yaml", &gone)?;
+    assert!(run.stderr.contains("RDS file /nonexistent/routes.yaml (routes transfers) not checked"), "{}", run.stderr);
+    Ok(())
+}
+
+#[test]
+fn the_filter_disabled_on_an_annotated_route_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let text = edit(
+        &committed("envoy.yaml")?,
+        "                route: { cluster: demo, timeout: 15s }\n                metadata:\n",
+        "                route: { cluster: demo, timeout: 15s }\n                typed_per_filter_config:\n                  envoy.filters.http.wasm:\n                    \"@type\": type.googleapis.com/envoy.config.route.v3.FilterConfig\n                    disabled: true\n                metadata:\n",
+    )?;
+    let run = check_text(dir.path(), "envoy.yaml", &text)?;
+    assert_refused(&run, "filter-disabled-on-annotated-route", "virtual host transfers: route transfer_confirm");
+    Ok(())
+}
+
+/// Istio's shape passes because of its rules: without them its catch-all would guard nothing.
+#[test]
+fn a_mesh_catch_all_without_route_rules_is_refused() -> TestResult {
+    let text = committed("istio-like.yaml")?;
+    let doc: Value = serde_norway::from_str(&text)?;
+    let wasm = doc
+        .pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/1")
+        .ok_or("no wasm filter in istio-like.yaml")?;
+    let value = wasm.pointer("/typed_config/config/configuration/value").and_then(Value::as_str).ok_or("no value")?;
+    let mut config: Value = serde_json::from_str(value)?;
+    assert!(config["routes"].as_array().is_some_and(|r| !r.is_empty()), "istio-like.yaml has route rules");
+    config.as_object_mut().ok_or("not an object")?.remove("routes");
+    let dir = tempfile::tempdir()?;
+    let run = check_text(dir.path(), "istio-like.yaml", &edit(&text, value, &config.to_string())?)?;
+    assert_refused(&run, "guarded-routes-exist", "istio-like.yaml: listener virtualInbound");
+    assert!(run.stderr.contains("route default sends prefix / (a catch-all) upstream unguarded"), "{}", run.stderr);
+    Ok(())
+}
+
+#[test]
+fn a_plugin_configuration_the_filter_refuses_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let text = edit(&committed("soak.yaml")?, "\"active_kid\": \"dev1\"", "\"active_kid\": \"nope\"")?;
+    let run = check_text(dir.path(), "soak.yaml", &text)?;
+    assert_refused(&run, "plugin-config", "soak.yaml: listener agents");
+    Ok(())
+}
+
+#[test]
+fn an_unreadable_input_exits_2() -> TestResult {
+    let run = check(&[Path::new("envoy/no-such.yaml")])?;
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("envoy/no-such.yaml: cannot read"), "{}", run.stderr);
+    let run = Command::new(env!("CARGO_BIN_EXE_idemd")).arg("check").output()?;
+    assert_eq!(run.status.code(), Some(2), "an input is required");
+    Ok(())
+}
