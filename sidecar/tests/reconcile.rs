@@ -2,6 +2,7 @@
 //! each test on a database of its own (they work on whole tables), against a
 //! fake upstream status-by-key endpoint whose answers the test sets per key.
 
+#[macro_use]
 mod common;
 
 use std::collections::HashMap;
@@ -537,43 +538,17 @@ async fn operator_needs_force_for_a_live_lease(fx: &Fixture) {
     assert!(!listed.contains(&key), "{listed}");
 }
 
-macro_rules! reconcile_tests {
-    ($sql:expr, $redis:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                if let Some(fx) = Fixture::isolated($sql, $redis).await {
-                    super::$name(&fx).await;
-                }
-            }
-        )*
-    };
-}
-
-macro_rules! backend_suite {
-    ($module:ident, $sql:expr, $redis:expr) => {
-        mod $module {
-            use super::*;
-            reconcile_tests!($sql, $redis;
-                found_becomes_done_with_the_record,
-                upstream_failure_becomes_failed,
-                a_declared_reading_decides_and_replays_with_the_declared_status,
-                not_found_waits_for_the_grace_then_releases,
-                lookup_failures_retry_then_need_review,
-                no_endpoint_needs_review_at_once,
-                live_leases_are_left_alone,
-                concurrent_reconcilers_decide_each_row_once,
-                late_complete_during_a_claim_is_not_owner,
-                reaper_deletes_old_terminal_rows_only,
-                operator_resolves_what_the_reconciler_could_not,
-                operator_needs_force_for_a_live_lease,
-            );
-        }
-    };
-}
-
-backend_suite!(redis_postgres, Backend::Postgres, true);
-backend_suite!(redis_mariadb, Backend::MariaDb, true);
-backend_suite!(redis_sqlite, Backend::Sqlite, true);
-backend_suite!(sql_only_postgres, Backend::Postgres, false);
-backend_suite!(sql_only_sqlite, Backend::Sqlite, false);
+isolated_backend_suites!(
+    found_becomes_done_with_the_record,
+    upstream_failure_becomes_failed,
+    a_declared_reading_decides_and_replays_with_the_declared_status,
+    not_found_waits_for_the_grace_then_releases,
+    lookup_failures_retry_then_need_review,
+    no_endpoint_needs_review_at_once,
+    live_leases_are_left_alone,
+    concurrent_reconcilers_decide_each_row_once,
+    late_complete_during_a_claim_is_not_owner,
+    reaper_deletes_old_terminal_rows_only,
+    operator_resolves_what_the_reconciler_could_not,
+    operator_needs_force_for_a_live_lease,
+);

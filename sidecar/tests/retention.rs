@@ -5,6 +5,7 @@
 //! that expired earlier is answered by the row, and a lookup's 404 says
 //! whether a row for that `exp` could have been reaped.
 
+#[macro_use]
 mod common;
 
 use std::net::SocketAddr;
@@ -221,35 +222,8 @@ async fn not_found_says_whether_a_row_may_have_been_reaped(fx: &Fixture) {
     assert_eq!((status, view["state"].as_str()), (200, Some("IN_FLIGHT")));
 }
 
-macro_rules! retention_tests {
-    ($sql:expr, $redis:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                if let Some(fx) = Fixture::isolated($sql, $redis).await {
-                    super::$name(&fx).await;
-                }
-            }
-        )*
-    };
-}
-
-macro_rules! backend_suite {
-    ($module:ident, $sql:expr, $redis:expr) => {
-        mod $module {
-            use super::*;
-            retention_tests!($sql, $redis;
-                a_fingerprint_row_is_kept_until_its_exp_plus_the_retention,
-                an_expired_redis_copy_is_answered_by_the_kept_row,
-                not_found_says_whether_a_row_may_have_been_reaped,
-            );
-        }
-    };
-}
-
-backend_suite!(redis_postgres, Backend::Postgres, true);
-backend_suite!(redis_mariadb, Backend::MariaDb, true);
-backend_suite!(redis_sqlite, Backend::Sqlite, true);
-backend_suite!(sql_only_postgres, Backend::Postgres, false);
-backend_suite!(sql_only_mariadb, Backend::MariaDb, false);
-backend_suite!(sql_only_sqlite, Backend::Sqlite, false);
+isolated_backend_suites!(
+    a_fingerprint_row_is_kept_until_its_exp_plus_the_retention,
+    an_expired_redis_copy_is_answered_by_the_kept_row,
+    not_found_says_whether_a_row_may_have_been_reaped,
+);

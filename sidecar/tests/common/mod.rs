@@ -538,3 +538,31 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One `#[tokio::test]` per store combination (Redis in front of SQL, and SQL alone, on Postgres,
+/// MariaDB and SQLite) for each named scenario `async fn name(fx: &Fixture)`, each on a
+/// database of its own: `redis_postgres::name`, `sql_only_sqlite::name`, and so on.
+#[allow(unused_macros)]
+macro_rules! isolated_backend_suites {
+    ($($name:ident),* $(,)?) => {
+        isolated_backend_suites!(@suite redis_postgres, Backend::Postgres, true; $($name),*);
+        isolated_backend_suites!(@suite redis_mariadb, Backend::MariaDb, true; $($name),*);
+        isolated_backend_suites!(@suite redis_sqlite, Backend::Sqlite, true; $($name),*);
+        isolated_backend_suites!(@suite sql_only_postgres, Backend::Postgres, false; $($name),*);
+        isolated_backend_suites!(@suite sql_only_mariadb, Backend::MariaDb, false; $($name),*);
+        isolated_backend_suites!(@suite sql_only_sqlite, Backend::Sqlite, false; $($name),*);
+    };
+    (@suite $module:ident, $sql:expr, $redis:expr; $($name:ident),*) => {
+        mod $module {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if let Some(fx) = Fixture::isolated($sql, $redis).await {
+                        super::$name(&fx).await;
+                    }
+                }
+            )*
+        }
+    };
+}
