@@ -359,6 +359,30 @@ pub struct ReleaseRequest {
     pub trace_id: String,
 }
 
+/// `POST /v1/renew`: leases whose request is still upstream, kept by the filter that forwarded
+/// it (DESIGN §4: a lease cannot lapse under a live request). One call carries every lease a
+/// filter instance holds, so the cost is per tick, not per request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewRequest {
+    pub leases: Vec<LeaseRenewal>,
+}
+
+/// One held lease: extend `key`'s IN_FLIGHT lease to `now + lease_ms` if `owner` still holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRenewal {
+    pub key: OpKey,
+    pub owner: OwnerToken,
+    pub lease_ms: u64,
+}
+
+/// Answer to `POST /v1/renew`: the keys whose lease was not renewed because the owner no longer
+/// holds them (completed, released, or claimed by the reconciler after the lease ran out).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewResponse {
+    #[serde(default)]
+    pub lost: Vec<OpKey>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Ack {

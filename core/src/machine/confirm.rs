@@ -22,8 +22,8 @@ use crate::client_key::{self, KeyError};
 use crate::outcome::{self, Outcome as Verdict};
 use crate::policy::{Callers, ReplayMode, Role};
 use crate::protocol::{
-    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode, OpKey,
-    OpState, OperationView, OwnerToken, ReleaseRequest, SecurityKind, StoredResult, TerminalState,
+    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode,
+    LeaseRenewal, OpKey, OpState, OperationView, OwnerToken, ReleaseRequest, SecurityKind, StoredResult, TerminalState,
 };
 use crate::reply::{self, ReplyContext, ReplyKind};
 use std::rc::Rc;
@@ -100,6 +100,17 @@ impl Confirm {
 
     pub(super) fn forwarded(&self) -> bool {
         matches!(self.phase, Phase::Forwarded { .. })
+    }
+
+    /// The lease to keep alive: from the forward until the answer is whole (its record is then
+    /// one bounded callout away, well inside the lease's last renewal).
+    pub(super) fn live_lease(&self) -> Option<LeaseRenewal> {
+        match &self.phase {
+            Phase::Forwarded { key, owner } | Phase::Holding { key, owner, .. } => {
+                Some(LeaseRenewal { key: key.clone(), owner: owner.clone(), lease_ms: self.ctx.policy.lease_ms })
+            }
+            _ => None,
+        }
     }
 
     pub(super) fn body_limit(&self) -> Option<(&Ctx, usize)> {
@@ -583,8 +594,7 @@ pub(super) fn lookup_path(key: &str, exp: Option<u64>) -> String {
 }
 
 fn post<T: serde::Serialize>(path: &str, body: &T) -> Callout {
-    // Serializing these plain structs cannot fail; an empty body would be a 400 from idemd, never a guess.
-    Callout { method: "POST", path: path.to_string(), body: Some(serde_json::to_vec(body).unwrap_or_default()) }
+    Callout::post(path, body)
 }
 
 /// The route's `result_ref` resolved in a recorded body.

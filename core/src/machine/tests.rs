@@ -178,6 +178,23 @@ fn confirm_done_path_completes_then_releases_the_answer() -> TestResult {
 }
 
 #[test]
+fn confirm_holds_its_lease_from_the_forward_until_the_answer_is_whole() -> TestResult {
+    // DESIGN §4: a lease cannot lapse under a live request. The host renews what this names.
+    let mut env = FixedEnv { now: 999 };
+    let (m, _) = acquiring(&mut env)?;
+    assert_eq!(m.live_lease(), None, "nothing is upstream before the acquire is answered");
+    let mut m = forwarded(&mut env)?;
+    let held = m.live_lease().ok_or("no lease while upstream")?;
+    assert_eq!((held.key.as_str(), held.owner.as_str(), held.lease_ms), (KEY, OWNER, 60_000));
+    m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
+    assert_eq!(m.live_lease(), Some(held.clone()), "the answer's body is still coming");
+    m.on_response_data(2, true)?;
+    m.on_response_body(b"{}", &mut env)?;
+    assert_eq!(m.live_lease(), None, "the answer is whole: its record is one bounded callout away");
+    Ok(())
+}
+
+#[test]
 fn confirm_release_rewrites_to_not_executed_with_the_upstream_retry_after() -> TestResult {
     let mut env = FixedEnv { now: 999 };
     let mut m = forwarded(&mut env)?;
