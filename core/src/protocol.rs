@@ -175,6 +175,14 @@ pub struct AcquireRequest {
     /// `None` for client keys (their window is the retention alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exp: Option<u64>,
+    /// The route's upstream ignores `Idempotency-Key` (`upstream_keys: ignored`): the reconciler
+    /// must not read a by-key 404 as "never executed", and looks up by `business_ref` instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upstream_ignores_keys: bool,
+    /// The value of the route's `business_ref` field in this confirm (a client reference the
+    /// upstream stores), for the reconciler's lookup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub business_ref: Option<String>,
 }
 
 /// The body of `GET /v1/operations/{key}?exp=…` when there is no row. `reaped_possible`: a row

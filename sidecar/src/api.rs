@@ -341,6 +341,8 @@ mod tests {
             trace_id: String::new(),
             mode: Default::default(),
             exp: None,
+            upstream_ignores_keys: false,
+            business_ref: None,
         };
         assert_eq!(check_acquire(&ok), Ok(()));
         assert!(check_acquire(&AcquireRequest { param_hash: String::new(), ..ok.clone() }).is_err());

@@ -734,6 +734,8 @@ mod tests {
             trace_id: String::new(),
             mode: Default::default(),
             exp: None,
+            upstream_ignores_keys: false,
+            business_ref: None,
         }
     }
 
