@@ -16,8 +16,8 @@
 //! some rule's path matches, the method and authority too.
 
 use crate::host::Host;
+use idem_core::policy::rules::RouteRules;
 use idem_core::policy::{self, PluginConfig, RouteDefaults, RoutePolicy, ROUTE_KEYS};
-use idem_core::route_rules::RouteRules;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -93,7 +93,7 @@ fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
     // The path alone rules out most requests: one header read instead of three.
     let path = header(":path");
     let named = rules.any_path_matches(&path);
-    if !named && idem_core::route_rules::lenient_path(&path).is_none() {
+    if !named && idem_core::policy::rules::lenient_path(&path).is_none() {
         // A plain path no rule names: the common case, settled without reading more.
         return RouteLookup::NotMine;
     }

@@ -10,7 +10,6 @@ pub mod outcome;
 pub mod policy;
 pub mod protocol;
 pub mod reply;
-pub mod route_rules;
 pub mod utc;
 
 mod json_text;

@@ -149,7 +149,7 @@ fn outcome(a: &Raw) -> Option<Outcome> {
         .find_map(|e| e["status"].as_str());
     match (a.status, j["status"].as_str(), mcp) {
         (428, Some("fingerprint_missing"), _) | (400, Some("fingerprint_invalid"), _) => Some(Outcome::Guarded),
-        // Route rules refuse a lenient spelling of a guarded path (core::route_rules).
+        // Route rules refuse a lenient spelling of a guarded path (core::policy::rules).
         (400, Some("path_not_canonical"), _) => Some(Outcome::Guarded),
         (200, _, Some("fingerprint_missing" | "fingerprint_invalid")) if j["result"]["isError"] == true => {
             Some(Outcome::Guarded)
@@ -439,7 +439,7 @@ async fn route_rules_every_mcp_endpoint_is_guarded() -> TestResult {
     every_mcp_endpoint_is_guarded(&stack).await
 }
 
-/// The rule shape's gap, waiting for the filter (core/src/route_rules.rs): a spelling that normalisation
+/// The rule shape's gap, waiting for the filter (core/src/policy/rules.rs): a spelling that normalisation
 /// leaves different from the rule's path (a trailing slash, another case, `;params`, an encoded `?`) must be
 /// refused by the rules (`path_not_canonical`), never forwarded by the mesh's catch-all to the app unguarded. The demo's router answers those
 /// 404 (so the ledger stays still), but an app that ignores a trailing slash, routes case-insensitively or

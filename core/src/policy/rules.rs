@@ -14,7 +14,8 @@
 //! when the configuration loads, naming both, so the answer never depends on
 //! the order of the list.
 
-use crate::policy::{parse_route_policy, LeafValue, PolicyError, RouteDefaults, RoutePolicy, ROUTE_KEYS};
+use super::pairs::LeafValue;
+use super::route::{parse_route_policy, PolicyError, RouteDefaults, RoutePolicy, ROUTE_KEYS};
 use serde_json::Value;
 use std::fmt;
 use std::rc::Rc;
