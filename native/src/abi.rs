@@ -35,6 +35,15 @@ pub type AbiVersionModulePtr = *const c_char;
 pub type FilterConfigEnvoyPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_config_module_ptr` (`const void*`, the module's config).
 pub type FilterConfigModulePtr = *const c_void;
+/// `envoy_dynamic_module_type_http_filter_stream_reset_reason` (Envoy maps any value it does
+/// not know to a local reset).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamResetReason(pub u32);
+impl StreamResetReason {
+    pub const LOCAL_RESET: Self = Self(0);
+}
+
 /// A filter configuration's scheduler (`config_scheduler_new`).
 pub type ConfigSchedulerPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_per_route_config_module_ptr` (`const void*`).
@@ -62,11 +71,14 @@ impl envoy_buffer {
 
     /// Views the bytes. A null `ptr` or a zero `len` gives an empty slice.
     ///
+    /// The bytes, borrowed no longer than this buffer value: the caller cannot pick a longer
+    /// lifetime, and copies what it keeps before the hook returns.
+    ///
     /// # Safety
-    /// `ptr..ptr+len` must be readable for `'a`; Envoy only promises that until the current
-    /// hook returns (or until a setter touches the same map/buffer), see ABI-NOTES.md.
+    /// `ptr..ptr+len` must be readable while the borrow lasts; Envoy only promises that until the
+    /// current hook returns (or until a setter touches the same map/buffer), see ABI-NOTES.md.
     #[must_use]
-    pub unsafe fn as_bytes<'a>(&self) -> &'a [u8] {
+    pub unsafe fn as_bytes(&self) -> &[u8] {
         if self.ptr.is_null() || self.len == 0 {
             return &[];
         }
@@ -554,6 +566,14 @@ unsafe extern "C" {
         timeout_ms: u64,
     ) -> HttpCalloutInitResult;
 
+    /// `envoy_dynamic_module_callback_http_filter_reset_stream`: reset the downstream stream
+    /// (`reason`: `StreamResetReason`; `details` goes to the access log's response details).
+    pub fn envoy_dynamic_module_callback_http_filter_reset_stream(
+        filter: FilterEnvoyPtr,
+        reason: StreamResetReason,
+        details: module_buffer,
+    );
+
     /// `envoy_dynamic_module_callback_http_filter_increment_counter`: `label_values_len` must equal
     /// the number of label names given at definition.
     pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
@@ -597,6 +617,7 @@ pub const IMPORTED_CALLBACKS: &[&str] = &[
     "envoy_dynamic_module_callback_http_filter_config_scheduler_commit",
     "envoy_dynamic_module_callback_http_filter_config_scheduler_delete",
     "envoy_dynamic_module_callback_http_filter_config_http_callout",
+    "envoy_dynamic_module_callback_http_filter_reset_stream",
 ];
 
 // ------------------------------------------------------------------ hooks (the module exports)

@@ -21,8 +21,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// One stream's filter.
 struct Filter {
     stream: Stream<NativeHost>,
-    /// A hook panicked: the stream was answered (or left) and nothing more is done with it.
+    /// A hook panicked: the stream was answered (or reset) and nothing more is done with it.
     failed: bool,
+    /// The upstream's answer reached this filter: a panic from here on resets the stream.
+    responding: bool,
 }
 
 /// Run `f`; a panic is logged and becomes `fallback()`.
@@ -48,13 +50,19 @@ unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<&'a mut Filter> {
     (!f.failed).then_some(f)
 }
 
-/// A hook of `filter` panicked: refuse the stream the way a broken annotation is refused
-/// (503 `status_unavailable`: retryable, and it does not claim nothing ran).
+/// A hook of `filter` panicked. Before the upstream's answer began, refuse the stream the way a
+/// broken annotation is refused (503 `status_unavailable`: retryable, and it does not claim
+/// nothing ran); once it began, a local reply is no longer possible, so reset the stream, as
+/// Envoy's own Rust SDK does (the client sees a reset: not an answer, never "nothing ran").
 fn refuse(ptr: FilterModulePtr) {
     // SAFETY: as in `filter`; the panic left the filter's memory intact (it unwound, nothing freed it).
     let Some(f) = (unsafe { ptr.cast_mut().cast::<Filter>().as_mut() }) else { return };
     f.failed = true;
     let _ = catch_unwind(AssertUnwindSafe(|| {
+        if f.responding {
+            f.stream.host().reset("agent_idempotency_internal_error");
+            return;
+        }
         let reply = machine::misconfigured(&f.stream.shared().config, "");
         idem_adapter::Host::send_reply(f.stream.host_mut(), reply.http_status, &reply.headers, &reply.body);
     }));
@@ -172,8 +180,9 @@ const _: abi::OnHttpFilterConfigNew = envoy_dynamic_module_on_http_filter_config
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: FilterConfigModulePtr) {
     if !config.is_null() {
-        // SAFETY: made by Box::into_raw in the config hook; Envoy destroys it once.
-        drop(unsafe { Box::from_raw(config.cast_mut().cast::<FilterConfig>()) });
+        // SAFETY: made by Box::into_raw in the config hook; Envoy destroys it once. Dropping it joins
+        // the lease ticker: a panic there must stop here too.
+        let _ = caught(|| drop(unsafe { Box::from_raw(config.cast_mut().cast::<FilterConfig>()) }));
     }
 }
 const _: abi::OnHttpFilterConfigDestroy = envoy_dynamic_module_on_http_filter_config_destroy;
@@ -208,7 +217,7 @@ const _: abi::OnHttpFilterPerRouteConfigNew = envoy_dynamic_module_on_http_filte
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_per_route_config_destroy(config: PerRouteConfigModulePtr) {
     if !config.is_null() {
         // SAFETY: made by Box::into_raw in the per-route hook; Envoy destroys it once.
-        drop(unsafe { Box::from_raw(config.cast_mut().cast::<RouteConfig>()) });
+        let _ = caught(|| drop(unsafe { Box::from_raw(config.cast_mut().cast::<RouteConfig>()) }));
     }
 }
 const _: abi::OnHttpFilterPerRouteConfigDestroy = envoy_dynamic_module_on_http_filter_per_route_config_destroy;
@@ -230,8 +239,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
             let Some(shared) = (unsafe { config.as_ref() }).and_then(FilterConfig::shared) else {
                 return std::ptr::null();
             };
-            let stream = Stream::new(shared, NativeHost::new(envoy, config));
-            Box::into_raw(Box::new(Filter { stream, failed: false })).cast_const().cast()
+            // SAFETY: Envoy's pointer for this new stream; the host lives in the filter Envoy
+            // destroys with it, and is used only inside that stream's hooks.
+            let stream = Stream::new(shared, unsafe { NativeHost::new(envoy, config) });
+            Box::into_raw(Box::new(Filter { stream, failed: false, responding: false })).cast_const().cast()
         },
         std::ptr::null,
     )
@@ -320,7 +331,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
         "response headers",
         // SAFETY: this stream's filter.
         || match unsafe { filter(module) } {
-            Some(f) => headers_status(f.stream.on_response_headers(end_of_stream)),
+            Some(f) => {
+                f.responding = true;
+                headers_status(f.stream.on_response_headers(end_of_stream))
+            }
             None => ResponseHeadersStatus::CONTINUE,
         },
         || {
@@ -429,11 +443,13 @@ unsafe fn callout_answer(
     // SAFETY: see above.
     let headers = unsafe { std::slice::from_raw_parts(headers, headers_len) };
     let status = headers.iter().find_map(|h| {
+        let key = envoy_buffer { ptr: h.key_ptr, len: h.key_len };
         // SAFETY: lent for the call.
-        let key = unsafe { envoy_buffer { ptr: h.key_ptr, len: h.key_len }.as_bytes() };
+        let key = unsafe { key.as_bytes() };
         (key == b":status").then(|| {
+            let v = envoy_buffer { ptr: h.value_ptr, len: h.value_len };
             // SAFETY: lent for the call.
-            let v = unsafe { envoy_buffer { ptr: h.value_ptr, len: h.value_len }.as_bytes() };
+            let v = unsafe { v.as_bytes() };
             std::str::from_utf8(v).ok().and_then(|s| s.parse().ok())
         })?
     });

@@ -51,8 +51,25 @@ impl Direction {
 }
 
 impl NativeHost {
-    pub fn new(envoy: FilterEnvoyPtr, config: *const FilterConfig) -> NativeHost {
+    /// # Safety
+    /// `envoy` is the stream's filter pointer from `on_http_filter_new`, and every use of this
+    /// host happens inside one of that stream's hooks, before `on_http_filter_destroy`; `config`
+    /// is the configuration the stream was made from. This is the one place that invariant is
+    /// vouched for: every call into Envoy below relies on it.
+    pub unsafe fn new(envoy: FilterEnvoyPtr, config: *const FilterConfig) -> NativeHost {
         NativeHost { envoy, config, answer: None, in_body_hook: false, resume: None }
+    }
+
+    /// Reset the stream (a hook panicked after the upstream's answer began).
+    pub fn reset(&self, details: &str) {
+        // SAFETY: a live filter pointer (`new`); `details` outlives the call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_reset_stream(
+                self.envoy,
+                abi::StreamResetReason::LOCAL_RESET,
+                module_buffer::new(details.as_bytes()),
+            )
+        };
     }
 
     pub fn take_resume(&mut self) -> Option<Direction> {
