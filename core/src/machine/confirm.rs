@@ -19,7 +19,7 @@ use super::{
 };
 use crate::canonical::{self, BodyError, CanonError};
 use crate::client_key::{self, KeyError};
-use crate::outcome::{self, Outcome as Verdict};
+use crate::outcome::{self, Verdict};
 use crate::policy::{Callers, ReplayMode, Role, UpstreamKeys};
 use crate::protocol::{
     replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode,
@@ -72,14 +72,14 @@ enum Phase {
     /// `complete` or `release` is out; the answer is held until it is acked.
     /// A completed result is cached once the store has taken it.
     Recording {
-        call: Record,
+        call: RecordCall,
         recorded: Option<(OpKey, TerminalState, StoredResult)>,
     },
     Finished,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Record {
+enum RecordCall {
     Complete,
     Release,
 }
@@ -527,7 +527,7 @@ impl Confirm {
                 };
                 let recorded = Some((key.clone(), state, result.clone()));
                 let req = CompleteRequest { key, owner, state, result, trace_id };
-                self.phase = Phase::Recording { call: Record::Complete, recorded };
+                self.phase = Phase::Recording { call: RecordCall::Complete, recorded };
                 Step::pause().with(Effect::Call(post("/v1/complete", &req)))
             }
             Verdict::Release => {
@@ -537,7 +537,7 @@ impl Confirm {
                     step.flow = Flow::Pause;
                 }
                 let req = ReleaseRequest { key, owner, trace_id };
-                self.phase = Phase::Recording { call: Record::Release, recorded: None };
+                self.phase = Phase::Recording { call: RecordCall::Release, recorded: None };
                 step.with(Effect::Call(post("/v1/release", &req)))
             }
             Verdict::Unknown => {
@@ -574,7 +574,7 @@ impl Confirm {
     /// row stays IN_FLIGHT for the reconciler. A result the store took is cached.
     fn on_recorded(
         &mut self,
-        call: Record,
+        call: RecordCall,
         recorded: Option<(OpKey, TerminalState, StoredResult)>,
         answer: &CalloutAnswer,
         env: &mut dyn Env,
@@ -582,7 +582,7 @@ impl Confirm {
         let mut step = Step::go_on();
         match answer.json::<AckResponse>() {
             Some(ack) => {
-                let counter = if call == Record::Release { Counter::Released } else { Counter::Completed };
+                let counter = if call == RecordCall::Release { Counter::Released } else { Counter::Completed };
                 step.effects.push(Effect::Count(counter));
                 if ack.outcome != crate::protocol::Ack::Ok {
                     step.effects.push(Effect::Warn(format!("{call:?} answered {:?}", ack.outcome)));

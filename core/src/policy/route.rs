@@ -105,7 +105,7 @@ pub struct RoutePolicy {
     pub status_tool: Option<String>,
     pub result_ref: Option<String>,
     /// The route's readings of upstream statuses, e.g. `409:failed` (core::outcome).
-    pub outcomes: Vec<(u16, crate::outcome::Outcome)>,
+    pub outcomes: Vec<(u16, crate::outcome::Verdict)>,
     pub replay: ReplayMode,
     /// Requests may name their operation with their own `Idempotency-Key`
     /// (client-key mode) instead of a fingerprint.
@@ -340,7 +340,7 @@ pub fn parse_route_policy(
         Some(other) => return perr(format!("upstream_keys: {other:?} is not one of honoured, ignored")),
     };
     if upstream_keys == UpstreamKeys::Ignored {
-        if let Some((status, _)) = outcomes.iter().find(|(_, o)| *o == crate::outcome::Outcome::Release) {
+        if let Some((status, _)) = outcomes.iter().find(|(_, o)| *o == crate::outcome::Verdict::Release) {
             return perr(format!(
                 "outcomes: {status}:release with upstream_keys ignored: an upstream that ignores Idempotency-Key \
                  cannot prove by its answer that nothing ran"
@@ -578,7 +578,7 @@ mod tests {
             poll_after_ms: 1500,
             status_tool: Some("get_transfer_status".into()),
             result_ref: Some("/transfer_id".into()),
-            outcomes: vec![(409, crate::outcome::Outcome::Failed)],
+            outcomes: vec![(409, crate::outcome::Verdict::Failed)],
             replay: ReplayMode::Original,
             client_keys: false,
             callers: Callers::Agents,
