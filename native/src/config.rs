@@ -88,7 +88,7 @@ impl FilterConfig {
             let parsed = match policy::parse_plugin_config(&self.raw, &env) {
                 Ok(p) => p,
                 Err(e) => {
-                    crate::host::log(abi::LogLevel::ERROR, &format!("agent_idempotency: plugin configuration: {e}"));
+                    crate::log::log(abi::LogLevel::ERROR, &format!("agent_idempotency: plugin configuration: {e}"));
                     return None;
                 }
             };

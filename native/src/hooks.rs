@@ -13,7 +13,8 @@ use crate::abi::{
     ResponseHeadersStatus, ResponseTrailersStatus,
 };
 use crate::config::{annotation_pairs, FilterConfig, RouteConfig};
-use crate::host::{log, resume, Direction, NativeHost};
+use crate::host::{resume, Direction, NativeHost};
+use crate::log::log;
 use idem_adapter::{Action, Stream};
 use idem_core::machine::{self, CalloutAnswer};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -5,6 +5,7 @@
 
 use crate::abi::{self, envoy_buffer, module_buffer, module_http_header, BodyType, FilterEnvoyPtr, HeaderType};
 use crate::config::{FilterConfig, RouteConfig};
+use crate::log::log;
 use crate::shared_data;
 use idem_adapter::{Host, Level};
 use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
@@ -487,10 +488,4 @@ pub fn resume(envoy: FilterEnvoyPtr, direction: Direction) {
             Direction::Response => abi::envoy_dynamic_module_callback_http_filter_continue_encoding(envoy),
         }
     }
-}
-
-/// A line in Envoy's log (component `dynamic_modules`).
-pub fn log(level: abi::LogLevel, message: &str) {
-    // SAFETY: `message` outlives the call.
-    unsafe { abi::envoy_dynamic_module_callback_log(level, module_buffer::new(message.as_bytes())) };
 }

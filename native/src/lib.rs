@@ -8,6 +8,7 @@
 //! - `hooks`: the `envoy_dynamic_module_on_*` functions Envoy calls, each
 //!   panic-safe, each handing its event to the adapter's `Stream`;
 //! - `host`: `idem_adapter::Host` implemented with the ABI's callbacks;
+//! - `log`: Envoy's log, reachable from every other module without a circle;
 //! - `config`: the plugin configuration (the same JSON as the `.wasm`'s) and
 //!   the per-route configuration (the route annotation as JSON);
 //! - `main_thread`: what runs outside every stream, on Envoy's main thread:
@@ -24,6 +25,7 @@ pub mod abi;
 mod config;
 pub mod hooks;
 mod host;
+mod log;
 mod main_thread;
 mod shared_data;
 

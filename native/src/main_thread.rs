@@ -12,7 +12,7 @@
 //! answers, happen on the main thread, where Envoy allows configuration callouts.
 
 use crate::abi::{self, module_buffer, module_http_header, ConfigSchedulerPtr, FilterConfigEnvoyPtr};
-use crate::host::log;
+use crate::log::log;
 use idem_adapter::sidecar::Sidecar;
 use idem_core::leases::{self, LeaseBook, TICK_MS};
 use idem_core::machine::{Callout, CalloutAnswer};
