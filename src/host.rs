@@ -1,7 +1,7 @@
 //! The proxy-wasm implementation of the adapter's `Host` trait.
 
 #[cfg(target_arch = "wasm32")]
-pub use wasm::{wasm_plugin_configuration, WasmHost};
+pub use wasm::{now_ms, wasm_plugin_configuration, WasmHost};
 
 /// proxy-wasm host calls that report failure instead of panicking: the SDK's
 /// trait helpers `unwrap()` every host status, and a panic kills the VM (and
@@ -10,20 +10,35 @@ pub use wasm::{wasm_plugin_configuration, WasmHost};
 mod wasm {
     use crate::metrics::Metrics;
     use idem_adapter::{Host, Level, ROUTE_ANNOTATION_PATH};
+    use idem_core::leases::LeaseBook;
     use idem_core::machine::{CalloutAnswer, Counter, Env};
+    use idem_core::protocol::{LeaseRenewal, OwnerToken};
     use proxy_wasm::hostcalls;
     use proxy_wasm::types::{BufferType, MapType};
+    use std::cell::RefCell;
     use std::rc::Rc;
     use std::time::{Duration, UNIX_EPOCH};
 
     pub struct WasmHost {
         metrics: Rc<Metrics>,
+        /// This VM's leases, renewed by the root context's tick (`root.rs`).
+        leases: Rc<RefCell<LeaseBook>>,
     }
 
     impl WasmHost {
-        pub fn new(metrics: Rc<Metrics>) -> WasmHost {
-            WasmHost { metrics }
+        pub fn new(metrics: Rc<Metrics>, leases: Rc<RefCell<LeaseBook>>) -> WasmHost {
+            WasmHost { metrics, leases }
         }
+    }
+
+    /// Unix milliseconds by the host's clock (0 if unknown: every held lease then looks fresh,
+    /// and the next readable tick renews it).
+    pub fn now_ms() -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
     }
 
     fn warn_on_err<T>(what: &str, r: Result<T, proxy_wasm::types::Status>) -> Option<T> {
@@ -166,6 +181,18 @@ mod wasm {
         fn shared_set(&mut self, key: &str, value: &[u8]) {
             // No CAS: the last terminal result written for a slot wins, and any of them is true.
             warn_on_err("set_shared_data", hostcalls::set_shared_data(key, Some(value), None));
+        }
+
+        fn hold_lease(&mut self, lease: &LeaseRenewal) {
+            if let Ok(mut book) = self.leases.try_borrow_mut() {
+                book.hold(lease.clone(), now_ms());
+            }
+        }
+
+        fn end_lease(&mut self, owner: &OwnerToken) {
+            if let Ok(mut book) = self.leases.try_borrow_mut() {
+                book.end(owner);
+            }
         }
 
         fn log(&self, level: Level, message: &str) {

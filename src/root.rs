@@ -1,5 +1,7 @@
-//! The plugin's root context: validates the plugin configuration once, and
-//! hands every HTTP stream the parsed config, the route cache and the metric ids.
+//! The plugin's root context: validates the plugin configuration once, hands
+//! every HTTP stream the parsed config, the route cache and the metric ids, and
+//! ticks the VM's lease book: the leases of requests still upstream are renewed
+//! from here, one `POST /v1/renew` per tick for all of them (DESIGN §4).
 
 #[cfg(target_arch = "wasm32")]
 pub use wasm::Root;
@@ -7,21 +9,52 @@ pub use wasm::Root;
 #[cfg(target_arch = "wasm32")]
 mod wasm {
     use crate::context::WasmStream;
-    use crate::host::{wasm_plugin_configuration, WasmHost};
+    use crate::host::{now_ms, wasm_plugin_configuration, WasmHost};
     use crate::metrics::Metrics;
-    use idem_adapter::{Shared, Stream};
+    use idem_adapter::{sidecar, Host, Level, Shared, Stream};
+    use idem_core::leases::{self, LeaseBook, TICK_MS};
+    use idem_core::machine::Counter;
     use idem_core::policy;
+    use proxy_wasm::hostcalls;
     use proxy_wasm::traits::{Context, HttpContext, RootContext};
     use proxy_wasm::types::ContextType;
+    use std::cell::RefCell;
     use std::rc::Rc;
+    use std::time::Duration;
 
     #[derive(Default)]
     pub struct Root {
         shared: Option<Rc<Shared>>,
         metrics: Option<Rc<Metrics>>,
+        /// The leases this VM's streams hold while their requests are upstream.
+        leases: Rc<RefCell<LeaseBook>>,
     }
 
-    impl Context for Root {}
+    impl Root {
+        fn host(&self) -> Option<WasmHost> {
+            Some(WasmHost::new(self.metrics.clone()?, Rc::clone(&self.leases)))
+        }
+    }
+
+    impl Context for Root {
+        /// idemd's answer to a renewal: a lease it did not renew belongs to an operation that
+        /// moved on (completed, released, or claimed after its lease ran out): worth a warning.
+        fn on_http_call_response(&mut self, _token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+            let Some(mut host) = self.host() else { return };
+            match leases::renewal_answer(&host.call_answer(num_headers, body_size)) {
+                Ok(lost) => {
+                    for key in lost {
+                        host.count(Counter::LeasesLost);
+                        host.log(
+                            Level::Warn,
+                            &format!("agent_idempotency: lease of {key} not renewed: no longer ours"),
+                        );
+                    }
+                }
+                Err(()) => host.count(Counter::SidecarErrors),
+            }
+        }
+    }
 
     impl RootContext for Root {
         fn on_configure(&mut self, _size: usize) -> bool {
@@ -37,6 +70,11 @@ mod wasm {
                     );
                     self.metrics = Some(Rc::new(Metrics::define()));
                     self.shared = Some(Rc::new(Shared::new(config)));
+                    if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(TICK_MS)) {
+                        // Without ticks no lease is renewed: refuse, as for any broken configuration.
+                        log::error!("cannot set the lease tick: {status:?}");
+                        return false;
+                    }
                     true
                 }
                 Err(e) => {
@@ -49,8 +87,19 @@ mod wasm {
 
         fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
             let shared = self.shared.clone()?;
-            let host = WasmHost::new(self.metrics.clone()?);
-            Some(Box::new(WasmStream(Stream::new(shared, host))))
+            Some(Box::new(WasmStream(Stream::new(shared, self.host()?))))
+        }
+
+        /// Renew every lease a third of its length old, in one callout.
+        fn on_tick(&mut self) {
+            let (Some(shared), Some(mut host)) = (self.shared.clone(), self.host()) else { return };
+            let Some(renewal) = self.leases.borrow_mut().renewal(now_ms()) else { return };
+            for _ in 0..renewal.leases {
+                host.count(Counter::LeaseRenewals);
+            }
+            if sidecar::dispatch(&mut host, &shared.config, &renewal.call, "").is_none() {
+                host.count(Counter::SidecarErrors);
+            }
         }
 
         fn get_type(&self) -> Option<ContextType> {

@@ -2,8 +2,10 @@
 //! proxy-wasm filter (`src/host.rs`), the native Envoy module
 //! (`native/src/host.rs`) and a fake in the tests.
 
-use idem_core::machine::{CalloutAnswer, Counter, Env};
+use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
+use idem_core::policy::PluginConfig;
 use idem_core::policy::ROUTE_NAMESPACE;
+use idem_core::protocol::{LeaseRenewal, OwnerToken};
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,4 +55,18 @@ pub trait Host: Env {
     fn log(&self, level: Level, message: &str);
     /// Store a value in the process-wide shared data (read through `Env::shared_get`).
     fn shared_set(&mut self, key: &str, value: &[u8]);
+    /// Keep this lease alive while the stream's request is upstream: put it in the host's
+    /// `idem_core::leases::LeaseBook`, which the host's own ticker renews (DESIGN §4).
+    fn hold_lease(&mut self, lease: &LeaseRenewal);
+    /// The stream no longer needs the lease (its answer is whole, or the stream is gone).
+    fn end_lease(&mut self, owner: &OwnerToken);
+    /// Send a report nobody waits for (a security event for idemd's audit); `false` if it
+    /// could not even be sent. It must outlive the stream, which is usually answered at once: a
+    /// host whose stream callouts are cancelled with the stream sends it from elsewhere.
+    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool
+    where
+        Self: Sized,
+    {
+        crate::sidecar::dispatch(self, cfg, call, trace_id).is_some()
+    }
 }

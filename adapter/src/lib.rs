@@ -10,7 +10,7 @@
 
 mod host;
 mod routes;
-mod sidecar;
+pub mod sidecar;
 mod stream;
 #[cfg(test)]
 mod tests;

@@ -9,9 +9,53 @@ use std::time::Duration;
 /// Dispatch `call` with the cluster, authority, credential and trace id from
 /// the plugin configuration; `None` if the host refused it.
 pub fn dispatch(host: &mut dyn Host, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> Option<u64> {
-    let bearer = cfg.sidecar_token.as_ref().map(|t| format!("Bearer {}", t.expose()));
+    let token = cfg.sidecar_token.as_ref().map(|t| t.expose());
+    with_headers(&cfg.sidecar_authority, token, call, trace_id, |headers| {
+        host.dispatch(
+            &cfg.sidecar_cluster,
+            headers,
+            call.body.as_deref(),
+            Duration::from_millis(cfg.sidecar_timeout_ms),
+        )
+    })
+}
+
+/// Where idemd is and how to call it, owned and `Send`: for a host that calls idemd from
+/// outside any stream (the native module's main thread, which renews leases and sends reports).
+#[derive(Debug, Clone)]
+pub struct Sidecar {
+    pub cluster: String,
+    pub timeout: Duration,
+    authority: String,
+    token: Option<String>,
+}
+
+impl Sidecar {
+    pub fn of(cfg: &PluginConfig) -> Sidecar {
+        Sidecar {
+            cluster: cfg.sidecar_cluster.clone(),
+            timeout: Duration::from_millis(cfg.sidecar_timeout_ms),
+            authority: cfg.sidecar_authority.clone(),
+            token: cfg.sidecar_token.as_ref().map(|t| t.expose().to_string()),
+        }
+    }
+
+    /// `send` gets `call`'s request headers, as [`dispatch`] sends them.
+    pub fn with_headers<R>(&self, call: &Callout, trace_id: &str, send: impl FnOnce(&[(&str, &str)]) -> R) -> R {
+        with_headers(&self.authority, self.token.as_deref(), call, trace_id, send)
+    }
+}
+
+fn with_headers<R>(
+    authority: &str,
+    token: Option<&str>,
+    call: &Callout,
+    trace_id: &str,
+    send: impl FnOnce(&[(&str, &str)]) -> R,
+) -> R {
+    let bearer = token.map(|t| format!("Bearer {t}"));
     let mut headers: Vec<(&str, &str)> =
-        vec![(":method", call.method), (":path", &call.path), (":authority", &cfg.sidecar_authority)];
+        vec![(":method", call.method), (":path", &call.path), (":authority", authority)];
     if call.body.is_some() {
         headers.push(("content-type", "application/json"));
     }
@@ -21,5 +65,5 @@ pub fn dispatch(host: &mut dyn Host, cfg: &PluginConfig, call: &Callout, trace_i
     if !trace_id.is_empty() {
         headers.push(("x-request-id", trace_id));
     }
-    host.dispatch(&cfg.sidecar_cluster, &headers, call.body.as_deref(), Duration::from_millis(cfg.sidecar_timeout_ms))
+    send(&headers)
 }

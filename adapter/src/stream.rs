@@ -15,6 +15,7 @@ use idem_core::machine::{
     self, CalloutAnswer, Counter, Ctx, Effect, Flow, HeadNeeds, Machine, Outcome, RequestHead, ResponseHead, Step,
 };
 use idem_core::policy::{PluginConfig, Role, SubjectSource};
+use idem_core::protocol::LeaseRenewal;
 use std::rc::Rc;
 
 /// What every stream of one filter configuration shares on one thread (a
@@ -50,6 +51,8 @@ pub struct Stream<H: Host> {
     /// the stream ends with trailers instead of a last body chunk.
     request_size: usize,
     response_size: usize,
+    /// The lease the host keeps alive for this stream (what the machine's `live_lease` said last).
+    lease: Option<LeaseRenewal>,
 }
 
 impl<H: Host> Stream<H> {
@@ -63,6 +66,7 @@ impl<H: Host> Stream<H> {
             scope: String::new(),
             request_size: 0,
             response_size: 0,
+            lease: None,
         }
     }
 
@@ -238,10 +242,26 @@ impl<H: Host> Stream<H> {
                 flow = overridden;
             }
         }
+        self.sync_lease();
         match flow {
             Flow::Continue => Action::Continue,
             Flow::Pause | Flow::NeedBody => Action::Pause,
         }
+    }
+
+    /// Hand the host the lease the machine holds now, and let go of the one it no longer holds.
+    fn sync_lease(&mut self) {
+        let now = self.machine.live_lease();
+        if now == self.lease {
+            return;
+        }
+        if let Some(old) = self.lease.take() {
+            self.host.end_lease(&old.owner);
+        }
+        if let Some(new) = &now {
+            self.host.hold_lease(new);
+        }
+        self.lease = now;
     }
 
     /// One effect; `Some(flow)` when a callout failed at once and its
@@ -279,7 +299,7 @@ impl<H: Host> Stream<H> {
             Effect::Report(call) => {
                 // Fire and forget: its answer matches no pending call and is dropped.
                 let cfg = Rc::clone(&self.shared.config);
-                if sidecar::dispatch(&mut self.host, &cfg, &call, &self.trace_id).is_none() {
+                if !self.host.report(&cfg, &call, &self.trace_id) {
                     self.host.count(Counter::SidecarErrors);
                 }
             }
@@ -318,5 +338,15 @@ impl<H: Host> Stream<H> {
             }
         }
         flow
+    }
+}
+
+/// A stream Envoy ends early (a reset, the client gone) stops renewing its lease: from then on
+/// the lease runs out by itself, and the lease rule (DESIGN §5) protects.
+impl<H: Host> Drop for Stream<H> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            self.host.end_lease(&lease.owner);
+        }
     }
 }

@@ -5,10 +5,12 @@
 
 use crate::host::{Host, Level};
 use crate::stream::{Action, Shared, Stream};
+use idem_core::leases::LeaseBook;
 use idem_core::machine::{CalloutAnswer, Counter, Env};
 use idem_core::policy::{encode_pairs, parse_plugin_config};
+use idem_core::protocol::{LeaseRenewal, OwnerToken};
 use serde_json::{json, Value};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -34,6 +36,8 @@ struct Fake {
     now: u64,
     shared: HashMap<String, Vec<u8>>,
     annotation: Vec<(String, String)>,
+    /// The host's lease book, shared as a real host's is (it outlives the stream).
+    leases: Rc<RefCell<LeaseBook>>,
 }
 
 impl Fake {
@@ -145,6 +149,12 @@ impl Host for Fake {
     }
     fn shared_set(&mut self, key: &str, value: &[u8]) {
         self.shared.insert(key.to_string(), value.to_vec());
+    }
+    fn hold_lease(&mut self, lease: &LeaseRenewal) {
+        self.leases.borrow_mut().hold(lease.clone(), self.now * 1000);
+    }
+    fn end_lease(&mut self, owner: &OwnerToken) {
+        self.leases.borrow_mut().end(owner);
     }
     fn log(&self, _level: Level, message: &str) {
         // Logs are checked through the counters; keep the text for failing-test output.
@@ -283,6 +293,45 @@ fn confirm_end_to_end_through_the_adapter() -> TestResult {
     assert_eq!(s.host().resumed_response, 1);
     assert_eq!(s.host().response_body, br#"{"id":"T-1"}"#, "the agent gets the upstream's answer");
     assert_eq!(s.host().counters, vec![Counter::Verified, Counter::Acquired, Counter::Completed]);
+    Ok(())
+}
+
+/// A confirm forwarded under an acquired lease, with the host's book.
+fn forwarded(shared: &Rc<Shared>) -> Result<(Stream<Fake>, Rc<RefCell<LeaseBook>>), Box<dyn std::error::Error>> {
+    let fp = preview(shared)?;
+    let mut s = confirm(shared, &fp, 200);
+    let book = Rc::clone(&s.host().leases);
+    let size = s.host().request_body.len();
+    s.on_request_body(size, true);
+    answer(&mut s, 200, json!({"outcome": "ACQUIRED", "owner": "22222222222222222222222222222222"}));
+    assert_eq!(s.host().resumed_request, 1);
+    Ok((s, book))
+}
+
+#[test]
+fn the_host_keeps_the_lease_while_the_request_is_upstream() -> TestResult {
+    let shared = shared()?;
+    let (mut s, book) = forwarded(&shared)?;
+    assert_eq!(book.borrow().len(), 1, "forwarded: the lease is renewed from now on");
+    let renewal = book.borrow_mut().due(200_000 + 20_000).ok_or("a third of the lease passed, nothing due")?;
+    assert_eq!(renewal.path, "/v1/renew");
+    respond(&mut s, 201, br#"{"id":"T-1"}"#);
+    assert_eq!(s.on_response_headers(false), Action::Pause);
+    assert_eq!(book.borrow().len(), 1, "the answer's body is still upstream");
+    let n = s.host().response_body.len();
+    s.on_response_body(n, true);
+    assert!(book.borrow().is_empty(), "the answer is whole");
+    Ok(())
+}
+
+#[test]
+fn a_stream_gone_mid_request_stops_renewing() -> TestResult {
+    // Envoy destroys a stream the client reset; from then on the lease runs out by itself.
+    let shared = shared()?;
+    let (s, book) = forwarded(&shared)?;
+    assert_eq!(book.borrow().len(), 1);
+    drop(s);
+    assert!(book.borrow().is_empty());
     Ok(())
 }
 

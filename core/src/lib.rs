@@ -4,6 +4,7 @@
 pub mod canonical;
 pub mod client_key;
 pub mod fingerprint;
+pub mod leases;
 pub mod machine;
 pub mod outcome;
 pub mod policy;

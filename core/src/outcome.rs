@@ -35,13 +35,27 @@ impl Outcome {
 /// `overrides` are the route's own readings of upstream statuses (its
 /// `outcomes` annotation): a service whose 409 means "definitely refused"
 /// says `409:failed`. They apply only to answers that came from the upstream.
-pub fn classify(status: u16, code_details: Option<&str>, attempts: u32, overrides: &[(u16, Outcome)]) -> Outcome {
-    let from_route = match code_details {
-        Some("via_upstream") => overrides.iter().find(|(s, _)| *s == status).map(|(_, o)| *o),
-        _ => None,
+///
+/// `keys_honoured`: the upstream deduplicates by `Idempotency-Key` (a route's
+/// `upstream_keys`). Releasing on its "not done" (429, 503) is safe only then: the
+/// retry carries the same key to an upstream that would not run it twice. An
+/// upstream that ignores keys releases nothing it answered; only a request Envoy
+/// never sent is provably not run.
+pub fn classify(
+    status: u16,
+    code_details: Option<&str>,
+    attempts: u32,
+    overrides: &[(u16, Outcome)],
+    keys_honoured: bool,
+) -> Outcome {
+    let via_upstream = code_details == Some("via_upstream");
+    let from_route = match via_upstream {
+        true => overrides.iter().find(|(s, _)| *s == status).map(|(_, o)| *o),
+        false => None,
     };
     match from_route.unwrap_or_else(|| classify_attempt(status, code_details)) {
         Outcome::Release if attempts > 1 => Outcome::Unknown,
+        Outcome::Release if via_upstream && !keys_honoured => Outcome::Unknown,
         outcome => outcome,
     }
 }
@@ -103,6 +117,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_upstream_that_ignores_keys_releases_nothing_it_answered() {
+        let up = Some("via_upstream");
+        for status in [429, 503] {
+            assert_eq!(classify(status, up, 1, &[], false), Outcome::Unknown, "{status}");
+        }
+        // What it says it did, or refused, is as definite as ever.
+        assert_eq!(classify(201, up, 1, &[], false), Outcome::Done);
+        assert_eq!(classify(422, up, 1, &[], false), Outcome::Failed);
+        // Envoy never sent it: nothing ran, whatever the upstream does with keys.
+        let refused = Some("upstream_reset_before_response_started{connection_failure}");
+        assert_eq!(classify(503, refused, 1, &[], false), Outcome::Release);
+        assert_eq!(classify(503, Some("no_healthy_upstream"), 1, &[], false), Outcome::Release);
+    }
+
+    #[test]
     fn upstream_answers() {
         let up = Some("via_upstream");
         for (status, want) in [
@@ -127,7 +156,7 @@ mod tests {
             (302, Outcome::Unknown),
             (0, Outcome::Unknown),
         ] {
-            assert_eq!(classify(status, up, 1, &[]), want, "{status}");
+            assert_eq!(classify(status, up, 1, &[], true), want, "{status}");
         }
     }
 
@@ -151,30 +180,38 @@ mod tests {
             (503, Some(""), Outcome::Unknown),
             (503, Some("no_healthy_upstream_x"), Outcome::Unknown),
         ] {
-            assert_eq!(classify(status, details, 1, &[]), want, "{status} {details:?}");
+            assert_eq!(classify(status, details, 1, &[], true), want, "{status} {details:?}");
         }
     }
 
     #[test]
     fn a_retried_request_is_never_released() {
-        assert_eq!(classify(503, Some("via_upstream"), 2, &[]), Outcome::Unknown);
+        assert_eq!(classify(503, Some("via_upstream"), 2, &[], true), Outcome::Unknown);
         assert_eq!(
-            classify(503, Some("upstream_reset_before_response_started{connection_failure}"), 3, &[]),
+            classify(503, Some("upstream_reset_before_response_started{connection_failure}"), 3, &[], true),
             Outcome::Unknown
         );
-        assert_eq!(classify(201, Some("via_upstream"), 2, &[]), Outcome::Done);
-        assert_eq!(classify(422, Some("via_upstream"), 2, &[]), Outcome::Failed);
+        assert_eq!(classify(201, Some("via_upstream"), 2, &[], true), Outcome::Done);
+        assert_eq!(classify(422, Some("via_upstream"), 2, &[], true), Outcome::Failed);
     }
 
     #[test]
     fn routes_can_reread_upstream_statuses() -> Result<(), String> {
         let o = parse_overrides("409:failed, 425:release 500:failed")?;
-        assert_eq!(classify(409, Some("via_upstream"), 1, &o), Outcome::Failed);
-        assert_eq!(classify(425, Some("via_upstream"), 1, &o), Outcome::Release);
-        assert_eq!(classify(425, Some("via_upstream"), 2, &o), Outcome::Unknown, "a retried confirm is never released");
-        assert_eq!(classify(408, Some("via_upstream"), 1, &o), Outcome::Unknown, "unlisted statuses keep the default");
+        assert_eq!(classify(409, Some("via_upstream"), 1, &o, true), Outcome::Failed);
+        assert_eq!(classify(425, Some("via_upstream"), 1, &o, true), Outcome::Release);
+        assert_eq!(
+            classify(425, Some("via_upstream"), 2, &o, true),
+            Outcome::Unknown,
+            "a retried confirm is never released"
+        );
+        assert_eq!(
+            classify(408, Some("via_upstream"), 1, &o, true),
+            Outcome::Unknown,
+            "unlisted statuses keep the default"
+        );
         // Envoy's own 500/503 is not the upstream's verdict.
-        assert_eq!(classify(500, Some("upstream_response_timeout"), 1, &o), Outcome::Unknown);
+        assert_eq!(classify(500, Some("upstream_response_timeout"), 1, &o, true), Outcome::Unknown);
         assert_eq!(parse_overrides("")?, vec![]);
         for bad in ["409", "201:failed", "409:maybe", "409:failed,409:done", "x:failed"] {
             assert!(parse_overrides(bad).is_err(), "{bad}");

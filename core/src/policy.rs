@@ -381,6 +381,8 @@ pub const ROUTE_KEYS: &[&str] = &[
     "tools",
     "tool",
     "quote_expires",
+    "upstream_keys",
+    "business_ref",
 ];
 
 const MAX_SCOPE_LEN: usize = 128;
@@ -530,6 +532,11 @@ pub struct RoutePolicy {
     pub tool: Option<ToolSpec>,
     /// Preview: where the answer states its quote's own expiry; the fingerprint never outlives it.
     pub quote_expires: Option<QuoteExpiry>,
+    /// Confirm: whether the upstream deduplicates by `Idempotency-Key`.
+    pub upstream_keys: UpstreamKeys,
+    /// Confirm: a bound field the upstream stores (a client reference), by which the reconciler
+    /// can look the operation up where the upstream ignores keys.
+    pub business_ref: Option<String>,
 }
 
 /// `quote_expires`: a JSON pointer into the preview's answer (`/expires_at`) or a response header
@@ -616,6 +623,19 @@ impl RoutePolicy {
     pub fn tool_names(&self) -> impl Iterator<Item = &str> {
         self.tools.iter().map(|(n, _)| n.as_str())
     }
+}
+
+/// Whether the route's upstream deduplicates by `Idempotency-Key` (DESIGN §4, "release needs
+/// proof nothing ran").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamKeys {
+    /// The default: a retry carries the same key to an upstream that keeps it, so an answer that
+    /// says "not done" (429, 503) may release the operation.
+    #[default]
+    Honoured,
+    /// The upstream ignores keys: a second request is a second execution. Only "Envoy never sent
+    /// it" releases; everything else is left for the reconciler (by `business_ref`), else a person.
+    Ignored,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -723,6 +743,35 @@ pub fn parse_route_policy(
         Some(text) => Some(parse_tool_spec(&text)?),
         None => None,
     };
+    let executes = matches!(role, Role::Confirm | Role::Idempotent);
+    let upstream_keys = match leaf_string(get, "upstream_keys")?.as_deref() {
+        None | Some("honoured") => UpstreamKeys::Honoured,
+        Some("ignored") if executes => UpstreamKeys::Ignored,
+        Some("ignored") => {
+            return perr(format!("upstream_keys: only for the roles that execute, not {}", role.as_str()))
+        }
+        Some(other) => return perr(format!("upstream_keys: {other:?} is not one of honoured, ignored")),
+    };
+    if upstream_keys == UpstreamKeys::Ignored {
+        if let Some((status, _)) = outcomes.iter().find(|(_, o)| *o == crate::outcome::Outcome::Release) {
+            return perr(format!(
+                "outcomes: {status}:release with upstream_keys ignored: an upstream that ignores Idempotency-Key \
+                 cannot prove by its answer that nothing ran"
+            ));
+        }
+    }
+    let business_ref = leaf_string(get, "business_ref")?;
+    if let Some(pointer) = &business_ref {
+        if !executes {
+            return perr(format!("business_ref: only for the roles that execute, not {}", role.as_str()));
+        }
+        // Bound, so the fingerprint proves the retry names the same reference (a whole-request
+        // hash in client-key mode binds every field).
+        let bound_here = bound.iter().any(|f| f.pointer == *pointer) || (role == Role::Idempotent && bound.is_empty());
+        if !is_json_pointer(pointer) || !pointer.starts_with('/') || !bound_here {
+            return perr(format!("business_ref: {pointer:?} must be one of the route's bound fields (bind)"));
+        }
+    }
     let callers = match leaf_string(get, "callers")?.as_deref() {
         None if role == Role::Idempotent => Callers::Programs,
         None => Callers::Agents,
@@ -747,6 +796,8 @@ pub fn parse_route_policy(
         tools: Vec::new(),
         tool,
         quote_expires,
+        upstream_keys,
+        business_ref,
     }))
 }
 
@@ -807,6 +858,8 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
         tools,
         tool: None,
         quote_expires: None,
+        upstream_keys: UpstreamKeys::Honoured,
+        business_ref: None,
     })
 }
 
@@ -1102,6 +1155,8 @@ mod tests {
             tools: Vec::new(),
             tool: None,
             quote_expires: None,
+            upstream_keys: UpstreamKeys::Honoured,
+            business_ref: None,
         };
         assert_eq!(p, Some(want));
         Ok(())
@@ -1111,6 +1166,32 @@ mod tests {
     fn status_route_needs_no_bind() -> Result<(), PolicyError> {
         let p = route(&[("role", s("status")), ("scope", s("payments.transfer"))])?;
         assert!(matches!(p, Some(RoutePolicy { role: Role::Status, ref bound, .. }) if bound.is_empty()));
+        Ok(())
+    }
+
+    #[test]
+    fn an_upstream_without_keys_is_declared_with_what_proves_nothing_ran() -> Result<(), PolicyError> {
+        let confirm = |extra: &[(&str, LeafValue)]| {
+            let mut v = vec![("role", s("confirm")), ("scope", s("pay")), ("bind", s("/amount, /ref"))];
+            v.extend(extra.iter().map(|(k, val)| (*k, val.clone())));
+            route(&v)
+        };
+        let p = confirm(&[("upstream_keys", s("ignored")), ("business_ref", s("/ref"))])?
+            .ok_or(PolicyError("none".into()))?;
+        assert_eq!((p.upstream_keys, p.business_ref.as_deref()), (UpstreamKeys::Ignored, Some("/ref")));
+        let p = confirm(&[])?.ok_or(PolicyError("none".into()))?;
+        assert_eq!((p.upstream_keys, p.business_ref), (UpstreamKeys::Honoured, None), "keys are honoured by default");
+        for (extra, want) in [
+            (vec![("business_ref", s("/memo"))], "business_ref: \"/memo\" must be one of the route's bound fields"),
+            (vec![("business_ref", s("ref"))], "business_ref: \"ref\" must be one of"),
+            (
+                vec![("upstream_keys", s("ignored")), ("outcomes", s("429:release"))],
+                "outcomes: 429:release with upstream_keys ignored",
+            ),
+        ] {
+            let got = confirm(&extra).map(|_| String::from("<accepted>")).unwrap_or_else(|e| e.0);
+            assert!(got.starts_with(want), "want {want:?}, got {got:?}");
+        }
         Ok(())
     }
 
@@ -1150,6 +1231,9 @@ mod tests {
             (("outcomes", s("200:failed")), "outcomes: 200: only statuses 300-599"),
             (("status_tool", LeafValue::Num(3.0)), "status_tool: expected a string"),
             (("replay", s("stripe")), "replay: \"stripe\" is not one of envelope, original"),
+            (("upstream_keys", s("none")), "upstream_keys: \"none\" is not one of honoured, ignored"),
+            (("upstream_keys", s("ignored")), "upstream_keys: only for the roles that execute, not preview"),
+            (("business_ref", s("/amount")), "business_ref: only for the roles that execute, not preview"),
         ];
         for ((key, value), want) in cases {
             let got = base(&[(key, value)]);

@@ -175,6 +175,14 @@ pub struct AcquireRequest {
     /// `None` for client keys (their window is the retention alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exp: Option<u64>,
+    /// The route's upstream ignores `Idempotency-Key` (`upstream_keys: ignored`): the reconciler
+    /// must not read a by-key 404 as "never executed", and looks up by `business_ref` instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upstream_ignores_keys: bool,
+    /// The value of the route's `business_ref` field in this confirm (a client reference the
+    /// upstream stores), for the reconciler's lookup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub business_ref: Option<String>,
 }
 
 /// The body of `GET /v1/operations/{key}?exp=…` when there is no row. `reaped_possible`: a row
@@ -357,6 +365,30 @@ pub struct ReleaseRequest {
     pub owner: OwnerToken,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trace_id: String,
+}
+
+/// `POST /v1/renew`: leases whose request is still upstream, kept by the filter that forwarded
+/// it (DESIGN §4: a lease cannot lapse under a live request). One call carries every lease a
+/// filter instance holds, so the cost is per tick, not per request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewRequest {
+    pub leases: Vec<LeaseRenewal>,
+}
+
+/// One held lease: extend `key`'s IN_FLIGHT lease to `now + lease_ms` if `owner` still holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRenewal {
+    pub key: OpKey,
+    pub owner: OwnerToken,
+    pub lease_ms: u64,
+}
+
+/// Answer to `POST /v1/renew`: the keys whose lease was not renewed because the owner no longer
+/// holds them (completed, released, or claimed by the reconciler after the lease ran out).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewResponse {
+    #[serde(default)]
+    pub lost: Vec<OpKey>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

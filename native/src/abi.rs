@@ -35,6 +35,8 @@ pub type AbiVersionModulePtr = *const c_char;
 pub type FilterConfigEnvoyPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_config_module_ptr` (`const void*`, the module's config).
 pub type FilterConfigModulePtr = *const c_void;
+/// A filter configuration's scheduler (`config_scheduler_new`).
+pub type ConfigSchedulerPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_per_route_config_module_ptr` (`const void*`).
 pub type PerRouteConfigModulePtr = *const c_void;
 /// `envoy_dynamic_module_type_http_filter_envoy_ptr` (`void*`, Envoy's per-stream filter).
@@ -522,6 +524,36 @@ unsafe extern "C" {
         counter_id_out: *mut usize,
     ) -> MetricsResult;
 
+    /// `envoy_dynamic_module_callback_http_filter_config_scheduler_new`: a scheduler whose
+    /// events reach `on_http_filter_config_scheduled` on the main thread (dropped once the
+    /// configuration is gone). Call on the main thread, with the config pointer of `config_new`.
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: FilterConfigEnvoyPtr,
+    ) -> ConfigSchedulerPtr;
+
+    /// `envoy_dynamic_module_callback_http_filter_config_scheduler_commit`: post `event_id` to the
+    /// main thread. Safe from any thread while the scheduler exists.
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: ConfigSchedulerPtr,
+        event_id: u64,
+    );
+
+    /// `envoy_dynamic_module_callback_http_filter_config_scheduler_delete`.
+    pub fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: ConfigSchedulerPtr);
+
+    /// `envoy_dynamic_module_callback_http_filter_config_http_callout`: as the stream's callout,
+    /// made from the filter configuration on the main thread; its answer goes to
+    /// `on_http_filter_config_http_callout_done`, and no stream's end cancels it.
+    pub fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: FilterConfigEnvoyPtr,
+        callout_id_out: *mut u64,
+        cluster_name: module_buffer,
+        headers: *const module_http_header,
+        headers_len: usize,
+        body: module_buffer,
+        timeout_ms: u64,
+    ) -> HttpCalloutInitResult;
+
     /// `envoy_dynamic_module_callback_http_filter_increment_counter`: `label_values_len` must equal
     /// the number of label names given at definition.
     pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
@@ -561,6 +593,10 @@ pub const IMPORTED_CALLBACKS: &[&str] = &[
     "envoy_dynamic_module_callback_http_filter_get_attribute_string",
     "envoy_dynamic_module_callback_http_filter_config_define_counter",
     "envoy_dynamic_module_callback_http_filter_increment_counter",
+    "envoy_dynamic_module_callback_http_filter_config_scheduler_new",
+    "envoy_dynamic_module_callback_http_filter_config_scheduler_commit",
+    "envoy_dynamic_module_callback_http_filter_config_scheduler_delete",
+    "envoy_dynamic_module_callback_http_filter_config_http_callout",
 ];
 
 // ------------------------------------------------------------------ hooks (the module exports)

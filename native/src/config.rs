@@ -13,6 +13,8 @@
 //! own copy once, on its first stream (a thread-local keyed by configuration).
 
 use crate::abi;
+use crate::main_thread::MainThread;
+use idem_adapter::sidecar::Sidecar;
 use idem_adapter::{RouteLookup, Shared};
 use idem_core::machine::Counter;
 use idem_core::policy::{self, RouteDefaults, SubjectSource};
@@ -30,6 +32,8 @@ pub struct FilterConfig {
     id: u64,
     /// Envoy's ids of the counters, defined once in the config hook (the only place the ABI allows it).
     counters: Vec<(Counter, usize)>,
+    /// Lease renewals and reports, sent from Envoy's main thread.
+    pub main: MainThread,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -47,7 +51,12 @@ fn env(name: &str) -> Option<String> {
 
 impl FilterConfig {
     /// Parse and check the plugin configuration; `define` registers one counter and returns its id.
-    pub fn new(config: &[u8], define: &mut dyn FnMut(&str) -> Option<usize>) -> Result<FilterConfig, String> {
+    /// On the main thread, in the configuration hook (`envoy` is its pointer).
+    pub fn new(
+        config: &[u8],
+        define: &mut dyn FnMut(&str) -> Option<usize>,
+        envoy: abi::FilterConfigEnvoyPtr,
+    ) -> Result<FilterConfig, String> {
         let raw = config.to_vec();
         let parsed = policy::parse_plugin_config(&raw, &env).map_err(|e| e.to_string())?;
         if let SubjectSource::Property(path) = &parsed.subject {
@@ -60,7 +69,8 @@ impl FilterConfig {
             }
         }
         let counters = Counter::ALL.iter().filter_map(|c| define(c.name()).map(|id| (*c, id))).collect();
-        Ok(FilterConfig { raw, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), counters })
+        let main = MainThread::start(envoy, Sidecar::of(&parsed))?;
+        Ok(FilterConfig { raw, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), counters, main })
     }
 
     pub fn counter(&self, counter: Counter) -> Option<usize> {

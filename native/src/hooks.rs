@@ -150,7 +150,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
                 };
                 (r == abi::MetricsResult::SUCCESS).then_some(id)
             };
-            match FilterConfig::new(bytes, &mut define) {
+            match FilterConfig::new(bytes, &mut define, envoy) {
                 Ok(c) => {
                     log(abi::LogLevel::INFO, "agent_idempotency: configured (native module)");
                     Box::into_raw(Box::new(c)).cast_const().cast()
@@ -395,12 +395,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
         || {
             // SAFETY: this stream's filter.
             let Some(f) = (unsafe { filter(module) }) else { return };
-            let answer = if result == HttpCalloutResult::SUCCESS && !headers.is_null() && headers_len > 0 {
-                // SAFETY: Envoy's arrays of the given lengths, valid for this call; copied at once.
-                unsafe { callout_answer(headers, headers_len, chunks, chunks_len) }
-            } else {
-                CalloutAnswer::failed()
-            };
+            // SAFETY: Envoy's arrays of the given lengths, valid for this call.
+            let answer = unsafe { callout_answer(result, headers, headers_len, chunks, chunks_len) };
             let answered = usize::from(answer.status.is_some());
             f.stream.host_mut().answer = Some(answer);
             f.stream.on_callout_answer(callout_id, answered, 0);
@@ -415,14 +411,21 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
 }
 const _: abi::OnHttpFilterHttpCalloutDone = envoy_dynamic_module_on_http_filter_http_callout_done;
 
+/// A callout's answer, copied out of Envoy's arrays (a failed callout, or one without headers, is
+/// `CalloutAnswer::failed`).
+///
 /// # Safety
 /// Arrays of the given lengths (or null), valid for the call.
 unsafe fn callout_answer(
+    result: HttpCalloutResult,
     headers: *const envoy_http_header,
     headers_len: usize,
     chunks: *const envoy_buffer,
     chunks_len: usize,
 ) -> CalloutAnswer {
+    if result != HttpCalloutResult::SUCCESS || headers.is_null() || headers_len == 0 {
+        return CalloutAnswer::failed();
+    }
     // SAFETY: see above.
     let headers = unsafe { std::slice::from_raw_parts(headers, headers_len) };
     let status = headers.iter().find_map(|h| {
@@ -444,6 +447,53 @@ unsafe fn callout_answer(
     }
     CalloutAnswer { status, body }
 }
+
+// ------------------------------------------------------------------ the configuration, on the main thread
+
+/// A scheduled event of the configuration: a lease tick, or reports queued by a stream.
+///
+/// # Safety
+/// `config` is a pointer `on_http_filter_config_new` returned, not yet destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _envoy: FilterConfigEnvoyPtr,
+    config: FilterConfigModulePtr,
+    event: u64,
+) {
+    // SAFETY: see above; the main thread is the only one calling the configuration's hooks.
+    let Some(config) = (unsafe { config.cast::<FilterConfig>().as_ref() }) else { return };
+    guard("a scheduled event", || config.main.on_event(event), || ());
+}
+const _: abi::OnHttpFilterConfigScheduled = envoy_dynamic_module_on_http_filter_config_scheduled;
+
+/// The answer to a callout of the configuration (a renewal or a report).
+///
+/// # Safety
+/// `config` as above; the arrays are Envoy's, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _envoy: FilterConfigEnvoyPtr,
+    config: FilterConfigModulePtr,
+    callout_id: u64,
+    result: HttpCalloutResult,
+    headers: *const envoy_http_header,
+    headers_len: usize,
+    chunks: *const envoy_buffer,
+    chunks_len: usize,
+) {
+    // SAFETY: see above.
+    let Some(config) = (unsafe { config.cast::<FilterConfig>().as_ref() }) else { return };
+    guard(
+        "a configuration callout's answer",
+        || {
+            // SAFETY: Envoy's arrays of the given lengths, valid for this call.
+            let answer = unsafe { callout_answer(result, headers, headers_len, chunks, chunks_len) };
+            config.main.on_answer(callout_id, &answer);
+        },
+        || (),
+    );
+}
+const _: abi::OnHttpFilterConfigHttpCalloutDone = envoy_dynamic_module_on_http_filter_config_http_callout_done;
 
 // ------------------------------------------------------------------ events this filter never asks for
 

@@ -7,8 +7,9 @@ use crate::abi::{self, envoy_buffer, module_buffer, module_http_header, BodyType
 use crate::config::{FilterConfig, RouteConfig};
 use crate::shared_data;
 use idem_adapter::{Host, Level};
-use idem_core::machine::{CalloutAnswer, Counter, Env};
-use idem_core::policy::{self, ROUTE_NAMESPACE};
+use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
+use idem_core::policy::{self, PluginConfig, ROUTE_NAMESPACE};
+use idem_core::protocol::{LeaseRenewal, OwnerToken};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub struct NativeHost {
@@ -432,6 +433,30 @@ impl Host for NativeHost {
 
     fn shared_set(&mut self, key: &str, value: &[u8]) {
         shared_data::set(key, value);
+    }
+
+    fn hold_lease(&mut self, lease: &LeaseRenewal) {
+        if let Some(c) = self.config() {
+            c.main.hold_lease(lease.clone());
+        }
+    }
+
+    fn end_lease(&mut self, owner: &OwnerToken) {
+        if let Some(c) = self.config() {
+            c.main.end_lease(owner);
+        }
+    }
+
+    /// From the main thread: a callout of this stream would be cancelled when the stream ends,
+    /// which for a refused confirm is at once.
+    fn report(&mut self, _cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool {
+        match self.config() {
+            Some(c) => {
+                c.main.report(call.clone(), trace_id);
+                true
+            }
+            None => false,
+        }
     }
 }
 

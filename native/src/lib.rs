@@ -10,6 +10,8 @@
 //! - `host`: `idem_adapter::Host` implemented with the ABI's callbacks;
 //! - `config`: the plugin configuration (the same JSON as the `.wasm`'s) and
 //!   the per-route configuration (the route annotation as JSON);
+//! - `main_thread`: what runs outside every stream, on Envoy's main thread:
+//!   lease renewals (a ticker thread wakes it) and security-event reports;
 //! - `shared_data`: the process-wide store behind the replay cache.
 //!
 //! Nothing sandboxes a native module: a panic that escaped, or a memory bug,
@@ -22,6 +24,7 @@ pub mod abi;
 mod config;
 pub mod hooks;
 mod host;
+mod main_thread;
 mod shared_data;
 
 pub use config::{annotation_pairs, FilterConfig};

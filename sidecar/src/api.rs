@@ -5,6 +5,7 @@
 //! | `POST /v1/acquire`           | 200 any state outcome; 503 `STORE_UNAVAILABLE`; 400 bad input   |
 //! | `POST /v1/complete`          | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
 //! | `POST /v1/release`           | 200 `OK`/`NOT_OWNER`; 503 `STORE_UNAVAILABLE`; 400 bad input    |
+//! | `POST /v1/renew`             | 200 `{"lost":[keys]}`; 503 `STORE_UNAVAILABLE`; 400 bad input   |
 //! | `GET /v1/operations/{key}`   | 200 `OperationView`; 404 `NotFoundView` (below); 503; 400       |
 //! | `POST /v1/security-events`   | 202 `OK` (written to the audit); 503 `STORE_UNAVAILABLE`; 400   |
 //! | any `/v1/*` without a token  | 401 `{"error":"unauthorized"}`; nothing read or changed         |
@@ -24,6 +25,10 @@
 //! (action `security_event`), within the SQL timeout. 503 when it could not
 //! be written; the filter ignores every answer.
 //!
+//! `POST /v1/renew` carries every lease one filter instance holds for requests
+//! still upstream (DESIGN §4); each is extended if its owner still holds it,
+//! and `lost` names those it no longer does. Not audited: nothing changes state.
+//!
 //! Inputs are validated here, before any store sees them, so a malformed
 //! value is a 400 for the caller and never a database error that would be
 //! mistaken for an outage.
@@ -37,8 +42,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_core::protocol::{
-    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, NotFoundView, ReleaseRequest, SecurityEventReport,
-    SecurityKind,
+    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, NotFoundView, ReleaseRequest, RenewRequest,
+    SecurityEventReport, SecurityKind,
 };
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -55,6 +60,9 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// The longest lease a route may ask for (and what keeps `now + lease` in i64).
 pub const MAX_LEASE_MS: u64 = 30 * 24 * 3600 * 1000;
 
+/// Leases one renewal may carry: one filter instance's requests upstream at once.
+pub const MAX_RENEWALS: usize = 10_000;
+
 /// A security event report is a few short fields.
 pub const MAX_EVENT_BYTES: usize = 4 * 1024;
 
@@ -69,6 +77,7 @@ pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
         .route("/v1/acquire", post(acquire))
         .route("/v1/complete", post(complete))
         .route("/v1/release", post(release))
+        .route("/v1/renew", post(renew))
         .route("/v1/operations/{key}", get(operation))
         .route("/v1/security-events", post(security_event))
         .route_layer(axum::middleware::from_fn_with_state(auth, require_token));
@@ -114,6 +123,26 @@ async fn release(State(store): State<Arc<Store>>, headers: HeaderMap, body: Byte
     // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
     let answer = store.release(&req).instrument(request_span("release", &headers)).await;
     (ack_status(answer.outcome), Json(answer)).into_response()
+}
+
+async fn renew(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+    let req: RenewRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(why) => return bad_request(why),
+    };
+    if let Some(l) = req.leases.iter().find(|l| l.lease_ms > MAX_LEASE_MS) {
+        return bad_request(format!("{}: lease_ms must be at most {MAX_LEASE_MS}", l.key));
+    }
+    if req.leases.len() > MAX_RENEWALS {
+        return bad_request(format!("at most {MAX_RENEWALS} leases per renewal"));
+    }
+    match store.renew(&req).instrument(request_span("renew", &headers)).await {
+        Ok(answer) => (StatusCode::OK, Json(answer)).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "SQL renew failed: STORE_UNAVAILABLE");
+            (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"error": "STORE_UNAVAILABLE"}))).into_response()
+        }
+    }
 }
 
 async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>, RawQuery(query): RawQuery) -> Response {
@@ -312,6 +341,8 @@ mod tests {
             trace_id: String::new(),
             mode: Default::default(),
             exp: None,
+            upstream_ignores_keys: false,
+            business_ref: None,
         };
         assert_eq!(check_acquire(&ok), Ok(()));
         assert!(check_acquire(&AcquireRequest { param_hash: String::new(), ..ok.clone() }).is_err());

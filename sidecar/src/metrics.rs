@@ -63,6 +63,7 @@ pub struct Metrics {
     acquire: Family<AcquireLabels, Counter>,
     complete: Family<OutcomeLabels, Counter>,
     release: Family<OutcomeLabels, Counter>,
+    lease_renewals: Family<OutcomeLabels, Counter>,
     latency: LatencyFamily,
     redis_fallback: Counter,
     redis_refill: Family<StateLabels, Counter>,
@@ -88,6 +89,7 @@ impl Metrics {
         let acquire = Family::<AcquireLabels, Counter>::default();
         let complete = Family::<OutcomeLabels, Counter>::default();
         let release = Family::<OutcomeLabels, Counter>::default();
+        let lease_renewals = Family::<OutcomeLabels, Counter>::default();
         let latency = LatencyFamily::new_with_constructor(latency_histogram as fn() -> Histogram);
         let redis_fallback = Counter::default();
         let redis_refill = Family::<StateLabels, Counter>::default();
@@ -104,6 +106,11 @@ impl Metrics {
         registry.register("idem_acquire", "Acquire answers by outcome and key mode", acquire.clone());
         registry.register("idem_complete", "Complete answers by outcome", complete.clone());
         registry.register("idem_release", "Release answers by outcome", release.clone());
+        registry.register(
+            "idem_lease_renewals",
+            "Leases of requests still upstream, renewed by the filter that forwarded them (renewed, lost: no longer the owner's)",
+            lease_renewals.clone(),
+        );
         registry.register(
             "idem_store_latency_seconds",
             "Latency of each store call, by store and operation",
@@ -159,6 +166,7 @@ impl Metrics {
             acquire,
             complete,
             release,
+            lease_renewals,
             latency,
             redis_fallback,
             redis_refill,
@@ -195,6 +203,10 @@ impl Metrics {
 
     pub fn release(&self, outcome: &'static str) {
         self.release.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    pub fn lease_renewal(&self, outcome: &'static str) {
+        self.lease_renewals.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     pub fn observe(&self, store: &'static str, op: &'static str, started: Instant) {

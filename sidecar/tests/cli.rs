@@ -204,6 +204,8 @@ mod ops_cli {
                 trace_id: "trace-cli-1".into(),
                 mode: Default::default(),
                 exp: None,
+                upstream_ignores_keys: false,
+                business_ref: None,
             };
             assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
             let rec = store.sql().get(&key).await.expect("get").expect("row");

@@ -158,6 +158,9 @@ async fn bad_input_is_400() {
         ("/v1/complete", json!({"key": key, "owner": new_key(), "state": "DONE"}).to_string()),
         ("/v1/release", json!({"key": key}).to_string()),
         ("/v1/release", json!({"key": key, "owner": "../../etc"}).to_string()),
+        ("/v1/renew", json!({"leases": [{"key": key, "owner": "x", "lease_ms": 1000}]}).to_string()),
+        ("/v1/renew", json!({"leases": [{"key": key, "owner": new_key(), "lease_ms": 1u64 << 60}]}).to_string()),
+        ("/v1/renew", json!({"leases": {"key": key}}).to_string()),
     ];
     for (path, body) in cases {
         let r = c
@@ -340,6 +343,9 @@ async fn strangers_get_401_and_change_nothing() {
         assert_eq!(status, 401, "{who}");
         let (status, _) = post(c, format!("{}/v1/release", rotated.base), json!({"key": key, "owner": key})).await;
         assert_eq!(status, 401, "{who}");
+        let renewal = json!({"leases": [{"key": key, "owner": key, "lease_ms": 60000}]});
+        let (status, _) = post(c, format!("{}/v1/renew", rotated.base), renewal).await;
+        assert_eq!(status, 401, "{who}");
         let r = c.get(format!("{}/v1/operations/{key}", rotated.base)).send().await.expect("get");
         assert_eq!(r.status().as_u16(), 401, "{who}");
         assert_eq!(r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()), Some("Bearer"));
@@ -356,5 +362,5 @@ async fn strangers_get_401_and_change_nothing() {
     assert_eq!(r.status().as_u16(), 200);
     let metrics =
         plain.get(format!("{}/metrics", rotated.base)).send().await.expect("metrics").text().await.expect("text");
-    assert!(metrics.contains("idem_auth_rejected_total 12"), "{metrics}");
+    assert!(metrics.contains("idem_auth_rejected_total 15"), "{metrics}");
 }

@@ -38,6 +38,7 @@ macro_rules! backend_suite {
                 operation_view_follows_the_row,
                 complete_that_missed_redis_is_still_seen,
                 release_that_missed_redis_frees_the_nonce,
+                renewal_extends_the_lease_of_its_owner_only,
             );
         }
     };

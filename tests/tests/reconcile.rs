@@ -105,6 +105,22 @@ async fn retry_until(stack: &Stack, path: &str, fp: &str, want: &str, within: Du
     }
 }
 
+/// The `/fast` confirm with one demo fault header, sent in the background: its answer comes later.
+fn spawn_confirm(
+    stack: &Stack,
+    fp: &str,
+    fault: (&str, &str),
+) -> tokio::task::JoinHandle<Result<reqwest::Response, reqwest::Error>> {
+    let req = stack
+        .http
+        .post(stack.url("/fast/v1/transfers"))
+        .header("x-agent-subject", SUBJECT)
+        .header("agent-fingerprint", fp)
+        .header(fault.0, fault.1)
+        .json(&transfer(json!("25.00"), "rent"));
+    tokio::spawn(req.send())
+}
+
 async fn executions(stack: &Stack) -> Result<(u64, u64), BoxError> {
     let ex = stack.executions().await?;
     Ok((ex["total"].as_u64().unwrap_or(u64::MAX), ex["attempts"].as_u64().unwrap_or(u64::MAX)))
@@ -175,14 +191,7 @@ async fn idemd_killed_after_the_downstream_answered_before_complete_settles_once
     let (_, fp) = stack.preview(json!("25.00")).await?;
     let key = nonce_of(&fp)?;
 
-    let req = stack
-        .http
-        .post(stack.url("/fast/v1/transfers"))
-        .header("x-agent-subject", SUBJECT)
-        .header("agent-fingerprint", &fp)
-        .header("x-demo-hold-after-commit", "window")
-        .json(&transfer(json!("25.00"), "rent"));
-    let first = tokio::spawn(req.send());
+    let first = spawn_confirm(&stack, &fp, ("x-demo-hold-after-commit", "window"));
     let record = stack.wait_committed("window", Duration::from_secs(10)).await?;
     // The demo has executed and not answered: nothing but the acquire is recorded.
     assert_eq!(record["idempotency_key"], key.as_str());
@@ -382,5 +391,45 @@ fn a_lease_shorter_than_the_upstream_worst_case_refuses_to_start() -> TestResult
         err.contains("IN_FLIGHT lease 1000 ms must exceed upstream worst case 800 + gateway timeout 500 + retry backoff 100 = 1400 ms (short by 401 ms)"),
         "{err}"
     );
+    Ok(())
+}
+
+/// DESIGN §4, "a lease cannot lapse under a live request": issue 20's stack, a 2 s lease (the `/fast`
+/// route; idemd's own is 1.5 s) behind Envoy's 15 s route timeout, and an upstream that takes 6 s. The
+/// filter renews the lease while it waits, so the reconciler never takes the row: a retry past the
+/// lease and the reconciler's grace hears `in_progress` (without renewal the reconciler's 404 would
+/// have released the operation by then, and the retry executed a second transfer), and once the
+/// first answer is in, the retry gets it.
+#[tokio::test]
+async fn a_confirm_upstream_past_its_lease_is_renewed_and_executes_once() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let stack = Stack::start(reconciling(&db.url, "renew")).await?;
+    let (_, fp) = stack.preview(json!("25.00")).await?;
+    let key = nonce_of(&fp)?;
+
+    let first = spawn_confirm(&stack, &fp, ("x-demo-delay-ms", "6000"));
+    // Past the lease (2 s) and the grace after it (1 s), with the reconciler passing every 200 ms.
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let retry = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
+    assert_eq!(retry.status, 202, "{retry:?}");
+    retry.assert_prompt("in_progress");
+
+    let first = first.await??;
+    assert_eq!(first.status().as_u16(), 201, "the slow upstream's answer reaches the agent");
+    let record: Value = first.json().await?;
+    let replay = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
+    replay.assert_prompt("already_completed");
+    assert_eq!(replay.json["result"]["transfer_id"], record["transfer_id"], "{replay:?}");
+    assert_eq!(executions(&stack).await?, (1, 1), "executed once; the retries never reached the demo");
+
+    let m = stack.idemd_metrics().await?;
+    let renewed = metric(&m, "idem_lease_renewals_total", &[("outcome", "renewed")]).unwrap_or(0.0);
+    assert!(renewed >= 3.0, "renewed every third of the 2 s lease for 6 s: {renewed}\n{m}");
+    assert_eq!(metric(&m, "idem_lease_renewals_total", &[("outcome", "lost")]), None, "{m}");
+    assert_eq!(trail(&db.url, &key)?, ["filter acquire", "filter complete"], "the reconciler never judged it");
+    if FilterHost::current()? == FilterHost::Wasm {
+        // The native module renews from Envoy's main thread, which has no stream to count on.
+        assert!(stack.stat("wasmcustom.idem.lease_renewals").await? >= 3);
+    }
     Ok(())
 }

@@ -155,14 +155,6 @@ async fn each_kind_is_counted_logged_and_audited(opts: StackOpts) -> TestResult 
     }
     assert!(!log.contains(&fp), "the fingerprint is never logged");
 
-    // The native module's reports belong to the stream's filter, and Envoy cancels them when the
-    // refused stream ends (its cluster stats show upstream_rq_cancelled): a known gap, to close by
-    // sending them from the filter configuration on Envoy's main thread. Until then only the
-    // counters and the log line are the operator's view on that build.
-    if wasm_only("security-event reports reach idemd's audit only from the .wasm so far")? {
-        assert_eq!(counts(&stack).await?, (0, 0));
-        return Ok(());
-    }
     // idemd's audit: one line each, with kind, scope, key (where known), subject hash, trace id.
     let events = audited(&stack, &run, 4, Duration::from_secs(10)).await?;
     if events.len() != 4 {
@@ -279,9 +271,6 @@ async fn reports_sent_while_idemd_was_stopped_are_audited_when_it_resumes() -> T
     let run = run_id()?;
     let cases = cases(&fp, &run)?;
     refused_at_once_with_idemd_stopped(&stack, &cases).await?;
-    if wasm_only("security-event reports reach idemd's audit only from the .wasm so far")? {
-        return Ok(());
-    }
     let events = audited(&stack, &run, 4, Duration::from_secs(4)).await?;
     let calls = sidecar_calls(&stack).await?;
     assert_eq!(events.len(), 4, "audited after idemd resumed: {events:?}\nEnvoy's calls to idemd: {calls}");

@@ -17,13 +17,13 @@ use super::{
     body_fingerprint, retry_after_ms, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Flow, Outcome, RequestHead,
     ResponseHead, Step, Unexpected, IDEMPOTENCY_KEY_HEADER,
 };
-use crate::canonical::{self, BodyError};
+use crate::canonical::{self, BodyError, CanonError};
 use crate::client_key::{self, KeyError};
 use crate::outcome::{self, Outcome as Verdict};
-use crate::policy::{Callers, ReplayMode, Role};
+use crate::policy::{Callers, ReplayMode, Role, UpstreamKeys};
 use crate::protocol::{
-    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode, OpKey,
-    OpState, OperationView, OwnerToken, ReleaseRequest, SecurityKind, StoredResult, TerminalState,
+    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode,
+    LeaseRenewal, OpKey, OpState, OperationView, OwnerToken, ReleaseRequest, SecurityKind, StoredResult, TerminalState,
 };
 use crate::reply::{self, ReplyContext, ReplyKind};
 use std::rc::Rc;
@@ -37,6 +37,8 @@ pub struct Confirm {
     problem: bool,
     /// What a replay-cache entry of this operation must match: (param_hash, subject_hash, scope).
     binding: Option<(String, String, String)>,
+    /// The confirm's `business_ref` value, for the acquire.
+    business_ref: Option<String>,
     phase: Phase,
 }
 
@@ -91,7 +93,7 @@ impl Confirm {
             method: head.method.clone(),
             path: head.path.clone(),
         };
-        Confirm { ctx, subject_hash, problem, binding: None, phase }
+        Confirm { ctx, subject_hash, problem, binding: None, business_ref: None, phase }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -100,6 +102,17 @@ impl Confirm {
 
     pub(super) fn forwarded(&self) -> bool {
         matches!(self.phase, Phase::Forwarded { .. })
+    }
+
+    /// The lease to keep alive: from the forward until the answer is whole (its record is then
+    /// one bounded callout away, well inside the lease's last renewal).
+    pub(super) fn live_lease(&self) -> Option<LeaseRenewal> {
+        match &self.phase {
+            Phase::Forwarded { key, owner } | Phase::Holding { key, owner, .. } => {
+                Some(LeaseRenewal { key: key.clone(), owner: owner.clone(), lease_ms: self.ctx.policy.lease_ms })
+            }
+            _ => None,
+        }
     }
 
     pub(super) fn body_limit(&self) -> Option<(&Ctx, usize)> {
@@ -160,6 +173,13 @@ impl Confirm {
             Ok(c) => c,
             Err(refusal) => return Ok(self.finish(refusal)),
         };
+        self.business_ref = match business_ref(&json, policy.business_ref.as_deref()) {
+            Ok(r) => r,
+            Err(e) => {
+                let step = self.ctx.field_error(&e);
+                return Ok(self.finish(step));
+            }
+        };
         self.binding = Some((param_hash.clone(), claims.subject_hash.clone(), claims.scope.clone()));
         if let Some(step) = self.cached(&claims.nonce, env) {
             return Ok(step);
@@ -207,14 +227,26 @@ impl Confirm {
         let param_hash = if policy.bound.is_empty() {
             client_key::request_hash(method, path, body, json.as_ref().ok())
         } else {
-            let hashed = json.map_err(|e| self.ctx.body_error_as(&e, self.problem)).and_then(|v| {
-                canonical::param_hash(&v, &policy.bound).map_err(|e| self.ctx.field_error_as(&e, self.problem))
+            let hashed = json.as_ref().map_err(|e| self.ctx.body_error_as(e, self.problem)).and_then(|v| {
+                canonical::param_hash(v, &policy.bound).map_err(|e| self.ctx.field_error_as(&e, self.problem))
             });
             match hashed {
                 Ok(h) => h,
                 Err(refusal) => return self.finish(refusal),
             }
         };
+        if let Some(pointer) = policy.business_ref.as_deref() {
+            let read = json
+                .as_ref()
+                .map_err(|_| CanonError::WrongType { pointer: pointer.to_string(), expected: BUSINESS_REF_TYPE });
+            match read.and_then(|v| business_ref(v, Some(pointer))) {
+                Ok(r) => self.business_ref = r,
+                Err(e) => {
+                    let refusal = self.ctx.field_error_as(&e, self.problem);
+                    return self.finish(refusal);
+                }
+            }
+        }
         let op = client_key::operation_key(&self.subject_hash, &policy.scope, &key);
         let subject_hash = self.subject_hash.clone();
         self.binding = Some((param_hash.clone(), subject_hash.clone(), policy.scope.clone()));
@@ -282,6 +314,8 @@ impl Confirm {
             trace_id: self.ctx.trace_id.clone(),
             mode,
             exp,
+            upstream_ignores_keys: self.ctx.policy.upstream_keys == UpstreamKeys::Ignored,
+            business_ref: self.business_ref.take(),
         };
         self.phase = Phase::Acquiring { key };
         Step::pause().with(Effect::Call(post("/v1/acquire", &req)))
@@ -475,7 +509,15 @@ impl Confirm {
             return Step::go_on();
         };
         let trace_id = self.ctx.trace_id.clone();
-        match outcome::classify(head.status, head.code_details.as_deref(), head.attempts, &self.ctx.policy.outcomes) {
+        let policy = &self.ctx.policy;
+        let keys_honoured = policy.upstream_keys == UpstreamKeys::Honoured;
+        match outcome::classify(
+            head.status,
+            head.code_details.as_deref(),
+            head.attempts,
+            &policy.outcomes,
+            keys_honoured,
+        ) {
             decided @ (Verdict::Done | Verdict::Failed) => {
                 let state = if decided == Verdict::Done { TerminalState::Done } else { TerminalState::Failed };
                 let result = StoredResult {
@@ -583,8 +625,25 @@ pub(super) fn lookup_path(key: &str, exp: Option<u64>) -> String {
 }
 
 fn post<T: serde::Serialize>(path: &str, body: &T) -> Callout {
-    // Serializing these plain structs cannot fail; an empty body would be a 400 from idemd, never a guess.
-    Callout { method: "POST", path: path.to_string(), body: Some(serde_json::to_vec(body).unwrap_or_default()) }
+    Callout::post(path, body)
+}
+
+/// What a business reference must be: the upstream looks it up as text.
+const BUSINESS_REF_TYPE: &str = "string or integer (the route's business_ref, at most 256 characters)";
+
+/// The confirm's `business_ref` value (`None` where the route has none). It is a bound field, so
+/// the fingerprint already proved it; it must be text the upstream can look up.
+fn business_ref(json: &serde_json::Value, pointer: Option<&str>) -> Result<Option<String>, CanonError> {
+    let Some(pointer) = pointer else { return Ok(None) };
+    let text = match json.pointer(pointer) {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+        _ => None,
+    };
+    match text {
+        Some(t) if !t.is_empty() && t.len() <= 256 && !t.chars().any(char::is_control) => Ok(Some(t)),
+        _ => Err(CanonError::WrongType { pointer: pointer.to_string(), expected: BUSINESS_REF_TYPE }),
+    }
 }
 
 /// The route's `result_ref` resolved in a recorded body.

@@ -190,6 +190,13 @@ impl Mcp {
         Ok(self.translate(step))
     }
 
+    pub(super) fn live_lease(&self) -> Option<crate::protocol::LeaseRenewal> {
+        match &self.phase {
+            Phase::Tool { inner, .. } => inner.live_lease(),
+            _ => None,
+        }
+    }
+
     pub(super) fn response_needs_headers(&self) -> bool {
         matches!(&self.phase, Phase::Tool { inner, .. } if inner.response_needs_headers())
     }

@@ -205,6 +205,14 @@ pub struct Callout {
     pub body: Option<Vec<u8>>,
 }
 
+impl Callout {
+    /// A `POST` of a protocol body. Serializing these plain structs cannot fail; an empty body
+    /// would be a 400 from idemd, never a guess.
+    pub fn post<T: serde::Serialize>(path: &str, body: &T) -> Callout {
+        Callout { method: "POST", path: path.to_string(), body: Some(serde_json::to_vec(body).unwrap_or_default()) }
+    }
+}
+
 /// The filter's Envoy counters (`wasmcustom.idem.*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter {
@@ -235,10 +243,12 @@ pub enum Counter {
     SecurityCrossSubject,
     SecurityBadSignature,
     SecurityUnknownKid,
+    LeaseRenewals,
+    LeasesLost,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 27] = [
+    pub const ALL: [Counter; 29] = [
         Counter::Minted,
         Counter::Verified,
         Counter::RejectedMissing,
@@ -266,6 +276,8 @@ impl Counter {
         Counter::SecurityCrossSubject,
         Counter::SecurityBadSignature,
         Counter::SecurityUnknownKid,
+        Counter::LeaseRenewals,
+        Counter::LeasesLost,
     ];
 
     pub fn name(self) -> &'static str {
@@ -297,6 +309,8 @@ impl Counter {
             Counter::SecurityCrossSubject => "idem.security.cross_subject",
             Counter::SecurityBadSignature => "idem.security.bad_signature",
             Counter::SecurityUnknownKid => "idem.security.unknown_kid",
+            Counter::LeaseRenewals => "idem.lease_renewals",
+            Counter::LeasesLost => "idem.leases_lost",
         }
     }
 }
@@ -489,12 +503,7 @@ impl Ctx {
             Effect::Count(Counter::SecurityEvents),
             Effect::Count(counter),
             Effect::SecurityEvent { kind: kind.as_str(), nonce: logged },
-            Effect::Report(Callout {
-                method: "POST",
-                path: "/v1/security-events".into(),
-                // Serializing this plain struct cannot fail.
-                body: Some(serde_json::to_vec(&report).unwrap_or_default()),
-            }),
+            Effect::Report(Callout::post("/v1/security-events", &report)),
         ]
     }
 
@@ -723,6 +732,16 @@ impl Machine {
             Machine::Status(s) => s.on_callout(answer, env),
             Machine::Mcp(m) => m.on_callout(answer, env),
         })
+    }
+
+    /// The IN_FLIGHT lease this stream holds while its request is upstream: the host keeps it
+    /// in its [`crate::leases::LeaseBook`] for as long as this says so (DESIGN §4).
+    pub fn live_lease(&self) -> Option<crate::protocol::LeaseRenewal> {
+        match self {
+            Machine::Confirm(c) => c.live_lease(),
+            Machine::Mcp(m) => m.live_lease(),
+            _ => None,
+        }
     }
 
     /// Whether [`ResponseHead::headers`] must be filled (a confirm records them).

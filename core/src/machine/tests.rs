@@ -34,7 +34,15 @@ fn config() -> Result<Rc<PluginConfig>, Box<dyn std::error::Error>> {
 }
 
 fn policy(role: &str, replay: &str) -> Result<Rc<RoutePolicy>, Box<dyn std::error::Error>> {
-    let leaves = [
+    policy_with(role, replay, &[])
+}
+
+fn policy_with(
+    role: &str,
+    replay: &str,
+    extra: &[(&str, &str)],
+) -> Result<Rc<RoutePolicy>, Box<dyn std::error::Error>> {
+    let mut leaves = vec![
         ("role", role),
         ("scope", "pay"),
         ("bind", "/amount:decimal, /currency"),
@@ -42,6 +50,10 @@ fn policy(role: &str, replay: &str) -> Result<Rc<RoutePolicy>, Box<dyn std::erro
         ("result_ref", "/id"),
         ("replay", replay),
     ];
+    for (k, v) in extra {
+        leaves.retain(|(key, _)| key != k);
+        leaves.push((k, v));
+    }
     let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
     let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
     Ok(Rc::new(p))
@@ -174,6 +186,79 @@ fn confirm_done_path_completes_then_releases_the_answer() -> TestResult {
     assert!(step.effects.contains(&Effect::ResumeResponse));
     assert!(counted(&step, Counter::Completed));
     assert!(matches!(m, Machine::Pass));
+    Ok(())
+}
+
+#[test]
+fn an_upstream_that_ignores_keys_is_never_released_on_its_own_answer() -> TestResult {
+    // DESIGN §4, "release needs proof nothing ran": the upstream's 503 says nothing about a second
+    // request, which it would execute; the operation stays IN_FLIGHT for the reconciler.
+    let mut env = FixedEnv { now: 999 };
+    let extra = [("upstream_keys", "ignored"), ("business_ref", "/currency")];
+    let ctx = Ctx { config: config()?, policy: policy_with("confirm", "envelope", &extra)?, trace_id: "t".into() };
+    let (mut m, _) = Machine::start(ctx, &head(Some(token(1000)?)), false, &mut env);
+    m.on_request_data(10, true);
+    let step = m.on_request_body(&body(json!("10.00")), &mut env)?;
+    let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert!(req.upstream_ignores_keys);
+    assert_eq!(req.business_ref.as_deref(), Some("EUR"), "the reconciler looks it up by this");
+    m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+    m.on_response_head(&upstream(503, "via_upstream"), false, &mut env)?;
+    m.on_response_data(2, true)?;
+    let step = m.on_response_body(b"{}", &mut env)?;
+    assert_eq!(call(&step), None, "no release: the row stays IN_FLIGHT");
+    assert!(counted(&step, Counter::UnknownOutcome));
+    Ok(())
+}
+
+#[test]
+fn an_upstream_that_ignores_keys_still_releases_what_envoy_never_sent() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let extra = [("upstream_keys", "ignored")];
+    let ctx = Ctx { config: config()?, policy: policy_with("confirm", "envelope", &extra)?, trace_id: "t".into() };
+    let (mut m, _) = Machine::start(ctx, &head(Some(token(1000)?)), false, &mut env);
+    m.on_request_data(10, true);
+    m.on_request_body(&body(json!("10.00")), &mut env)?;
+    m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+    let refused = upstream(503, "upstream_reset_before_response_started{connection_failure}");
+    m.on_response_head(&refused, false, &mut env)?;
+    m.on_response_data(2, true)?;
+    let step = m.on_response_body(b"{}", &mut env)?;
+    assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/release"));
+    Ok(())
+}
+
+#[test]
+fn a_business_ref_that_is_not_text_is_refused_before_anything_runs() -> TestResult {
+    let mut env = FixedEnv { now: 999 };
+    let extra = [("bind", "/amount:decimal, /currency, /ref"), ("business_ref", "/ref")];
+    let policy = policy_with("confirm", "envelope", &extra)?;
+    let sent = json!({"amount": "10.00", "currency": "EUR", "ref": {"nested": 1}});
+    let p = canonical::param_hash(&sent, &policy.bound)?;
+    let fp = mint(&keyring()?, NONCE, 1000, &subject_hash("alice"), "pay", &p);
+    let ctx = Ctx { config: config()?, policy, trace_id: "t".into() };
+    let (mut m, _) = Machine::start(ctx, &head(Some(fp)), false, &mut env);
+    m.on_request_data(10, true);
+    let step = m.on_request_body(sent.to_string().as_bytes(), &mut env)?;
+    assert_eq!(call(&step), None, "nothing acquired");
+    assert_eq!(step.reply().map(|r| r.http_status), Some(400), "{:?}", reply_json(&step));
+    Ok(())
+}
+
+#[test]
+fn confirm_holds_its_lease_from_the_forward_until_the_answer_is_whole() -> TestResult {
+    // DESIGN §4: a lease cannot lapse under a live request. The host renews what this names.
+    let mut env = FixedEnv { now: 999 };
+    let (m, _) = acquiring(&mut env)?;
+    assert_eq!(m.live_lease(), None, "nothing is upstream before the acquire is answered");
+    let mut m = forwarded(&mut env)?;
+    let held = m.live_lease().ok_or("no lease while upstream")?;
+    assert_eq!((held.key.as_str(), held.owner.as_str(), held.lease_ms), (KEY, OWNER, 60_000));
+    m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
+    assert_eq!(m.live_lease(), Some(held.clone()), "the answer's body is still coming");
+    m.on_response_data(2, true)?;
+    m.on_response_body(b"{}", &mut env)?;
+    assert_eq!(m.live_lease(), None, "the answer is whole: its record is one bounded callout away");
     Ok(())
 }
 

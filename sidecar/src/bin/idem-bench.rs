@@ -280,6 +280,8 @@ fn request(key: OpKey) -> AcquireRequest {
         trace_id: String::new(),
         mode: Default::default(),
         exp: None,
+        upstream_ignores_keys: false,
+        business_ref: None,
     }
 }
 

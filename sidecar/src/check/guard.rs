@@ -1,85 +1,45 @@
 //! What the filter guards, as idem-core parses it: a route's annotation or a
-//! route rule becomes a [`Guard`] (its policy and whether its upstream
-//! honours `Idempotency-Key`), and [`guarded`] lists every Envoy route that
-//! carries guarded requests upstream: annotated routes, and for each route
-//! rule the unannotated routes its requests may take (a mesh's catch-all).
+//! route rule becomes a `RoutePolicy` (with its `upstream_keys`: whether the
+//! upstream deduplicates by `Idempotency-Key`), and [`guarded`] lists every
+//! Envoy route that carries guarded requests upstream: annotated routes, and
+//! for each route rule the unannotated routes its requests may take (a mesh's
+//! catch-all).
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use idem_core::machine::replay_cache::CacheConfig;
-use idem_core::policy::{parse_plugin_config, parse_route_policy, Role, RouteDefaults, RoutePolicy, ROUTE_KEYS};
+use idem_core::policy::{parse_route_policy, PluginConfig, Role, RouteDefaults, RoutePolicy};
 use idem_core::route_rules::{PathMatch, RouteMatch, Segment};
 
 use super::model::{EnvoyConfig, Manager, Matcher, Route, Target, VirtualHost};
-use crate::tools::{annotation_leaves, placeholder_secret};
+use crate::tools::annotation_leaves;
 
-/// `upstream_keys`: whether the upstream deduplicates by `Idempotency-Key` (the default) or not, in which case
-/// an Envoy retry is a second execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamKeys {
-    Honoured,
-    Ignored,
-}
-
-/// The field's name in a route annotation and in a route rule.
-pub const UPSTREAM_KEYS: &str = "upstream_keys";
-
-/// One guarded route or rule.
-#[derive(Debug, Clone)]
-pub struct Guard {
-    pub policy: RoutePolicy,
-    pub upstream_keys: UpstreamKeys,
-}
-
-impl Guard {
-    /// The policies that acquire an operation (so hold a lease while Envoy waits): the route's own for confirm
-    /// and idempotent, each confirm tool's on an MCP route. With the tool's name.
-    pub fn acquiring(&self) -> Vec<(Option<&str>, &RoutePolicy)> {
-        match self.policy.role {
-            Role::Confirm | Role::Idempotent => vec![(None, &self.policy)],
-            Role::Mcp => self
-                .policy
-                .tools
-                .iter()
-                .filter(|(_, p)| p.role == Role::Confirm)
-                .map(|(name, p)| (Some(name.as_str()), p.as_ref()))
-                .collect(),
-            Role::Preview | Role::Status => Vec::new(),
-        }
-    }
-
-    /// Every fingerprint lifetime this guard may give or accept (an MCP route's tools too), with the tool's name.
-    pub fn fingerprint_ttls(&self) -> Vec<(Option<&str>, u64)> {
-        let mut out = vec![(None, self.policy.fingerprint_ttl_s)];
-        out.extend(self.policy.tools.iter().map(|(name, p)| (Some(name.as_str()), p.fingerprint_ttl_s)));
-        out
+/// The policies of `policy` that acquire an operation (so hold a lease while Envoy waits): its own for confirm
+/// and idempotent, each confirm tool's on an MCP route. With the tool's name.
+pub fn acquiring(policy: &RoutePolicy) -> Vec<(Option<&str>, &RoutePolicy)> {
+    match policy.role {
+        Role::Confirm | Role::Idempotent => vec![(None, policy)],
+        Role::Mcp => policy
+            .tools
+            .iter()
+            .filter(|(_, p)| p.role == Role::Confirm)
+            .map(|(name, p)| (Some(name.as_str()), p.as_ref()))
+            .collect(),
+        Role::Preview | Role::Status => Vec::new(),
     }
 }
 
-/// Read `upstream_keys` of an annotation or rule, and take it out while idem-core does not know the field yet
-/// (it would refuse it as unknown); once it does, idem-core validates it with the rest.
-fn take_upstream_keys(fields: &mut Map<String, Value>) -> Result<UpstreamKeys, String> {
-    let value = if ROUTE_KEYS.contains(&UPSTREAM_KEYS) {
-        fields.get(UPSTREAM_KEYS).cloned()
-    } else {
-        fields.remove(UPSTREAM_KEYS)
-    };
-    match value {
-        None => Ok(UpstreamKeys::Honoured),
-        Some(Value::String(s)) if s == "honoured" => Ok(UpstreamKeys::Honoured),
-        Some(Value::String(s)) if s == "ignored" => Ok(UpstreamKeys::Ignored),
-        Some(other) => Err(format!("{UPSTREAM_KEYS}: {other} is not \"honoured\" or \"ignored\"")),
-    }
+/// Every fingerprint lifetime `policy` may give or accept (an MCP route's tools too), with the tool's name.
+pub fn fingerprint_ttls(policy: &RoutePolicy) -> Vec<(Option<&str>, u64)> {
+    let mut out = vec![(None, policy.fingerprint_ttl_s)];
+    out.extend(policy.tools.iter().map(|(name, p)| (Some(name.as_str()), p.fingerprint_ttl_s)));
+    out
 }
 
 /// A route's annotation as the filter reads it. `Ok(None)`: no role, not guarded.
-pub fn from_annotation(meta: &Value, defaults: &RouteDefaults) -> Result<Option<Guard>, String> {
-    let Value::Object(fields) = meta else { return Err("the annotation is not a map of fields".into()) };
-    let mut fields = fields.clone();
-    let upstream_keys = take_upstream_keys(&mut fields)?;
-    let leaves = annotation_leaves("annotation", &Value::Object(fields))?;
-    let policy = parse_route_policy(&|k| leaves.get(k).cloned(), defaults).map_err(|e| e.0)?;
-    Ok(policy.map(|policy| Guard { policy, upstream_keys }))
+pub fn from_annotation(meta: &Value, defaults: &RouteDefaults) -> Result<Option<RoutePolicy>, String> {
+    let leaves = annotation_leaves("annotation", meta)?;
+    parse_route_policy(&|k| leaves.get(k).cloned(), defaults).map_err(|e| e.0)
 }
 
 /// One route rule of a plugin configuration.
@@ -87,10 +47,10 @@ pub fn from_annotation(meta: &Value, defaults: &RouteDefaults) -> Result<Option<
 pub struct RuleGuard {
     pub name: String,
     pub matcher: RouteMatch,
-    pub guard: Guard,
+    pub policy: RoutePolicy,
 }
 
-/// What the TTL rules read of a plugin configuration.
+/// What the TTL rules read of a plugin configuration the filter accepts.
 #[derive(Debug, Clone)]
 pub struct FilterSettings {
     pub sidecar_timeout_ms: u64,
@@ -99,39 +59,20 @@ pub struct FilterSettings {
     pub rules: Vec<RuleGuard>,
 }
 
-/// The plugin configuration as idem-core parses it, each rule's `upstream_keys` read here. None when it is
-/// not one the filter accepts (the `plugin-config` rule says why).
-pub fn filter_settings(config: &str) -> Option<FilterSettings> {
-    let mut doc: Value = serde_json::from_str(config).ok()?;
-    let mut keys = Vec::new();
-    if let Some(rules) = doc.get_mut("routes").and_then(Value::as_array_mut) {
-        for rule in rules.iter_mut().filter_map(Value::as_object_mut) {
-            let name = rule.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-            keys.push((name, take_upstream_keys(rule).ok()?));
-        }
+pub fn filter_settings(config: &PluginConfig) -> FilterSettings {
+    FilterSettings {
+        sidecar_timeout_ms: config.sidecar_timeout_ms,
+        defaults: config.defaults,
+        replay_cache: config.replay_cache,
+        rules: config
+            .routes
+            .iter()
+            .map(|r| RuleGuard { name: r.name.clone(), matcher: r.matcher.clone(), policy: (*r.policy).clone() })
+            .collect(),
     }
-    let parsed = parse_plugin_config(doc.to_string().as_bytes(), &placeholder_secret).ok()?;
-    let rules = parsed
-        .routes
-        .iter()
-        .map(|r| RuleGuard {
-            name: r.name.clone(),
-            matcher: r.matcher.clone(),
-            guard: Guard {
-                policy: (*r.policy).clone(),
-                upstream_keys: keys.iter().find(|(n, _)| *n == r.name).map_or(UpstreamKeys::Honoured, |(_, k)| *k),
-            },
-        })
-        .collect();
-    Some(FilterSettings {
-        sidecar_timeout_ms: parsed.sidecar_timeout_ms,
-        defaults: parsed.defaults,
-        replay_cache: parsed.replay_cache,
-        rules,
-    })
 }
 
-/// An Envoy route that forwards guarded requests, and the guard it forwards them under.
+/// An Envoy route that forwards guarded requests, and the policy it forwards them under.
 #[derive(Debug)]
 pub struct Guarded<'a> {
     /// `envoy.yaml: listener agents: virtual host transfers: route transfer_confirm`, or for a rule
@@ -141,7 +82,17 @@ pub struct Guarded<'a> {
     pub settings: &'a FilterSettings,
     pub host: &'a VirtualHost,
     pub route: &'a Route,
-    pub guard: &'a Guard,
+    pub policy: &'a RoutePolicy,
+}
+
+impl Guarded<'_> {
+    /// Where, for a finding about one of its MCP tools (or the route itself).
+    pub fn at_tool(&self, tool: Option<&str>) -> String {
+        match tool {
+            Some(t) => format!("{}: tool {t}", self.at),
+            None => self.at.clone(),
+        }
+    }
 }
 
 /// Every route a request the filter guards may take upstream, in managers that run the filter with a
@@ -157,7 +108,7 @@ pub fn guarded(config: &EnvoyConfig) -> Vec<Guarded<'_>> {
             for r in host.routes.iter().filter(|r| !matches!(r.target, Target::Local)) {
                 let at = format!("{}: virtual host {}: {}", m.at, host.name, r.label);
                 match &r.guard {
-                    Some(Ok(guard)) => out.push(Guarded { at, manager: m, settings, host, route: r, guard }),
+                    Some(Ok(policy)) => out.push(Guarded { at, manager: m, settings, host, route: r, policy }),
                     Some(Err(_)) => {}
                     None if r.annotation.is_some() => {}
                     None => {
@@ -168,7 +119,7 @@ pub fn guarded(config: &EnvoyConfig) -> Vec<Guarded<'_>> {
                                 settings,
                                 host,
                                 route: r,
-                                guard: &rule.guard,
+                                policy: &rule.policy,
                             });
                         }
                     }
@@ -222,11 +173,17 @@ fn may_meet(rule: &RouteMatch, route: &Matcher) -> bool {
 mod tests {
     use super::*;
     use crate::check::testing::plugin;
+    use idem_core::policy::UpstreamKeys;
+
+    fn settings(config: &str) -> Option<FilterSettings> {
+        let parsed = idem_core::policy::parse_plugin_config(config.as_bytes(), &crate::tools::placeholder_secret);
+        parsed.ok().map(|p| filter_settings(&p))
+    }
 
     fn rule_match(json: &str) -> RouteMatch {
         let config =
             plugin(&format!(r#""routes": [{{"name": "r", "match": {json}, "role": "status", "scope": "s"}}]"#));
-        match filter_settings(&config) {
+        match settings(&config) {
             Some(s) => s.rules[0].matcher.clone(),
             None => panic!("{config}"),
         }
@@ -255,24 +212,21 @@ mod tests {
     }
 
     #[test]
-    fn upstream_keys_is_read_from_rules_and_annotations() {
+    fn upstream_keys_is_idem_cores_reading_of_rules_and_annotations() {
         let rule = |keys: &str| {
             plugin(&format!(
                 r#""routes": [{{"name": "r", "match": {{"path": "/x"}}, "role": "confirm", "scope": "s", "bind": "/a"{keys}}}]"#
             ))
         };
-        let keys = |text: &str| filter_settings(text).map(|s| s.rules[0].guard.upstream_keys);
+        let keys = |text: &str| settings(text).map(|s| s.rules[0].policy.upstream_keys);
         assert_eq!(keys(&rule("")), Some(UpstreamKeys::Honoured));
         assert_eq!(keys(&rule(r#","upstream_keys":"ignored""#)), Some(UpstreamKeys::Ignored));
-        assert_eq!(keys(&rule(r#","upstream_keys":"honoured""#)), Some(UpstreamKeys::Honoured));
-        assert_eq!(keys(&rule(r#","upstream_keys":"maybe""#)), None);
+        assert_eq!(keys(&rule(r#","upstream_keys":"maybe""#)), None, "the filter refuses it: plugin-config says why");
 
         let defaults = RouteDefaults::default();
         let meta = serde_json::json!({"role": "confirm", "scope": "s", "bind": "/a", "upstream_keys": "ignored"});
-        let guard = from_annotation(&meta, &defaults).map(|g| g.map(|g| g.upstream_keys));
-        assert_eq!(guard, Ok(Some(UpstreamKeys::Ignored)));
-        let meta = serde_json::json!({"role": "confirm", "scope": "s", "bind": "/a", "upstream_keys": 1});
-        assert!(from_annotation(&meta, &defaults).is_err());
+        let policy = from_annotation(&meta, &defaults).map(|p| p.map(|p| p.upstream_keys));
+        assert_eq!(policy, Ok(Some(UpstreamKeys::Ignored)));
         let meta = serde_json::json!({"role": "confirm", "scope": "s"});
         assert!(from_annotation(&meta, &defaults).is_err_and(|e| e.contains("bind")), "idem-core's own refusal");
     }

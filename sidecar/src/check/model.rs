@@ -7,10 +7,10 @@
 
 use serde_json::Value;
 
-use idem_core::policy::{parse_plugin_config, RouteDefaults, ROUTE_NAMESPACE};
+use idem_core::policy::{parse_plugin_config, RouteDefaults, RoutePolicy, ROUTE_NAMESPACE};
 
 use super::forward::{self, ManagerTimeouts, Retry, RouteTimeouts};
-use super::guard::{self, FilterSettings, Guard};
+use super::guard::{self, FilterSettings};
 use crate::tools::{agent_filter, is_hcm, per_route_annotation, placeholder_secret};
 
 /// One configuration file.
@@ -51,7 +51,7 @@ pub struct AgentFilter {
     pub rules: usize,
     /// Why idem-core refuses the configuration (the filter would not load).
     pub config_error: Option<String>,
-    /// What the TTL rules read of it (its route rules with their `upstream_keys`); None when refused.
+    /// What the TTL rules read of it (its timeouts, defaults, replay cache, route rules); None when refused.
     pub settings: Option<FilterSettings>,
 }
 
@@ -85,7 +85,7 @@ pub struct Route {
     pub filter_disabled: bool,
     /// The annotation as the filter parses it (with the plugin's defaults), where the filter runs and accepts
     /// its configuration: `Err` says why the filter refuses the route.
-    pub guard: Option<Result<Guard, String>>,
+    pub guard: Option<Result<RoutePolicy, String>>,
     /// The route action's timeouts.
     pub timeouts: RouteTimeouts,
     /// The retry policy Envoy applies: the route's, else its virtual host's.
@@ -187,14 +187,11 @@ impl EnvoyConfig {
             .map(|(f, config)| {
                 let name = f.get("name").and_then(Value::as_str).unwrap_or(ROUTE_NAMESPACE).to_string();
                 let parsed = config.map(|c| parse_plugin_config(c.as_bytes(), &placeholder_secret));
-                let (rules, config_error) = match parsed {
-                    Some(Ok(p)) => (p.routes.len(), None),
-                    Some(Err(e)) => (0, Some(e.to_string())),
-                    None => (0, Some("no plugin configuration string value".to_string())),
+                let (rules, config_error, settings) = match parsed {
+                    Some(Ok(p)) => (p.routes.len(), None, Some(guard::filter_settings(&p))),
+                    Some(Err(e)) => (0, Some(e.to_string()), None),
+                    None => (0, Some("no plugin configuration string value".to_string()), None),
                 };
-                // Read even when idem-core refuses the configuration for `upstream_keys` alone (the field is read
-                // here until idem-core knows it); the `plugin-config` rule reports the refusal.
-                let settings = config.and_then(guard::filter_settings);
                 AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings }
             });
         let reading = Reading {

@@ -22,9 +22,10 @@
 //! route whose upstream ignores keys, every retry is a second execution.
 
 use idem_core::outcome::{classify, Outcome};
+use idem_core::policy::{RoutePolicy, UpstreamKeys};
 
 use super::forward::{condition, Condition, Retry};
-use super::guard::{guarded, Guarded, UpstreamKeys};
+use super::guard::{acquiring, guarded, Guarded};
 use super::rules::Rule;
 use super::{Finding, Inputs};
 
@@ -36,10 +37,15 @@ fn retrying<'a>(g: &Guarded<'a>) -> Option<&'a Retry> {
 /// Guarded routes that acquire (confirm, idempotent, MCP with a confirm tool) and that Envoy retries (a hedge
 /// policy does nothing without a retry policy).
 fn retried<'a>(input: &'a Inputs) -> impl Iterator<Item = (Guarded<'a>, &'a Retry)> {
-    guarded(input.envoy).into_iter().filter(|g| !g.guard.acquiring().is_empty()).filter_map(|g| {
+    guarded(input.envoy).into_iter().filter(|g| !acquiring(g.policy).is_empty()).filter_map(|g| {
         let r = retrying(&g)?;
         Some((g, r))
     })
+}
+
+/// The route's acquiring policies (an MCP route's confirm tools each have their own) whose upstream `keys`.
+fn keyed<'a>(g: &Guarded<'a>, keys: UpstreamKeys) -> Vec<(Option<&'a str>, &'a RoutePolicy)> {
+    acquiring(g.policy).into_iter().filter(|(_, p)| p.upstream_keys == keys).collect()
 }
 
 /// `a route retry policy (reset,connect-failure)`, with the hedge policy if any, for messages.
@@ -49,7 +55,11 @@ fn describe(g: &Guarded, retry: &Retry) -> String {
 }
 
 pub(super) fn retry_on_possible_execution(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
-    for (g, retry) in retried(input).filter(|(g, _)| g.guard.upstream_keys == UpstreamKeys::Honoured) {
+    for (g, retry) in retried(input) {
+        let honoured = keyed(&g, UpstreamKeys::Honoured);
+        if honoured.is_empty() {
+            continue;
+        }
         let mut why: Vec<String> = Vec::new();
         for c in &retry.retry_on {
             match condition(c) {
@@ -59,8 +69,8 @@ pub(super) fn retry_on_possible_execution(rule: &Rule, input: &Inputs, out: &mut
                 }
                 Some(Condition::Statuses) => {
                     for code in &retry.retriable_status_codes {
-                        for (tool, policy) in g.guard.acquiring() {
-                            let read = classify(*code, Some("via_upstream"), 1, &policy.outcomes);
+                        for (tool, policy) in &honoured {
+                            let read = classify(*code, Some("via_upstream"), 1, &policy.outcomes, true);
                             if matches!(read, Outcome::Done | Outcome::Unknown) {
                                 let whose = tool.map(|t| format!("tool {t}")).unwrap_or_else(|| "the route".into());
                                 let text =
@@ -95,7 +105,7 @@ pub(super) fn retry_on_possible_execution(rule: &Rule, input: &Inputs, out: &mut
 }
 
 pub(super) fn retry_needs_attempt_count(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
-    for (g, retry) in retried(input).filter(|(g, _)| g.guard.upstream_keys == UpstreamKeys::Honoured) {
+    for (g, retry) in retried(input).filter(|(g, _)| !keyed(g, UpstreamKeys::Honoured).is_empty()) {
         // Retrying only what never reached the upstream: the last attempt's answer is the whole story.
         let only_unsent = !retry.may_repeat_a_sent_request() && !g.route.hedges;
         if g.host.attempt_count_in_response || only_unsent {
@@ -115,20 +125,23 @@ pub(super) fn retry_needs_attempt_count(rule: &Rule, input: &Inputs, out: &mut V
 }
 
 pub(super) fn no_retry_without_upstream_keys(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
-    for (g, retry) in retried(input).filter(|(g, _)| g.guard.upstream_keys == UpstreamKeys::Ignored) {
+    for (g, retry) in retried(input) {
         if retry.only_never_sent() && !g.route.hedges {
             continue;
         }
         let what = describe(&g, retry);
-        out.push(rule.finding(
-            &g.at,
-            format!(
-                "upstream_keys: ignored (the upstream does not deduplicate by Idempotency-Key), and Envoy retries it \
-                 ({what}): a retry of an attempt that reached the upstream is a second execution. Retry only on \
-                 connect-failure, refused-stream or reset-before-request, or not at all (a virtual host's policy \
-                 applies to every route without its own)"
-            ),
-        ));
+        for (tool, _) in keyed(&g, UpstreamKeys::Ignored) {
+            let at = g.at_tool(tool);
+            out.push(rule.finding(
+                at,
+                format!(
+                    "upstream_keys: ignored (the upstream does not deduplicate by Idempotency-Key), and Envoy retries \
+                     it ({what}): a retry of an attempt that reached the upstream is a second execution. Retry only \
+                     on connect-failure, refused-stream or reset-before-request, or not at all (a virtual host's \
+                     policy applies to every route without its own)"
+                ),
+            ));
+        }
     }
 }
 
@@ -255,6 +268,14 @@ mod tests {
         let fixture = Fixture { plugin: plugin(rules), vhost: vhost(ATTEMPTS), ..Fixture::new(catch_all) };
         let found = findings(&fixture, &flags(), rule);
         assert!(found.len() == 1 && found[0].contains("rule pay via"), "{found:?}");
+        // An MCP route's confirm tools each say it for themselves.
+        let mcp = r#"
+      - name: mcp
+        match: { path: /mcp }
+        route: { cluster: demo, timeout: 15s, retry_policy: { retry_on: reset } }
+        metadata: { filter_metadata: { agent_idempotency: { role: mcp, tools: '{"pay": {"role": "confirm", "scope": "s", "bind": "/a", "upstream_keys": "ignored"}, "book": {"role": "confirm", "scope": "s", "bind": "/a"}}' } } }"#;
+        let found = findings(&Fixture { vhost: vhost(ATTEMPTS), ..Fixture::new(mcp) }, &flags(), rule);
+        assert!(found.len() == 1 && found[0].contains("route mcp: tool pay"), "{found:?}");
         let honoured = rules.replace("ignored", "honoured");
         let fixture = Fixture { plugin: plugin(&honoured), vhost: vhost(ATTEMPTS), ..Fixture::new(catch_all) };
         assert_eq!(findings(&fixture, &flags(), rule), Vec::<String>::new());

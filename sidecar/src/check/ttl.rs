@@ -5,7 +5,7 @@
 //! variables and defaults as `idemd serve`).
 
 use super::forward;
-use super::guard::guarded;
+use super::guard::{acquiring, fingerprint_ttls, guarded};
 use super::rules::Rule;
 use super::{Finding, Inputs};
 
@@ -29,17 +29,14 @@ pub(super) fn idemd_start(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
 pub(super) fn lease_outlasts_envoy(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
     let flags = input.idemd;
     for g in guarded(input.envoy) {
-        let acquiring = g.guard.acquiring();
+        let acquiring = acquiring(g.policy);
         if acquiring.is_empty() {
             continue;
         }
         let wait = forward::envoy_wait(&g.route.timeouts, g.route.retry.as_ref(), &g.manager.timeouts);
         let sidecar = g.settings.sidecar_timeout_ms;
         for (tool, policy) in acquiring {
-            let at = match tool {
-                Some(t) => format!("{}: tool {t}", g.at),
-                None => g.at.clone(),
-            };
+            let at = g.at_tool(tool);
             // idemd holds the row for the longer of the two (store::acquire).
             let lease = policy.lease_ms.max(flags.lease_ms);
             let Some(w) = wait.ms else {
@@ -81,16 +78,13 @@ pub(super) fn retention_outlasts_fingerprints(rule: &Rule, input: &Inputs, out: 
     let guards = guarded(input.envoy);
     let longest = guards
         .iter()
-        .flat_map(|g| g.guard.fingerprint_ttls().into_iter().map(move |(tool, ttl)| (g, tool, ttl)))
+        .flat_map(|g| fingerprint_ttls(g.policy).into_iter().map(move |(tool, ttl)| (g, tool, ttl)))
         // The first of the longest, in the file's order.
         .min_by_key(|(_, _, ttl)| std::cmp::Reverse(*ttl));
     let Some((g, tool, ttl)) = longest else { return };
     let needed = ttl.saturating_add(flags.retry_window_s);
     if flags.terminal_retention_s < needed {
-        let at = match tool {
-            Some(t) => format!("{}: tool {t}", g.at),
-            None => g.at.clone(),
-        };
+        let at = g.at_tool(tool);
         out.push(rule.finding(
             at,
             format!(

@@ -40,7 +40,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::protocol::{
     Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState, OperationView,
-    OwnerToken, ReleaseRequest, SecurityKind, StoredResult,
+    OwnerToken, ReleaseRequest, RenewRequest, RenewResponse, SecurityKind, StoredResult,
 };
 use tokio::sync::Semaphore;
 use tracing::{debug, warn};
@@ -507,6 +507,34 @@ impl Store {
         Ack::Ok
     }
 
+    // ---- renew ---------------------------------------------------------
+
+    /// Extend the leases of requests still upstream (DESIGN §4: a lease cannot lapse under a
+    /// live request). Each for the longer of the route's lease and the configured one, as at
+    /// acquire; SQL decides (the reconciler claims by SQL's lease), Redis follows. `Err` when
+    /// SQL could not be asked: the filter sends the leases again a third of a lease later.
+    pub async fn renew(&self, req: &RenewRequest) -> Result<RenewResponse, SqlError> {
+        let mut lost = Vec::new();
+        for lease in &req.leases {
+            let lease_ms = lease.lease_ms.max(self.settings.lease_ms);
+            let until = now_ms().saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX));
+            let started = Instant::now();
+            let renewed = self.sql_done("renew", started, self.sql.renew(&lease.key, &lease.owner, until).await)?;
+            self.metrics.lease_renewal(if renewed { "renewed" } else { "lost" });
+            if !renewed {
+                debug!(key = %lease.key, "renewal for an owner that no longer holds the lease");
+                lost.push(lease.key.clone());
+                continue;
+            }
+            if let Some(r) = &self.redis {
+                let started = Instant::now();
+                let cached = r.renew(&lease.key, &lease.owner, lease_ms).await;
+                self.redis_done("renew", started, cached);
+            }
+        }
+        Ok(RenewResponse { lost })
+    }
+
     // ---- security events -----------------------------------------------
 
     /// Count a security event and write its audit line. The write runs in a
@@ -706,6 +734,8 @@ mod tests {
             trace_id: String::new(),
             mode: Default::default(),
             exp: None,
+            upstream_ignores_keys: false,
+            business_ref: None,
         }
     }
 

@@ -24,6 +24,7 @@ pub struct Scripts {
     acquire: Script,
     complete: Script,
     release: Script,
+    renew: Script,
     restore: Script,
 }
 
@@ -33,6 +34,7 @@ impl Default for Scripts {
             acquire: Script::new(ACQUIRE_LUA),
             complete: Script::new(COMPLETE_LUA),
             release: Script::new(RELEASE_LUA),
+            renew: Script::new(RENEW_LUA),
             restore: Script::new(RESTORE_LUA),
         }
     }
@@ -41,6 +43,7 @@ impl Default for Scripts {
 pub const ACQUIRE_LUA: &str = include_str!("../../../lua/acquire.lua");
 pub const COMPLETE_LUA: &str = include_str!("../../../lua/complete.lua");
 pub const RELEASE_LUA: &str = include_str!("../../../lua/release.lua");
+pub const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
 pub const RESTORE_LUA: &str = include_str!("../../../lua/restore.lua");
 
 /// The cache key of an operation.
@@ -245,6 +248,13 @@ impl RedisStore {
     pub async fn release(&self, key: &str, owner: &str) -> Result<WriteReply, RedisDown> {
         let mut inv = self.scripts.release.key(redis_key(key));
         inv.arg(owner);
+        write_reply(self.invoke(inv).await?)
+    }
+
+    /// Extend the cached IN_FLIGHT copy's lease (SQL already did: this only keeps the cache in step).
+    pub async fn renew(&self, key: &str, owner: &str, lease_ms: u64) -> Result<WriteReply, RedisDown> {
+        let mut inv = self.scripts.renew.key(redis_key(key));
+        inv.arg(owner).arg(lease_ms.max(1));
         write_reply(self.invoke(inv).await?)
     }
 

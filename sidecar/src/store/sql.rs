@@ -224,6 +224,7 @@ struct Queries {
     select: String,
     complete: String,
     release: String,
+    renew: String,
     audit: String,
 }
 
@@ -256,6 +257,14 @@ impl Queries {
             release: audited(
                 backend,
                 "DELETE FROM idem_record WHERE idem_key = ?k AND owner = ? AND state = 'IN_FLIGHT'",
+            ),
+            // Not audited: a renewal changes no state, and comes every third of a lease.
+            // `updated_at` always moves, so MariaDB (which counts changed rows, not matched
+            // ones) reports the row as renewed even when the lease already ran further.
+            renew: render(
+                backend,
+                "UPDATE idem_record SET lease_until = CASE WHEN lease_until < ? THEN ? ELSE lease_until END, \
+                 updated_at = ? WHERE idem_key = ?k AND owner = ? AND state = 'IN_FLIGHT'",
             ),
             audit: render(
                 backend,
@@ -484,6 +493,21 @@ impl SqlStore {
         let binds = [Bind::Text(key), Bind::Text(owner)];
         let change = Change { key, from: Some("IN_FLIGHT"), to: None, at_ms: now_ms(), audit };
         self.change(&self.q.release, &binds, &change).await
+    }
+
+    /// Extend an IN_FLIGHT lease to `until_ms` (never shorten it) if `owner` still holds it;
+    /// `false` when it does not (completed, released, or claimed by the reconciler).
+    pub async fn renew(&self, key: &str, owner: &str, until_ms: i64) -> Result<bool, SqlError> {
+        let now = now_ms();
+        let binds = [Bind::Int(until_ms), Bind::Int(until_ms), Bind::Int(now), Bind::Text(key), Bind::Text(owner)];
+        let text = self.q.renew.as_str();
+        self.bounded(async {
+            on_pool!(&self.pool, p => {
+                let n = bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected();
+                Ok(n == 1)
+            })
+        })
+        .await
     }
 
     /// Run `text` (from [`audited`]) and, when it changed the row, append the

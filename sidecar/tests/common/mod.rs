@@ -336,6 +336,8 @@ pub fn acq(key: &str) -> AcquireRequest {
         trace_id: "test-trace".into(),
         mode: Default::default(),
         exp: None,
+        upstream_ignores_keys: false,
+        business_ref: None,
     }
 }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use idem_core::protocol::{
-    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, OpState, ReleaseRequest, StoredResult, TerminalState,
+    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, LeaseRenewal, OpKey, OpState, OwnerToken, ReleaseRequest,
+    RenewRequest, StoredResult, TerminalState,
 };
 use idemd::store::{now_ms, Store, StoreSettings};
 
@@ -395,6 +396,47 @@ pub async fn release_that_missed_redis_frees_the_nonce(fx: &Fixture) {
     assert_eq!(fx.count_rows(&key).await, 1);
 }
 
+async fn renew(store: &Store, key: &str, owner: &str, lease_ms: u64) -> Vec<OpKey> {
+    let lease = LeaseRenewal {
+        key: OpKey::parse(key).expect("key"),
+        owner: OwnerToken::parse(owner).expect("owner"),
+        lease_ms,
+    };
+    store.renew(&RenewRequest { leases: vec![lease] }).await.expect("sql").lost
+}
+
+/// The filter renews the lease of a request still upstream (DESIGN §4): the
+/// row's lease runs past its first end, and the cached copy with it; only the
+/// owner renews, and a lease that moved on (completed) is reported lost.
+pub async fn renewal_extends_the_lease_of_its_owner_only(fx: &Fixture) {
+    let store = fx.store_with(StoreSettings { lease_ms: 400, ..settings() }).await;
+    let key = new_key();
+    let owner = acquired(&store, &key).await;
+    let first_end = store.operation(&key).await.expect("sql").expect("row").lease_until_ms.expect("lease");
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(renew(&store, &key, &owner, 400).await, Vec::<OpKey>::new());
+    }
+    let row = store.operation(&key).await.expect("sql").expect("row");
+    let lease_until = row.lease_until_ms.expect("lease");
+    assert!(now_ms() > first_end, "past the lease's first end");
+    assert!(lease_until > now_ms(), "renewed: the lease runs on ({lease_until} vs now {})", now_ms());
+    assert_eq!((row.state, row.owner.as_deref()), (OpState::InFlight, Some(owner.as_str())));
+    if let Some(r) = &fx.redis {
+        assert!(r.pttl(&key).await > 0, "the cached copy's lease follows");
+    }
+
+    let forged = new_key();
+    assert_eq!(renew(&store, &key, &forged, 400).await.len(), 1, "only the owner renews");
+    assert_eq!(store.operation(&key).await.expect("sql").expect("row").lease_until_ms, Some(lease_until));
+
+    let result = simple_result("done while renewed");
+    assert_eq!(complete(&store, &key, &owner, TerminalState::Done, &result).await, Ack::Ok);
+    assert_eq!(renew(&store, &key, &owner, 400).await.len(), 1, "a completed operation's lease is gone");
+    let done = store.operation(&key).await.expect("sql").expect("row");
+    assert_eq!((done.state, done.lease_until_ms), (OpState::Done, None), "a renewal never touches a terminal row");
+}
+
 /// Every scenario, in order, for fixtures that are expensive to build (a
 /// Redis Cluster).
 pub async fn all(fx: &Fixture) {
@@ -412,4 +454,5 @@ pub async fn all(fx: &Fixture) {
     operation_view_follows_the_row(fx).await;
     complete_that_missed_redis_is_still_seen(fx).await;
     release_that_missed_redis_frees_the_nonce(fx).await;
+    renewal_extends_the_lease_of_its_owner_only(fx).await;
 }
