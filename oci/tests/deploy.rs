@@ -221,6 +221,10 @@ const LISTENER_MATCH: &[&str] = &["portNumber", "portName", "filterChain", "list
 const FILTER_CHAIN_MATCH: &[&str] =
     &["name", "sni", "transportProtocol", "applicationProtocols", "filter", "destinationPort"];
 const FILTER_MATCH: &[&str] = &["name", "subFilter"];
+const ROUTE_CONFIGURATION_MATCH: &[&str] = &["portNumber", "portName", "gateway", "vhost", "name"];
+const VIRTUAL_HOST_MATCH: &[&str] = &["name", "domainName", "route"];
+const ROUTE_MATCH: &[&str] = &["name", "action"];
+const ROUTE_ACTION: &[&str] = &["ANY", "ROUTE", "REDIRECT", "DIRECT_RESPONSE"];
 
 /// The apiVersion/kind pairs deploy/ may use (the CRDs' served versions, from the protos' `+cue-gen:…:versions`).
 const KINDS: &[(&str, &str)] = &[
@@ -346,6 +350,16 @@ fn every_manifest_parses_and_uses_only_its_apis_fields() -> TestResult {
                                 only_fields(fc, FILTER_CHAIN_MATCH, &format!("{what}.match.listener.filterChain"));
                                 if let Some(f) = fc.get("filter") {
                                     only_fields(f, FILTER_MATCH, &format!("{what}.filterChain.filter"));
+                                }
+                            }
+                        }
+                        if let Some(rc) = m.get("routeConfiguration") {
+                            only_fields(rc, ROUTE_CONFIGURATION_MATCH, &format!("{what}.match.routeConfiguration"));
+                            if let Some(vh) = rc.get("vhost") {
+                                only_fields(vh, VIRTUAL_HOST_MATCH, &format!("{what}.match.routeConfiguration.vhost"));
+                                if let Some(r) = vh.get("route") {
+                                    only_fields(r, ROUTE_MATCH, &format!("{what}.routeConfiguration.vhost.route"));
+                                    enum_value(r.get("action"), ROUTE_ACTION, &format!("{what}.vhost.route.action"));
                                 }
                             }
                         }
@@ -570,25 +584,42 @@ fn the_kustomizations_apply_what_works() -> TestResult {
     Ok(())
 }
 
+/// deploy/istio/envoyfilter.yaml's patch that applies to `apply_to`.
+fn envoy_filter_patch(apply_to: &str) -> Result<Value, idem_oci::Error> {
+    let envoy_filter = documents(&read("deploy/istio/envoyfilter.yaml")?)?;
+    let patches =
+        envoy_filter.first().and_then(|d| at(d, &["spec", "configPatches"]).ok()).ok_or("no configPatches")?;
+    let patch = each(Some(patches))
+        .find(|p| s(p, "applyTo") == Some(apply_to))
+        .ok_or_else(|| format!("no {apply_to} patch in deploy/istio/envoyfilter.yaml"))?;
+    assert_eq!(s(at(patch, &["match"])?, "context"), Some("SIDECAR_INBOUND"), "the guarded side: inbound");
+    assert_eq!(s(at(patch, &["patch"])?, "operation"), Some("MERGE"), "merged into what istiod builds");
+    Ok(patch.clone())
+}
+
+/// envoy/istio-like.yaml's inbound connection manager (what the tests run).
+fn istio_like_hcm() -> Result<Value, idem_oci::Error> {
+    let istio_like = documents(&read("envoy/istio-like.yaml")?)?;
+    let hcm = istio_like
+        .first()
+        .and_then(|d| at(d, &["static_resources", "listeners", "0", "filter_chains", "0", "filters", "0"]).ok())
+        .and_then(|f| at(f, &["typed_config"]).ok())
+        .ok_or("no connection manager in envoy/istio-like.yaml")?;
+    Ok(hcm.clone())
+}
+
 /// DESIGN §6, no path around an annotation: the mesh route is a catch-all to the app, so the path must be normalised
 /// before the filter matches its rules. The EnvoyFilter merges the three settings into the guarded workload's inbound
 /// HTTP connection managers, and envoy/istio-like.yaml (what the tests run) carries the same three.
 #[test]
 fn the_inbound_connection_manager_normalises_paths_as_istio_like_yaml_does() -> TestResult {
     const FIELDS: [&str; 3] = ["normalize_path", "merge_slashes", "path_with_escaped_slashes_action"];
-    let envoy_filter = documents(&read("deploy/istio/envoyfilter.yaml")?)?;
-    let patches =
-        envoy_filter.first().and_then(|d| at(d, &["spec", "configPatches"]).ok()).ok_or("no configPatches")?;
-    let hcm_patch = each(Some(patches))
-        .find(|p| s(p, "applyTo") == Some("NETWORK_FILTER"))
-        .ok_or("no NETWORK_FILTER patch in deploy/istio/envoyfilter.yaml")?;
-    assert_eq!(s(at(hcm_patch, &["match"])?, "context"), Some("SIDECAR_INBOUND"), "the guarded side: inbound");
+    let hcm_patch = envoy_filter_patch("NETWORK_FILTER")?;
     assert_eq!(
-        s(at(hcm_patch, &["match", "listener", "filterChain", "filter"])?, "name"),
+        s(at(&hcm_patch, &["match", "listener", "filterChain", "filter"])?, "name"),
         Some("envoy.filters.network.http_connection_manager")
     );
-    assert_eq!(s(at(hcm_patch, &["patch"])?, "operation"), Some("MERGE"), "merged into istiod's own manager");
-    let patched = at(hcm_patch, &["patch", "value", "typed_config"])?;
+    let patched = at(&hcm_patch, &["patch", "value", "typed_config"])?;
     assert!(s(patched, "@type").is_some_and(|t| t.ends_with(".HttpConnectionManager")), "{patched:?}");
     assert_eq!(at(patched, &["normalize_path"])?.as_bool(), Some(true));
     assert_eq!(at(patched, &["merge_slashes"])?.as_bool(), Some(true));
@@ -598,14 +629,29 @@ fn the_inbound_connection_manager_normalises_paths_as_istio_like_yaml_does() -> 
         "escaped slashes never pass unchanged: {action:?}"
     );
 
-    let istio_like = documents(&read("envoy/istio-like.yaml")?)?;
-    let hcm = istio_like
-        .first()
-        .and_then(|d| at(d, &["static_resources", "listeners", "0", "filter_chains", "0", "filters", "0"]).ok())
-        .and_then(|f| at(f, &["typed_config"]).ok())
-        .ok_or("no connection manager in envoy/istio-like.yaml")?;
+    let hcm = istio_like_hcm()?;
     for field in FIELDS {
         assert_eq!(hcm.get(field), patched.get(field), "envoy/istio-like.yaml's {field} is the EnvoyFilter's");
     }
+    Ok(())
+}
+
+/// DESIGN §5, the lease outlasts Envoy's wait: istiod's inbound route has no timeout, so the EnvoyFilter merges one
+/// into the guarded workload's inbound routes (route timeout and the gRPC header's maximum, which would otherwise
+/// lift it), and envoy/istio-like.yaml (what the tests run and `idemd check` judges) carries the same values.
+#[test]
+fn the_inbound_route_has_the_timeout_istio_like_yaml_has() -> TestResult {
+    let route_patch = envoy_filter_patch("HTTP_ROUTE")?;
+    assert_eq!(s(at(&route_patch, &["match", "routeConfiguration", "vhost", "route"])?, "action"), Some("ROUTE"));
+    let patched = at(&route_patch, &["patch", "value", "route"])?;
+    let timeout = s(patched, "timeout").ok_or("the patch sets no route timeout")?;
+    assert_ne!(timeout, "0s", "a timeout that bounds the wait");
+    let grpc_max = s(at(patched, &["max_stream_duration"])?, "grpc_timeout_header_max");
+    assert_eq!(grpc_max, Some(timeout), "a request sent as gRPC gets no longer");
+
+    let hcm = istio_like_hcm()?;
+    let route = at(&hcm, &["route_config", "virtual_hosts", "0", "routes", "0", "route"])?;
+    assert_eq!(s(route, "timeout"), Some(timeout), "envoy/istio-like.yaml's route timeout is the EnvoyFilter's");
+    assert_eq!(s(at(route, &["max_stream_duration"])?, "grpc_timeout_header_max"), grpc_max);
     Ok(())
 }

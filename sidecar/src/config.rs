@@ -40,7 +40,8 @@ pub enum Command {
     Tools(ToolsArgs),
     /// Check Envoy configurations before deploying them: refuse (exit 1, each
     /// finding naming its rule, listener and route) one that leaves a path to a
-    /// guarded upstream around the annotations.
+    /// guarded upstream around the annotations, or whose timeouts and retries
+    /// break the TTL rules with idemd's flags (the same variables as serve).
     Check(CheckArgs),
 }
 

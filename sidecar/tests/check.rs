@@ -1,5 +1,7 @@
-//! `idemd check`, the binary itself (DESIGN §6, "No path around an annotation"):
-//! every committed Envoy configuration passes; for each rule, a copy of a
+//! `idemd check`, the binary itself (DESIGN §6, "No path around an annotation";
+//! DESIGN §5, the TTL rules against Envoy's own settings): every committed
+//! Envoy configuration passes with idemd's defaults (what `make run`, the
+//! compose file and deploy/ run idemd with); for each rule, a copy of a
 //! committed configuration broken the way that rule is about is refused (exit
 //! status 1) with the rule, the listener and the route named; what a rule
 //! allows (a catch-all to a cluster that serves no guarded route, Istio's
@@ -22,9 +24,28 @@ struct Run {
     stderr: String,
 }
 
+/// The variables of idemd's TTL flags: none leaks in from the environment running the tests.
+const IDEMD_VARS: [&str; 6] = [
+    "IDEM_LEASE_MS",
+    "IDEM_UPSTREAM_WORST_CASE_MS",
+    "IDEM_GATEWAY_TIMEOUT_MS",
+    "IDEM_RETRY_BACKOFF_TOTAL_MS",
+    "IDEM_TERMINAL_RETENTION_S",
+    "IDEM_RETRY_WINDOW_S",
+];
+
 fn check(files: &[&Path]) -> Result<Run, Box<dyn std::error::Error>> {
+    check_with(files, &[], &[])
+}
+
+/// `idemd check` on `files` with more arguments and variables (idemd's flags).
+fn check_with(files: &[&Path], args: &[&str], vars: &[(&str, &str)]) -> Result<Run, Box<dyn std::error::Error>> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemd"));
     cmd.arg("check").current_dir(repo());
+    for var in IDEMD_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.envs(vars.iter().copied()).args(args);
     for f in files {
         cmd.arg("--envoy").arg(f);
     }
@@ -76,11 +97,10 @@ fn bench_as_run() -> Result<String, Box<dyn std::error::Error>> {
     edit(&committed("bench.yaml")?, marker, &fragment)
 }
 
-/// Every Envoy configuration under envoy/ (a new one is checked without being listed here). Two files are
-/// not whole configurations: bench-empty.yaml (a listener filter-bench splices into bench.yaml, checked so)
-/// and e2e-rds-routes.yaml (the RDS file e2e-rds.yaml names, checked through it).
-#[test]
-fn every_committed_configuration_passes() -> TestResult {
+/// Every Envoy configuration under envoy/ (a new one is checked without being listed here), relative to the
+/// repository. Two files are not whole configurations: bench-empty.yaml (a listener filter-bench splices into
+/// bench.yaml, checked so) and e2e-rds-routes.yaml (the RDS file e2e-rds.yaml names, checked through it).
+fn committed_configurations() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
     let fragments = ["bench-empty.yaml", "e2e-rds-routes.yaml"];
     let mut files: Vec<PathBuf> =
         std::fs::read_dir(repo().join("envoy"))?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
@@ -90,6 +110,13 @@ fn every_committed_configuration_passes() -> TestResult {
     let rel: Vec<PathBuf> =
         files.iter().map(|p| p.strip_prefix(repo()).map(Path::to_path_buf)).collect::<Result<_, _>>()?;
     assert!(rel.len() >= 8, "{rel:?}");
+    Ok(rel)
+}
+
+/// With idemd's defaults: the settings `make run`, docker-compose.yml and deploy/ run idemd with.
+#[test]
+fn every_committed_configuration_passes() -> TestResult {
+    let rel = committed_configurations()?;
     let refs: Vec<&Path> = rel.iter().map(PathBuf::as_path).collect();
     let run = check(&refs)?;
     assert_ok(&run);
@@ -273,5 +300,137 @@ fn an_unreadable_input_exits_2() -> TestResult {
     assert!(run.stderr.contains("envoy/no-such.yaml: cannot read"), "{}", run.stderr);
     let run = Command::new(env!("CARGO_BIN_EXE_idemd")).arg("check").output()?;
     assert_eq!(run.status.code(), Some(2), "an input is required");
+    Ok(())
+}
+
+/// `text` (a configuration) with `edit` applied to every route action that forwards to a cluster (those of its
+/// RDS file are not reached: e2e-rds.yaml's first table annotates no confirm route).
+fn every_forwarding_route(
+    text: &str,
+    edit: &dyn Fn(&mut serde_json::Map<String, Value>),
+) -> Result<String, Box<dyn std::error::Error>> {
+    fn walk(v: &mut Value, edit: &dyn Fn(&mut serde_json::Map<String, Value>), edited: &mut usize) {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::Object(action)) = map.get_mut("route") {
+                    if action.contains_key("cluster") || action.contains_key("weighted_clusters") {
+                        edit(action);
+                        *edited += 1;
+                    }
+                }
+                map.values_mut().for_each(|v| walk(v, edit, edited));
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, edit, edited)),
+            _ => {}
+        }
+    }
+    let mut doc: Value = serde_norway::from_str(text)?;
+    let mut edited = 0;
+    walk(&mut doc, edit, &mut edited);
+    if edited == 0 {
+        return Err("no forwarding route to edit".into());
+    }
+    Ok(serde_norway::to_string(&doc)?)
+}
+
+/// The committed configurations that guard a confirm (e2e-rds.yaml's first RDS table annotates only a preview).
+fn with_confirm_routes() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
+    let mut files = committed_configurations()?;
+    files.retain(|p| !p.ends_with("e2e-rds.yaml"));
+    Ok(files)
+}
+
+/// DESIGN §5: a route timeout the lease does not outlast (the 3-s lease behind 15 s, here 120 s behind
+/// idemd's default 60 s) is refused in every committed configuration, naming the route and the shortfall.
+#[test]
+fn a_short_lease_behind_a_long_route_timeout_is_refused_in_every_configuration() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    for file in with_confirm_routes()? {
+        let name = file.file_name().and_then(|n| n.to_str()).ok_or("a file name")?;
+        let text = every_forwarding_route(&std::fs::read_to_string(repo().join(&file))?, &|action| {
+            action.insert("timeout".into(), Value::String("120s".into()));
+        })?;
+        let run = check_text(dir.path(), name, &text)?;
+        assert_refused(&run, "lease-outlasts-envoy", &format!("{name}: listener"));
+        assert!(run.stderr.contains("Envoy's longest wait 120000 ms"), "{name}: {}", run.stderr);
+        assert!(run.stderr.contains("(short by "), "{name}: {}", run.stderr);
+        // idemd's own lease, when longer, covers it: the same file passes the rule.
+        let longer = check_with(&[&dir.path().join(name)], &["--lease-ms", "200000"], &[])?;
+        assert!(!longer.stderr.contains("[lease-outlasts-envoy]"), "{name}: {}", longer.stderr);
+    }
+    Ok(())
+}
+
+/// DESIGN §4: an Envoy retry on 5xx on a confirm route is refused in every committed configuration.
+#[test]
+fn a_retry_on_5xx_on_a_confirm_route_is_refused_in_every_configuration() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    for file in with_confirm_routes()? {
+        let name = file.file_name().and_then(|n| n.to_str()).ok_or("a file name")?;
+        let text = every_forwarding_route(&std::fs::read_to_string(repo().join(&file))?, &|action| {
+            action.insert("retry_policy".into(), serde_json::json!({"retry_on": "5xx", "num_retries": 1}));
+        })?;
+        let run = check_text(dir.path(), name, &text)?;
+        assert_refused(&run, "retry-on-possible-execution", &format!("{name}: listener"));
+        assert!(run.stderr.contains("5xx (an answer"), "{name}: {}", run.stderr);
+    }
+    Ok(())
+}
+
+/// DESIGN §5: a retention shorter than a fingerprint's life plus the callers' retry window is refused in every
+/// committed configuration; the flags come from idemd serve's variables.
+#[test]
+fn a_short_retention_is_refused_in_every_configuration() -> TestResult {
+    let files = committed_configurations()?;
+    let refs: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let vars = [("IDEM_TERMINAL_RETENTION_S", "3600"), ("IDEM_RETRY_WINDOW_S", "3600")];
+    let run = check_with(&refs, &[], &vars)?;
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    for f in &files {
+        let label = f.display().to_string();
+        assert!(run.stdout.contains(&format!("{label}: REFUSED")), "{label}: {}", run.stdout);
+        assert!(
+            run.stderr.lines().any(|l| l.starts_with(&format!("idemd check: {label}: "))
+                && l.contains("[retention-outlasts-fingerprints]")
+                && l.contains("--terminal-retention-s 3600")),
+            "{label}: {}",
+            run.stderr
+        );
+    }
+    // The replay cache (3600 s by default) may not outlive a shorter retention either.
+    let run = check_with(
+        &[Path::new("envoy/envoy.yaml")],
+        &["--terminal-retention-s", "3000", "--retry-window-s", "600"],
+        &[],
+    )?;
+    assert_refused(&run, "replay-cache-within-retention", "envoy.yaml: listener agents");
+    Ok(())
+}
+
+/// idemd serve's own start-up rule over the same flags: a deployment that would not start is refused here.
+#[test]
+fn flags_idemd_serve_refuses_are_refused() -> TestResult {
+    let run = check_with(&[Path::new("envoy/envoy.yaml")], &["--lease-ms", "20000"], &[])?;
+    assert_refused(&run, "idemd-start", "envoy/envoy.yaml: idemd's flags");
+    assert!(run.stderr.contains("short by 30001 ms"), "{}", run.stderr);
+    Ok(())
+}
+
+/// e2e.yaml's retried confirm route (Envoy retries on reset) passes only because its virtual host reports the
+/// attempt count, and only because its upstream deduplicates by the key.
+#[test]
+fn a_retried_confirm_needs_the_attempt_count_and_an_upstream_that_honours_keys() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let e2e = committed("e2e.yaml")?;
+    let without = edit(&e2e, "              include_attempt_count_in_response: true\n", "")?;
+    let run = check_text(dir.path(), "e2e.yaml", &without)?;
+    assert_refused(&run, "retry-needs-attempt-count", "virtual host transfers: route transfer_confirm_retrying");
+    let keyless = edit(
+        &e2e,
+        "                  retry_policy: { retry_on: \"reset,connect-failure\", num_retries: 2 }\n                metadata:\n                  filter_metadata:\n                    agent_idempotency:\n",
+        "                  retry_policy: { retry_on: \"reset,connect-failure\", num_retries: 2 }\n                metadata:\n                  filter_metadata:\n                    agent_idempotency:\n                      upstream_keys: ignored\n",
+    )?;
+    let run = check_text(dir.path(), "e2e.yaml", &keyless)?;
+    assert_refused(&run, "no-retry-without-upstream-keys", "route transfer_confirm_retrying");
     Ok(())
 }

@@ -21,15 +21,32 @@
 //! nothing in the configuration can show. The fixes are always available —
 //! explicit routes, a `direct_response`, another cluster, or route rules.
 //!
+//! The TTL rules (DESIGN §5) are checked against Envoy's own settings and
+//! idemd's flags, which `idemd check` takes with the same variables and
+//! defaults as `idemd serve` (`ttl`, `forward`); Envoy's retries against what
+//! a retry may repeat (`retries`).
+//!
 //! Each rule is an entry of [`rules::RULES`] with a name every finding carries.
 
+pub mod forward;
+pub mod guard;
 pub mod model;
+mod retries;
 pub mod rules;
+#[cfg(test)]
+mod testing;
+mod ttl;
 
 use std::process::ExitCode;
 
-use crate::config::CheckArgs;
+use crate::config::{CheckArgs, TtlArgs};
 use model::EnvoyConfig;
+
+/// What the rules read: one Envoy configuration, and idemd's flags.
+pub struct Inputs<'a> {
+    pub envoy: &'a EnvoyConfig,
+    pub idemd: &'a TtlArgs,
+}
 
 /// One reason to refuse a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,12 +75,13 @@ pub struct Report {
     pub routes: usize,
 }
 
-/// Every rule over one configuration's text (`label` names it in findings).
-pub fn check_envoy(label: &str, yaml: &str) -> Result<Report, String> {
+/// Every rule over one configuration's text (`label` names it in findings) and idemd's flags.
+pub fn check_envoy(label: &str, yaml: &str, idemd: &TtlArgs) -> Result<Report, String> {
     let config = EnvoyConfig::parse(label, yaml)?;
     let mut findings = Vec::new();
+    let input = Inputs { envoy: &config, idemd };
     for rule in rules::RULES {
-        (rule.check)(rule, &config, &mut findings);
+        (rule.check)(rule, &input, &mut findings);
     }
     let mut notes = config.notes.clone();
     for m in config.managers.iter().filter(|m| m.filter.is_none()) {
@@ -88,7 +106,7 @@ pub fn main(args: CheckArgs) -> ExitCode {
         let label = path.display().to_string();
         let report = std::fs::read_to_string(path)
             .map_err(|e| format!("{label}: cannot read: {e}"))
-            .and_then(|text| check_envoy(&label, &text));
+            .and_then(|text| check_envoy(&label, &text, &args.idemd));
         let report = match report {
             Ok(r) => r,
             Err(e) => {

@@ -2,12 +2,15 @@
 //! managers, whether the agent filter runs in each and how it is configured,
 //! how each normalises paths, and its route tables (inline, or the RDS file
 //! a `path_config_source` names), route by route: what a route matches, where
-//! it sends the request, whether it is annotated.
+//! it sends the request, whether it is annotated and what the filter guards it
+//! as, and the timeouts and retry policy Envoy forwards it with.
 
 use serde_json::Value;
 
-use idem_core::policy::{parse_plugin_config, ROUTE_NAMESPACE};
+use idem_core::policy::{parse_plugin_config, RouteDefaults, RoutePolicy, ROUTE_NAMESPACE};
 
+use super::forward::{self, ManagerTimeouts, Retry, RouteTimeouts};
+use super::guard::{self, FilterSettings};
 use crate::tools::{agent_filter, is_hcm, per_route_annotation, placeholder_secret};
 
 /// One configuration file.
@@ -33,6 +36,8 @@ pub struct Manager {
     pub escaped_slashes: Option<String>,
     /// The route table; None when it comes from a source this check cannot read.
     pub routes: Option<RouteTable>,
+    /// `stream_idle_timeout` and `max_stream_duration`: they end Envoy's wait on every route.
+    pub timeouts: ManagerTimeouts,
 }
 
 /// The agent filter's entry (the .wasm or the native module).
@@ -46,6 +51,8 @@ pub struct AgentFilter {
     pub rules: usize,
     /// Why idem-core refuses the configuration (the filter would not load).
     pub config_error: Option<String>,
+    /// What the TTL rules read of it (its timeouts, defaults, replay cache, route rules); None when refused.
+    pub settings: Option<FilterSettings>,
 }
 
 #[derive(Debug)]
@@ -61,6 +68,8 @@ pub struct VirtualHost {
     pub routes: Vec<Route>,
     /// `typed_per_filter_config.<agent filter>.disabled: true` on the virtual host.
     pub filter_disabled: bool,
+    /// `include_attempt_count_in_response: true`: the filter sees that Envoy retried.
+    pub attempt_count_in_response: bool,
 }
 
 #[derive(Debug)]
@@ -74,6 +83,15 @@ pub struct Route {
     pub annotation: Option<Value>,
     /// `typed_per_filter_config.<agent filter>.disabled: true` on the route.
     pub filter_disabled: bool,
+    /// The annotation as the filter parses it (with the plugin's defaults), where the filter runs and accepts
+    /// its configuration: `Err` says why the filter refuses the route.
+    pub guard: Option<Result<RoutePolicy, String>>,
+    /// The route action's timeouts.
+    pub timeouts: RouteTimeouts,
+    /// The retry policy Envoy applies: the route's, else its virtual host's.
+    pub retry: Option<Retry>,
+    /// `hedge_on_per_try_timeout` (the route's hedge policy, else the virtual host's).
+    pub hedges: bool,
 }
 
 /// What part of the path space a route takes.
@@ -169,24 +187,30 @@ impl EnvoyConfig {
             .map(|(f, config)| {
                 let name = f.get("name").and_then(Value::as_str).unwrap_or(ROUTE_NAMESPACE).to_string();
                 let parsed = config.map(|c| parse_plugin_config(c.as_bytes(), &placeholder_secret));
-                let (rules, config_error) = match parsed {
-                    Some(Ok(p)) => (p.routes.len(), None),
-                    Some(Err(e)) => (0, Some(e.to_string())),
-                    None => (0, Some("no plugin configuration string value".to_string())),
+                let (rules, config_error, settings) = match parsed {
+                    Some(Ok(p)) => (p.routes.len(), None, Some(guard::filter_settings(&p))),
+                    Some(Err(e)) => (0, Some(e.to_string()), None),
+                    None => (0, Some("no plugin configuration string value".to_string()), None),
                 };
-                AgentFilter { name, config: config.map(str::to_string), rules, config_error }
+                AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings }
             });
-        let filter_name = filter.as_ref().map(|f| f.name.as_str());
+        let reading = Reading {
+            filter: filter.as_ref().map(|f| f.name.as_str()),
+            defaults: filter.as_ref().and_then(|f| f.settings.as_ref()).map(|s| &s.defaults),
+            at: &at,
+        };
         let routes = if let Some(table) = hcm.get("route_config") {
             let name = table.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
-            Some(route_table(format!("route_config {name}"), table, filter_name, &at)?)
+            Some(route_table(format!("route_config {name}"), table, &reading)?)
         } else if let Some(rds) = hcm.get("rds") {
-            self.rds(&at, rds, filter_name)?
+            self.rds(&at, rds, &reading)?
         } else {
             self.notes.push(format!("{at}: no route_config and no rds (scoped routes are not checked)"));
             None
         };
+        let timeouts = forward::manager_timeouts(hcm).map_err(|e| format!("{at}: {e}"))?;
         Ok(Manager {
+            timeouts,
             at,
             normalize_path: hcm.get("normalize_path").and_then(Value::as_bool),
             merge_slashes: hcm.get("merge_slashes").and_then(Value::as_bool),
@@ -197,7 +221,7 @@ impl EnvoyConfig {
     }
 
     /// The route table of an RDS subscription, when it is a file (`path_config_source`).
-    fn rds(&mut self, at: &str, rds: &Value, filter: Option<&str>) -> Result<Option<RouteTable>, String> {
+    fn rds(&mut self, at: &str, rds: &Value, reading: &Reading) -> Result<Option<RouteTable>, String> {
         let name = rds.get("route_config_name").and_then(Value::as_str).unwrap_or("(unnamed)");
         let source = rds.get("config_source");
         let path = source
@@ -222,14 +246,26 @@ impl EnvoyConfig {
             .flatten()
             .find(|r| r.get("name").and_then(Value::as_str) == Some(name))
             .ok_or_else(|| format!("{at}: RDS file {path} has no route configuration {name}"))?;
-        Ok(Some(route_table(format!("RDS {name} from {path}"), table, filter, at)?))
+        Ok(Some(route_table(format!("RDS {name} from {path}"), table, reading)?))
     }
 }
 
-fn route_table(source: String, table: &Value, filter: Option<&str>, at: &str) -> Result<RouteTable, String> {
+/// What reading a route table needs of its connection manager.
+struct Reading<'a> {
+    /// The agent filter's name, when it runs here.
+    filter: Option<&'a str>,
+    /// Its route defaults, when it accepts its configuration: annotations are parsed with them.
+    defaults: Option<&'a RouteDefaults>,
+    at: &'a str,
+}
+
+fn route_table(source: String, table: &Value, reading: &Reading) -> Result<RouteTable, String> {
+    let (filter, at) = (reading.filter, reading.at);
     let mut hosts = Vec::new();
     for host in table.get("virtual_hosts").and_then(Value::as_array).into_iter().flatten() {
         let host_name = host.get("name").and_then(Value::as_str).unwrap_or("(unnamed)").to_string();
+        let host_retry =
+            forward::retry(host, "virtual host").map_err(|e| format!("{at}: virtual host {host_name}: {e}"))?;
         let mut routes = Vec::new();
         for (i, route) in host.get("routes").and_then(Value::as_array).into_iter().flatten().enumerate() {
             let label = match route.get("name").and_then(Value::as_str) {
@@ -238,16 +274,32 @@ fn route_table(source: String, table: &Value, filter: Option<&str>, at: &str) ->
             };
             let where_ = format!("{at}: virtual host {host_name}: {label}");
             let annotation = annotation(route, filter).map_err(|e| format!("{where_}: {e}"))?;
+            let guard = match (&annotation, reading.defaults) {
+                (Some(meta), Some(defaults)) => guard::from_annotation(meta, defaults).transpose(),
+                _ => None,
+            };
+            let action = route.get("route").unwrap_or(&Value::Null);
+            let timeouts = forward::route_timeouts(action).map_err(|e| format!("{where_}: {e}"))?;
+            let retry = match forward::retry(action, "route").map_err(|e| format!("{where_}: {e}"))? {
+                Some(r) => Some(r),
+                None => host_retry.clone(),
+            };
             routes.push(Route {
                 matcher: matcher(route.get("match")),
                 target: target(route),
                 annotation,
                 filter_disabled: filter.is_some_and(|f| disabled(route, f)),
                 label,
+                guard,
+                timeouts,
+                retry,
+                hedges: forward::hedges(action, host),
             });
         }
         let filter_disabled = filter.is_some_and(|f| disabled(host, f));
-        hosts.push(VirtualHost { name: host_name, routes, filter_disabled });
+        let attempt_count_in_response =
+            host.get("include_attempt_count_in_response").and_then(Value::as_bool) == Some(true);
+        hosts.push(VirtualHost { name: host_name, routes, filter_disabled, attempt_count_in_response });
     }
     Ok(RouteTable { source, hosts })
 }

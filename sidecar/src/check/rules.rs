@@ -1,22 +1,23 @@
 //! The rules `idemd check` applies, each by name. A rule reads the parsed
-//! configuration and reports findings; any finding refuses the configuration.
-//! New rules (the TTL rules, say) are one more entry in [`RULES`].
+//! configuration and idemd's flags and reports findings; any finding refuses
+//! the configuration. A new rule is one more entry in [`RULES`]; the TTL rules
+//! are in `ttl`, the retry rules in `retries`.
 
 use std::collections::BTreeMap;
 
 use super::model::{EnvoyConfig, Manager, Matcher, Target};
-use super::Finding;
+use super::{retries, ttl, Finding, Inputs};
 
 pub struct Rule {
     /// The name a finding carries (and the docs use).
     pub name: &'static str,
     /// What the rule insists on, in one line.
     pub summary: &'static str,
-    pub check: fn(&Rule, &EnvoyConfig, &mut Vec<Finding>),
+    pub check: fn(&Rule, &Inputs, &mut Vec<Finding>),
 }
 
 impl Rule {
-    fn finding(&self, at: impl Into<String>, message: impl Into<String>) -> Finding {
+    pub(super) fn finding(&self, at: impl Into<String>, message: impl Into<String>) -> Finding {
         Finding { rule: self.name, at: at.into(), message: message.into() }
     }
 }
@@ -59,13 +60,65 @@ pub const RULES: &[Rule] = &[
                   (a mesh's catch-all route needs the rules)",
         check: guarded_routes_exist,
     },
+    Rule {
+        name: "route-annotation",
+        summary: "every annotation where the filter runs is one it accepts (it refuses every request to a route whose \
+                  annotation it cannot read)",
+        check: route_annotation,
+    },
+    Rule {
+        name: "idemd-start",
+        summary:
+            "idemd serve starts with the flags given (its own TTL rules over --lease-ms, --upstream-worst-case-ms, \
+                  --gateway-timeout-ms, --retry-backoff-total-ms, --terminal-retention-s, --retry-window-s)",
+        check: ttl::idemd_start,
+    },
+    Rule {
+        name: "lease-outlasts-envoy",
+        summary: "each guarded confirm, idempotent or MCP confirm tool's lease (the longer of its lease_ms and \
+                  --lease-ms) exceeds Envoy's longest wait for the upstream (route timeout, retries × per-try \
+                  timeout + back-off, idle and stream timeouts) + sidecar_timeout_ms + --upstream-worst-case-ms",
+        check: ttl::lease_outlasts_envoy,
+    },
+    Rule {
+        name: "retention-outlasts-fingerprints",
+        summary:
+            "--terminal-retention-s is at least the longest fingerprint_ttl_s of any guarded route + --retry-window-s",
+        check: ttl::retention_outlasts_fingerprints,
+    },
+    Rule {
+        name: "replay-cache-within-retention",
+        summary: "the plugin's replay_cache ttl_s (when the cache is on) is at most --terminal-retention-s",
+        check: ttl::replay_cache_within_retention,
+    },
+    Rule {
+        name: "retry-on-possible-execution",
+        summary: "no Envoy retry on a guarded confirm, idempotent or MCP route retries after the upstream may have \
+                  executed and answered (5xx, gateway-error, retriable-4xx, retriable-headers, gRPC statuses, a \
+                  retriable status the route reads as done or unknown, hedging on per-try timeout)",
+        check: retries::retry_on_possible_execution,
+    },
+    Rule {
+        name: "retry-needs-attempt-count",
+        summary:
+            "a guarded confirm, idempotent or MCP route that Envoy retries has include_attempt_count_in_response: \
+                  true on its virtual host",
+        check: retries::retry_needs_attempt_count,
+    },
+    Rule {
+        name: "no-retry-without-upstream-keys",
+        summary: "no Envoy retry or hedge policy (route or virtual host) on a guarded route whose upstream ignores \
+                  Idempotency-Key (upstream_keys: ignored)",
+        check: retries::no_retry_without_upstream_keys,
+    },
 ];
 
 fn with_filter(config: &EnvoyConfig) -> impl Iterator<Item = &Manager> {
     config.managers.iter().filter(|m| m.filter.is_some())
 }
 
-fn plugin_config(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
+fn plugin_config(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let config = input.envoy;
     for m in with_filter(config) {
         if let Some(e) = m.filter.as_ref().and_then(|f| f.config_error.as_ref()) {
             out.push(rule.finding(&m.at, format!("the filter refuses its plugin configuration: {e}")));
@@ -73,7 +126,8 @@ fn plugin_config(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
     }
 }
 
-fn normalize_path(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
+fn normalize_path(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let config = input.envoy;
     for m in with_filter(config).filter(|m| m.normalize_path != Some(true)) {
         out.push(rule.finding(
             &m.at,
@@ -84,7 +138,8 @@ fn normalize_path(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
     }
 }
 
-fn merge_slashes(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
+fn merge_slashes(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let config = input.envoy;
     for m in with_filter(config).filter(|m| m.merge_slashes != Some(true)) {
         out.push(rule.finding(
             &m.at,
@@ -97,7 +152,8 @@ fn merge_slashes(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
 /// The actions that never let an escaped slash reach routing unchanged.
 const SAFE_ESCAPED_SLASH_ACTIONS: &[&str] = &["REJECT_REQUEST", "UNESCAPE_AND_REDIRECT", "UNESCAPE_AND_FORWARD"];
 
-fn escaped_slashes(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
+fn escaped_slashes(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let config = input.envoy;
     for m in with_filter(config) {
         let action = m.escaped_slashes.as_deref();
         if action.is_some_and(|a| SAFE_ESCAPED_SLASH_ACTIONS.contains(&a)) {
@@ -117,7 +173,8 @@ fn escaped_slashes(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
     }
 }
 
-fn catch_all_to_guarded_cluster(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
+fn catch_all_to_guarded_cluster(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let config = input.envoy;
     // Every cluster an annotated route sends to, in any connection manager that runs the filter: a client
     // chooses the listener and the Host, so a broad route anywhere in the file reaches them.
     let mut guarded: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -181,7 +238,8 @@ fn catch_all_to_guarded_cluster(rule: &Rule, config: &EnvoyConfig, out: &mut Vec
     }
 }
 
-fn filter_disabled_on_annotated_route(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
+fn filter_disabled_on_annotated_route(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let config = input.envoy;
     for m in with_filter(config) {
         let (Some(table), Some(filter)) = (&m.routes, &m.filter) else { continue };
         for host in &table.hosts {
@@ -202,7 +260,8 @@ fn filter_disabled_on_annotated_route(rule: &Rule, config: &EnvoyConfig, out: &m
     }
 }
 
-fn guarded_routes_exist(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding>) {
+fn guarded_routes_exist(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let config = input.envoy;
     for m in with_filter(config) {
         let (Some(table), Some(filter)) = (&m.routes, &m.filter) else { continue };
         if filter.config_error.is_some() || filter.rules > 0 {
@@ -226,5 +285,20 @@ fn guarded_routes_exist(rule: &Rule, config: &EnvoyConfig, out: &mut Vec<Finding
                 table.source
             ),
         ));
+    }
+}
+
+fn route_annotation(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    for m in with_filter(input.envoy) {
+        for host in m.routes.iter().flat_map(|t| &t.hosts) {
+            for r in &host.routes {
+                if let Some(Err(e)) = &r.guard {
+                    out.push(rule.finding(
+                        format!("{}: virtual host {}: {}", m.at, host.name, r.label),
+                        format!("the filter refuses this route's annotation ({e}): it answers every request to it 503"),
+                    ));
+                }
+            }
+        }
     }
 }

@@ -1,9 +1,12 @@
 //! `idemd check …`: refuse a configuration that leaves a path around an
-//! annotation (`crate::check`), before it is deployed.
+//! annotation or breaks a TTL rule against Envoy's own timeouts and retries
+//! (`crate::check`), before it is deployed.
 
 use std::path::PathBuf;
 
 use clap::Args;
+
+use super::TtlArgs;
 
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
@@ -12,4 +15,10 @@ pub struct CheckArgs {
     /// RDS file named by `path_config_source`). May be given more than once.
     #[arg(long, value_name = "FILE", required = true, num_args = 1..)]
     pub envoy: Vec<PathBuf>,
+
+    /// idemd's lease and retention, with the same flags, variables and
+    /// defaults as `idemd serve`: run the check in the deployment's
+    /// environment and it judges the deployment's settings.
+    #[command(flatten)]
+    pub idemd: TtlArgs,
 }

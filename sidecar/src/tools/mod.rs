@@ -205,7 +205,7 @@ impl Collected {
                         ));
                     }
                 }
-                let leaves = self.leaves(&origin, meta)?;
+                let leaves = annotation_leaves(&origin, meta)?;
                 let policy =
                     parse_route_policy(&|k| leaves.get(k).cloned(), &defaults).map_err(|e| format!("{origin}: {e}"))?;
                 match policy {
@@ -217,37 +217,6 @@ impl Collected {
             }
         }
         Ok(())
-    }
-
-    /// Route metadata leaves as the filter reads them: strings and numbers.
-    fn leaves(&mut self, origin: &str, meta: &Value) -> Result<HashMap<String, LeafValue>, String> {
-        let Value::Object(map) = meta else {
-            return Err(format!("{origin}: {ROUTE_NAMESPACE}: expected a map of annotation leaves"));
-        };
-        let mut leaves = HashMap::new();
-        for (key, value) in map {
-            if !ROUTE_KEYS.contains(&key.as_str()) {
-                // The filter refuses such a route (every request gets 503) rather than guess what was meant.
-                return Err(format!(
-                    "{origin}: {ROUTE_NAMESPACE}.{key}: unknown annotation field (expected one of: {}); the filter refuses the route",
-                    ROUTE_KEYS.join(", ")
-                ));
-            }
-            let leaf = match value {
-                Value::String(s) => LeafValue::Str(s.clone()),
-                Value::Number(n) => match n.as_f64() {
-                    Some(f) => LeafValue::Num(f),
-                    None => return Err(format!("{origin}: {ROUTE_NAMESPACE}.{key}: {n} is not a number Envoy keeps")),
-                },
-                other => {
-                    return Err(format!(
-                        "{origin}: {ROUTE_NAMESPACE}.{key}: {other} is neither a string nor a number (the filter reads only those; quote it)"
-                    ))
-                }
-            };
-            leaves.insert(key.clone(), leaf);
-        }
-        Ok(leaves)
     }
 
     /// A plugin configuration: validated whole by idem-core, then its route
@@ -334,6 +303,37 @@ impl Collected {
         }
         Ok(out.into_iter().map(|(d, _)| d).collect())
     }
+}
+
+/// Route metadata leaves as the filter reads them: strings and numbers (`idemd check` reads them so too).
+pub(crate) fn annotation_leaves(origin: &str, meta: &Value) -> Result<HashMap<String, LeafValue>, String> {
+    let Value::Object(map) = meta else {
+        return Err(format!("{origin}: {ROUTE_NAMESPACE}: expected a map of annotation leaves"));
+    };
+    let mut leaves = HashMap::new();
+    for (key, value) in map {
+        if !ROUTE_KEYS.contains(&key.as_str()) {
+            // The filter refuses such a route (every request gets 503) rather than guess what was meant.
+            return Err(format!(
+                "{origin}: {ROUTE_NAMESPACE}.{key}: unknown annotation field (expected one of: {}); the filter refuses the route",
+                ROUTE_KEYS.join(", ")
+            ));
+        }
+        let leaf = match value {
+            Value::String(s) => LeafValue::Str(s.clone()),
+            Value::Number(n) => match n.as_f64() {
+                Some(f) => LeafValue::Num(f),
+                None => return Err(format!("{origin}: {ROUTE_NAMESPACE}.{key}: {n} is not a number Envoy keeps")),
+            },
+            other => {
+                return Err(format!(
+                    "{origin}: {ROUTE_NAMESPACE}.{key}: {other} is neither a string nor a number (the filter reads only those; quote it)"
+                ))
+            }
+        };
+        leaves.insert(key.clone(), leaf);
+    }
+    Ok(leaves)
 }
 
 /// The agent filter's plugin configuration text if `f` is the agent filter: as proxy-wasm

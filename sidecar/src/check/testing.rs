@@ -1,0 +1,110 @@
+//! Small Envoy configurations for the rules' unit tests: one listener whose
+//! connection manager runs the agent filter, one virtual host, the routes a
+//! test gives, and the plugin configuration (with whatever fields a test adds).
+
+use crate::config::TtlArgs;
+
+use super::check_envoy;
+
+/// The pieces of the configuration a test varies.
+pub struct Fixture {
+    /// Route entries (`- name: …`), at any indentation.
+    pub routes: String,
+    /// Extra fields of the virtual host, one per line.
+    pub vhost: String,
+    /// Extra fields of the connection manager, one per line.
+    pub hcm: String,
+    /// The plugin configuration (JSON).
+    pub plugin: String,
+}
+
+impl Fixture {
+    pub fn new(routes: &str) -> Fixture {
+        Fixture { routes: routes.to_string(), vhost: String::new(), hcm: String::new(), plugin: plugin("") }
+    }
+
+    pub fn yaml(&self) -> String {
+        format!(
+            r#"static_resources:
+  listeners:
+  - name: agents
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          normalize_path: true
+          merge_slashes: true
+          path_with_escaped_slashes_action: REJECT_REQUEST
+{hcm}          route_config:
+            name: transfers
+            virtual_hosts:
+            - name: transfers
+              domains: ["*"]
+{vhost}              routes:
+{routes}          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: agent_idempotency
+                root_id: agent_idempotency
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{plugin}'
+"#,
+            hcm = indent(&self.hcm, 10),
+            vhost = indent(&self.vhost, 14),
+            routes = indent(&self.routes, 14),
+            plugin = self.plugin,
+        )
+    }
+}
+
+/// `text` with its common indentation replaced by `by` spaces, a newline after each line.
+fn indent(text: &str, by: usize) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let common = lines.iter().map(|l| l.len() - l.trim_start().len()).min().unwrap_or(0);
+    lines.iter().map(|l| format!("{}{}\n", " ".repeat(by), &l[common..])).collect()
+}
+
+/// Connection manager fields.
+pub fn hcm(fields: &str) -> String {
+    fields.to_string()
+}
+
+/// Virtual host fields.
+pub fn vhost(fields: &str) -> String {
+    fields.to_string()
+}
+
+/// A plugin configuration the filter accepts, with `fields` (`"name": value, …`) added.
+pub fn plugin(fields: &str) -> String {
+    let extra = if fields.is_empty() { String::new() } else { format!(", {fields}") };
+    format!(
+        r#"{{"sidecar_cluster": "idem_sidecar", "keys": [{{"kid": "k1", "secret": "test-only-secret-0123456789abcdef0123"}}], "active_kid": "k1", "subject": {{"header": "x-agent-subject"}}{extra}}}"#
+    )
+}
+
+/// idemd serve's defaults.
+pub fn flags() -> TtlArgs {
+    TtlArgs {
+        lease_ms: 60_000,
+        upstream_worst_case_ms: 30_000,
+        gateway_timeout_ms: 15_000,
+        retry_backoff_total_ms: 5_000,
+        terminal_retention_s: 7 * 24 * 3600,
+        retry_window_s: 24 * 3600,
+    }
+}
+
+/// The findings of `rule` on the fixture, as `at: message`.
+pub fn findings(fixture: &Fixture, flags: &TtlArgs, rule: &str) -> Vec<String> {
+    let yaml = fixture.yaml();
+    let report = match check_envoy("test.yaml", &yaml, flags) {
+        Ok(r) => r,
+        Err(e) => panic!("{e}\n{yaml}"),
+    };
+    assert!(super::rules::RULES.iter().any(|r| r.name == rule), "{rule} is a rule's name");
+    report.findings.iter().filter(|f| f.rule == rule).map(|f| format!("{}: {}", f.at, f.message)).collect()
+}
