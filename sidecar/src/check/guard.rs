@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use idem_core::machine::replay_cache::CacheConfig;
 use idem_core::policy::{parse_route_policy, PluginConfig, Role, RouteDefaults, RoutePolicy};
-use idem_core::route_rules::{PathMatch, RouteMatch, Segment};
+use idem_core::policy::rules::{PathMatch, RouteMatch, Segment};
 
 use super::model::{EnvoyConfig, Manager, Matcher, Route, Target, VirtualHost};
 use crate::tools::annotation_leaves;

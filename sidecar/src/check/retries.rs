@@ -21,7 +21,7 @@
 //! says it did not run it) may be retried; done and unknown may not. On a
 //! route whose upstream ignores keys, every retry is a second execution.
 
-use idem_core::outcome::{classify, Outcome};
+use idem_core::outcome::{classify, Verdict};
 use idem_core::policy::{RoutePolicy, UpstreamKeys};
 
 use super::forward::{condition, Condition, Retry};
@@ -71,7 +71,7 @@ pub(super) fn retry_on_possible_execution(rule: &Rule, input: &Inputs, out: &mut
                     for code in &retry.retriable_status_codes {
                         for (tool, policy) in &honoured {
                             let read = classify(*code, Some("via_upstream"), 1, &policy.outcomes, true);
-                            if matches!(read, Outcome::Done | Outcome::Unknown) {
+                            if matches!(read, Verdict::Done | Verdict::Unknown) {
                                 let whose = tool.map(|t| format!("tool {t}")).unwrap_or_else(|| "the route".into());
                                 let text =
                                     format!("retriable-status-codes {code} ({whose} reads it as {})", read.as_str());
@@ -125,10 +125,10 @@ pub(super) fn retry_needs_attempt_count(rule: &Rule, input: &Inputs, out: &mut V
 }
 
 pub(super) fn no_retry_without_upstream_keys(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    // Any retry policy, even one that retries only what never reached the upstream (DESIGN §4:
+    // on such a route Envoy retries are refused): the filter releases on Envoy's proof itself, so
+    // the agent's own retry with the same fingerprint is the one way to run it again.
     for (g, retry) in retried(input) {
-        if retry.only_never_sent() && !g.route.hedges {
-            continue;
-        }
         let what = describe(&g, retry);
         for (tool, _) in keyed(&g, UpstreamKeys::Ignored) {
             let at = g.at_tool(tool);
@@ -136,9 +136,9 @@ pub(super) fn no_retry_without_upstream_keys(rule: &Rule, input: &Inputs, out: &
                 at,
                 format!(
                     "upstream_keys: ignored (the upstream does not deduplicate by Idempotency-Key), and Envoy retries \
-                     it ({what}): a retry of an attempt that reached the upstream is a second execution. Retry only \
-                     on connect-failure, refused-stream or reset-before-request, or not at all (a virtual host's \
-                     policy applies to every route without its own)"
+                     it ({what}): a retry of an attempt that reached the upstream is a second execution. Remove the \
+                     retry policy (a virtual host's policy applies to every route without its own); the filter \
+                     releases what Envoy never sent, and the agent's retry runs it"
                 ),
             ));
         }
@@ -254,9 +254,9 @@ mod tests {
         assert!(found.len() == 1 && found[0].contains("upstream_keys: ignored"), "{found:?}");
         let found = findings(&ignored(", retry_policy: { retry_on: envoy-ratelimited }"), &flags(), rule);
         assert_eq!(found.len(), 1, "only Envoy's own proof counts: {found:?}");
-        // What provably never reached the upstream may be retried even here (the filter releases on that proof).
+        // Not even what provably never reached the upstream: the filter releases on that proof itself.
         let unsent = ignored(", retry_policy: { retry_on: \"connect-failure,refused-stream,reset-before-request\" }");
-        assert_eq!(findings(&unsent, &flags(), rule), Vec::<String>::new());
+        assert_eq!(findings(&unsent, &flags(), rule).len(), 1);
         // Only this rule speaks for it.
         let fixture = ignored(", retry_policy: { retry_on: 5xx }");
         assert_eq!(findings(&fixture, &flags(), RULE), Vec::<String>::new());
