@@ -7,7 +7,13 @@
 //! extensions/v1alpha1/wasm.proto, extensions/v1alpha1/traffic_extension.proto,
 //! security/v1beta1/request_authentication.proto, security/v1beta1/authorization_policy.proto,
 //! networking/v1alpha3/envoy_filter.proto, type/v1beta1/selector.proto
-//! (proto field names in their JSON/CRD spelling, lowerCamelCase).
+//! (proto field names in their JSON/CRD spelling, lowerCamelCase); Envoy Gateway's from
+//! github:envoyproxy/gateway api/v1alpha1 at d32f28294245e454d20f81d323d626a90e660c1e (2026-08-21) and the
+//! Gateway API's from github:kubernetes-sigs/gateway-api apis/v1 at 4564255ac2c35d582249b3cdf261bdf51c8bca32
+//! (the Go types' json names).
+//!
+//! deploy/observability/ holds Prometheus and Grafana files, not Kubernetes manifests: tests/tests/observability.rs
+//! checks them.
 
 use idem_oci::istio::{documents, plugin_config_json};
 use serde_norway::Value;
@@ -27,6 +33,9 @@ fn read(rel: &str) -> Result<String, idem_oci::Error> {
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let p = entry?.path();
+        if p.file_name().is_some_and(|n| n == "observability") {
+            continue;
+        }
         if p.is_dir() {
             yaml_files(&p, out)?;
         } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
@@ -239,7 +248,209 @@ const KINDS: &[(&str, &str)] = &[
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+    ("gateway.networking.k8s.io/v1", "Gateway"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+    ("gateway.envoyproxy.io/v1alpha1", "EnvoyProxy"),
+    ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"),
+    ("gateway.envoyproxy.io/v1alpha1", "EnvoyPatchPolicy"),
+    ("gateway.envoyproxy.io/v1alpha1", "ClientTrafficPolicy"),
+    ("gateway.envoyproxy.io/v1alpha1", "SecurityPolicy"),
 ];
+
+// envoyproxy/gateway api/v1alpha1 (PolicyTargetReferences, i.e. targetRef/targetRefs/targetSelectors, is inlined
+// into the policies' specs) and kubernetes-sigs/gateway-api apis/v1: (kind, path, the fields allowed there). A path
+// walks mappings by key and lists by `[]`; parts a manifest does not have are skipped.
+const EG_TARGETS: &[&str] = &["targetRef", "targetRefs", "targetSelectors"];
+const GATEWAY_SCHEMA: &[(&str, &str, &[&str])] = &[
+    (
+        "EnvoyExtensionPolicy",
+        "spec",
+        &["targetRef", "targetRefs", "targetSelectors", "mergeType", "wasm", "extProc", "lua", "dynamicModule"],
+    ),
+    ("EnvoyExtensionPolicy", "spec.wasm[]", &["name", "rootID", "code", "config", "failOpen", "env"]),
+    ("EnvoyExtensionPolicy", "spec.wasm[].code", &["type", "http", "image", "pullPolicy"]),
+    ("EnvoyExtensionPolicy", "spec.wasm[].code.http", &["url", "sha256", "tls"]),
+    ("EnvoyExtensionPolicy", "spec.wasm[].code.image", &["url", "sha256", "pullSecretRef", "tls"]),
+    ("EnvoyExtensionPolicy", "spec.wasm[].env", &["hostKeys"]),
+    ("EnvoyExtensionPolicy", "spec.dynamicModule[]", &["name", "filterName", "config", "terminalFilter"]),
+    ("EnvoyPatchPolicy", "spec", &["type", "jsonPatches", "targetRef", "priority"]),
+    ("EnvoyPatchPolicy", "spec.jsonPatches[]", &["type", "name", "operation"]),
+    ("EnvoyPatchPolicy", "spec.jsonPatches[].operation", &["op", "path", "jsonPath", "from", "value"]),
+    (
+        "EnvoyProxy",
+        "spec",
+        &[
+            "provider",
+            "logging",
+            "telemetry",
+            "bootstrap",
+            "concurrency",
+            "routingType",
+            "extraArgs",
+            "mergeGateways",
+            "mergeBackends",
+            "shutdown",
+            "filterOrder",
+            "backendTLS",
+            "ipFamily",
+            "preserveRouteOrder",
+            "luaValidation",
+            "lua",
+            "dynamicModules",
+            "geoIP",
+            "mergeType",
+        ],
+    ),
+    ("EnvoyProxy", "spec.provider", &["type", "kubernetes", "host"]),
+    (
+        "EnvoyProxy",
+        "spec.provider.kubernetes",
+        &[
+            "envoyDeployment",
+            "envoyDaemonSet",
+            "envoyService",
+            "envoyHpa",
+            "useListenerPortAsContainerPort",
+            "envoyPDB",
+            "envoyServiceAccount",
+        ],
+    ),
+    (
+        "EnvoyProxy",
+        "spec.provider.kubernetes.envoyDeployment",
+        &["patch", "replicas", "strategy", "pod", "container", "initContainers", "name"],
+    ),
+    (
+        "EnvoyProxy",
+        "spec.provider.kubernetes.envoyDeployment.container",
+        &["env", "resources", "securityContext", "image", "imageRepository", "volumeMounts"],
+    ),
+    ("EnvoyProxy", "spec.filterOrder[]", &["name", "before", "after"]),
+    ("EnvoyProxy", "spec.dynamicModules[]", &["name", "source", "doNotClose", "loadGlobally"]),
+    ("EnvoyProxy", "spec.dynamicModules[].source", &["type", "local", "remote"]),
+    ("EnvoyProxy", "spec.dynamicModules[].source.local", &["path"]),
+    (
+        "ClientTrafficPolicy",
+        "spec",
+        &[
+            "targetRef",
+            "targetRefs",
+            "targetSelectors",
+            "tcpKeepalive",
+            "enableProxyProtocol",
+            "proxyProtocol",
+            "clientIPDetection",
+            "tls",
+            "path",
+            "headers",
+            "timeout",
+            "connection",
+            "http1",
+            "http2",
+            "http3",
+            "grpc",
+            "healthCheck",
+            "scheme",
+        ],
+    ),
+    ("ClientTrafficPolicy", "spec.path", &["escapedSlashesAction", "disableMergeSlashes"]),
+    (
+        "SecurityPolicy",
+        "spec",
+        &[
+            "targetRef",
+            "targetRefs",
+            "targetSelectors",
+            "mergeType",
+            "apiKeyAuth",
+            "cors",
+            "csrf",
+            "basicAuth",
+            "jwt",
+            "oidc",
+            "extAuth",
+            "authorization",
+        ],
+    ),
+    ("SecurityPolicy", "spec.jwt", &["optional", "failOpen", "providers"]),
+    (
+        "SecurityPolicy",
+        "spec.jwt.providers[]",
+        &["name", "issuer", "audiences", "remoteJWKS", "localJWKS", "claimToHeaders", "recomputeRoute", "extractFrom"],
+    ),
+    ("SecurityPolicy", "spec.jwt.providers[].claimToHeaders[]", &["header", "claim"]),
+    (
+        "Gateway",
+        "spec",
+        &["gatewayClassName", "listeners", "addresses", "infrastructure", "allowedListeners", "tls", "defaultScope"],
+    ),
+    ("Gateway", "spec.listeners[]", &["name", "hostname", "port", "protocol", "tls", "allowedRoutes"]),
+    ("Gateway", "spec.infrastructure", &["labels", "annotations", "parametersRef"]),
+    ("HTTPRoute", "spec", &["parentRefs", "useDefaultGateways", "hostnames", "rules"]),
+    ("HTTPRoute", "spec.parentRefs[]", &["group", "kind", "namespace", "name", "sectionName", "port"]),
+    (
+        "HTTPRoute",
+        "spec.rules[]",
+        &["name", "matches", "filters", "backendRefs", "timeouts", "retry", "sessionPersistence"],
+    ),
+    ("HTTPRoute", "spec.rules[].matches[]", &["path", "headers", "queryParams", "method"]),
+    ("HTTPRoute", "spec.rules[].matches[].path", &["type", "value"]),
+    ("HTTPRoute", "spec.rules[].backendRefs[]", &["group", "kind", "name", "namespace", "port", "weight", "filters"]),
+];
+/// (kind, path of a value, the values its enum allows).
+const GATEWAY_ENUMS: &[(&str, &str, &[&str])] = &[
+    ("EnvoyExtensionPolicy", "spec.wasm[].code.type", &["HTTP", "Image"]),
+    ("EnvoyPatchPolicy", "spec.type", &["JSONPatch"]),
+    (
+        "EnvoyPatchPolicy",
+        "spec.jsonPatches[].type",
+        &[
+            "type.googleapis.com/envoy.config.listener.v3.Listener",
+            "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+        ],
+    ),
+    ("EnvoyPatchPolicy", "spec.jsonPatches[].operation.op", &["add", "remove", "replace", "move", "copy", "test"]),
+    ("EnvoyProxy", "spec.dynamicModules[].source.type", &["Local", "Remote"]),
+    (
+        "ClientTrafficPolicy",
+        "spec.path.escapedSlashesAction",
+        &["KeepUnchanged", "RejectRequest", "UnescapeAndForward", "UnescapeAndRedirect"],
+    ),
+    ("HTTPRoute", "spec.rules[].matches[].path.type", &["Exact", "PathPrefix", "RegularExpression"]),
+];
+
+/// Every value at `path` in `v` (see GATEWAY_SCHEMA).
+fn values_at<'a>(v: &'a Value, path: &str) -> Vec<&'a Value> {
+    let mut found = vec![v];
+    for part in path.split('.') {
+        let (key, list) = part.strip_suffix("[]").map_or((part, false), |k| (k, true));
+        found = found
+            .into_iter()
+            .filter_map(|c| c.get(key))
+            .flat_map(|c| if list { each(Some(c)).collect() } else { vec![c] })
+            .collect();
+    }
+    found
+}
+
+/// A Gateway API or Envoy Gateway document against GATEWAY_SCHEMA and GATEWAY_ENUMS.
+fn check_schema(doc: &Value, kind: &str, what: &str) -> Result<(), String> {
+    at(doc, &["spec"]).map_err(|_| format!("{what}: no spec"))?;
+    for (_, path, allowed) in GATEWAY_SCHEMA.iter().filter(|(k, _, _)| *k == kind) {
+        for v in values_at(doc, path) {
+            only_fields(v, allowed, &format!("{what}.{path}"));
+        }
+    }
+    for (_, path, allowed) in GATEWAY_ENUMS.iter().filter(|(k, _, _)| *k == kind) {
+        for v in values_at(doc, path) {
+            enum_value(Some(v), allowed, &format!("{what}.{path}"));
+        }
+    }
+    Ok(())
+}
 
 fn check_selector_and_match(spec: &Value, what: &str) {
     if let Some(sel) = spec.get("selector") {
@@ -327,6 +538,20 @@ fn every_manifest_parses_and_uses_only_its_apis_fields() -> TestResult {
                     for t in each(r.get("to")) {
                         only_fields(t, &["operation"], &format!("{what}.rules[].to[]"));
                         only_fields(at(t, &["operation"])?, OPERATION, &format!("{what}.rules[].to[].operation"));
+                    }
+                }
+            }
+            kind if GATEWAY_SCHEMA.iter().any(|(k, _, _)| *k == kind) => {
+                check_schema(d, kind, &what)?;
+                if kind == "EnvoyProxy" {
+                    // The CRD's pattern for a module's name: Envoy Gateway refuses other names.
+                    for name in values_at(d, "spec.dynamicModules[].name").into_iter().filter_map(Value::as_str) {
+                        let edge = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+                        let inner = |c: char| edge(c) || c == '.' || c == '-';
+                        assert!(
+                            name.starts_with(edge) && name.ends_with(edge) && name.chars().all(inner),
+                            "{what}: dynamic module name {name:?} is not ^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$"
+                        );
                     }
                 }
             }
@@ -430,6 +655,19 @@ fn the_plugin_configuration_is_one_string_everywhere() -> TestResult {
     Ok(())
 }
 
+/// Every `secret_env` a plugin configuration names (its keys' and its token's), sorted.
+fn secret_envs(config: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = config["keys"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain([&config["sidecar_token"]])
+        .filter_map(|k| k["secret_env"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
 /// The secrets' path: every `secret_env` the configuration names is a HOST variable of the Wasm VM in every form
 /// (WasmPlugin env, EnvoyFilter host_env_keys, istio-like.yaml), and the guarded workload's istio-proxy container
 /// sets each from a Secret key that the example Secret defines.
@@ -439,14 +677,7 @@ fn every_secret_reaches_the_wasm_vm() -> TestResult {
     let wasmplugin = find(&docs, "WasmPlugin", "agent-idempotency")?;
     let config: serde_json::Value =
         serde_json::from_str(&plugin_config_json(&read("deploy/istio/wasmplugin.yaml")?, "WasmPlugin")?)?;
-    let mut secret_envs: Vec<String> = config["keys"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .chain([&config["sidecar_token"]])
-        .filter_map(|k| k["secret_env"].as_str().map(str::to_owned))
-        .collect();
-    secret_envs.sort();
+    let secret_envs = secret_envs(&config);
     assert_eq!(secret_envs, ["IDEM_HMAC_K1", "IDEM_SIDECAR_TOKEN"]);
     assert!(config["keys"].as_array().into_iter().flatten().all(|k| k.get("secret").is_none()), "no inline secret");
     assert!(config["sidecar_token"].get("secret").is_none(), "no inline token");
@@ -653,5 +884,258 @@ fn the_inbound_route_has_the_timeout_istio_like_yaml_has() -> TestResult {
     let route = at(&hcm, &["route_config", "virtual_hosts", "0", "routes", "0", "route"])?;
     assert_eq!(s(route, "timeout"), Some(timeout), "envoy/istio-like.yaml's route timeout is the EnvoyFilter's");
     assert_eq!(s(at(route, &["max_stream_duration"])?, "grpc_timeout_header_max"), grpc_max);
+    Ok(())
+}
+
+// ---- Envoy Gateway (deploy/envoy-gateway/) ------------------------------------------------------------------
+
+/// Every document of one file under deploy/envoy-gateway/.
+fn eg_docs(rel: &str) -> Result<Vec<Value>, idem_oci::Error> {
+    documents(&read(&format!("deploy/envoy-gateway/{rel}"))?)
+}
+
+fn eg_find<'a>(docs: &'a [Value], kind: &str) -> Result<&'a Value, String> {
+    docs.iter().find(|d| s(d, "kind") == Some(kind)).ok_or_else(|| format!("no {kind}"))
+}
+
+/// The plugin configuration of a policy's filter (its `config`), as JSON.
+fn policy_config(policy: &Value) -> Result<serde_json::Value, idem_oci::Error> {
+    let spec = at(policy, &["spec"])?;
+    let filter = at(spec, &["wasm", "0"]).or_else(|_| at(spec, &["dynamicModule", "0"]))?;
+    Ok(serde_json::from_str(&serde_json::to_string(at(filter, &["config"])?)?)?)
+}
+
+/// The three policies (the native module's, the .wasm's from an image and over HTTP) configure one filter, with
+/// the route rules and keys of the Istio deployment; its idemd cluster is the one the EnvoyPatchPolicy adds (idemd's
+/// Service); its subject header is the one the SecurityPolicy's JWT fills; every secret it names reaches it.
+#[test]
+fn envoy_gateways_policies_configure_one_working_filter() -> TestResult {
+    let native = eg_docs("native/native.yaml")?;
+    let wasm = eg_docs("wasm/wasm.yaml")?;
+    let http = eg_docs("wasm/wasm-http.yaml")?;
+    let config = policy_config(eg_find(&native, "EnvoyExtensionPolicy")?)?;
+    assert_eq!(policy_config(eg_find(&wasm, "EnvoyExtensionPolicy")?)?, config, "wasm.yaml's is native.yaml's");
+    assert_eq!(policy_config(eg_find(&http, "EnvoyExtensionPolicy")?)?, config, "wasm-http.yaml's is native.yaml's");
+
+    let istio: serde_json::Value =
+        serde_json::from_str(&plugin_config_json(&read("deploy/istio/wasmplugin.yaml")?, "WasmPlugin")?)?;
+    for same in ["routes", "keys", "active_kid", "defaults", "sidecar_token", "sidecar_timeout_ms"] {
+        assert_eq!(config[same], istio[same], "{same}: as in the Istio deployment (numbers stay integers here)");
+    }
+
+    let base = eg_docs("base/gateway.yaml")?;
+    let patch = eg_find(&base, "EnvoyPatchPolicy")?;
+    let added = at(patch, &["spec", "jsonPatches", "0"])?;
+    assert_eq!(s(added, "type"), Some("type.googleapis.com/envoy.config.cluster.v3.Cluster"));
+    let cluster = at(added, &["operation", "value"])?;
+    assert_eq!(s(cluster, "name"), config["sidecar_cluster"].as_str(), "the filter calls the cluster the patch adds");
+    assert_eq!(s(added, "name"), config["sidecar_cluster"].as_str());
+    let socket = at(
+        cluster,
+        &["load_assignment", "endpoints", "0", "lb_endpoints", "0", "endpoint", "address", "socket_address"],
+    )?;
+    let docs = all_documents()?;
+    let svc = find(&docs, "Service", "idemd")?;
+    let svc_ns = s(at(svc, &["metadata"])?, "namespace").ok_or("no namespace")?;
+    assert_eq!(s(socket, "address").map(str::to_owned), Some(format!("idemd.{svc_ns}.svc.cluster.local")));
+    assert_eq!(at(socket, &["port_value"])?.as_u64(), at(svc, &["spec", "ports", "0", "port"])?.as_u64());
+    assert_eq!(
+        config["sidecar_authority"].as_str().map(str::to_owned),
+        Some(format!("idemd.{svc_ns}.svc.cluster.local"))
+    );
+
+    let jwt = eg_find(&base, "SecurityPolicy")?;
+    let claim = at(jwt, &["spec", "jwt", "providers", "0", "claimToHeaders", "0"])?;
+    assert_eq!(s(claim, "claim"), Some("sub"));
+    assert_eq!(s(claim, "header"), config["subject"]["header"].as_str(), "the subject is the verified sub");
+
+    // Secrets: every secret_env from the proxy's environment, set from the filter's Secret.
+    let secret_envs = secret_envs(&config);
+    let example = find(&docs, "Secret", "idem-filter-secrets")?;
+    for variant in [&native, &wasm] {
+        let proxy = eg_find(variant, "EnvoyProxy")?;
+        let env = at(proxy, &["spec", "provider", "kubernetes", "envoyDeployment", "container", "env"])?;
+        for name in &secret_envs {
+            let e = each(Some(env)).find(|e| s(e, "name") == Some(name)).ok_or_else(|| format!("no {name}"))?;
+            let r = at(e, &["valueFrom", "secretKeyRef"])?;
+            assert_eq!(s(r, "name"), Some("idem-filter-secrets"));
+            assert!(at(example, &["stringData", s(r, "key").unwrap_or_default()]).is_ok(), "the example Secret has it");
+        }
+    }
+    let host_keys = at(eg_find(&wasm, "EnvoyExtensionPolicy")?, &["spec", "wasm", "0", "env", "hostKeys"])?;
+    let mut keys: Vec<String> = each(Some(host_keys)).filter_map(Value::as_str).map(str::to_owned).collect();
+    keys.sort();
+    assert_eq!(keys, secret_envs, "the Wasm VM gets every secret_env from Envoy's environment");
+    Ok(())
+}
+
+/// The routes: the HTTPRoute serves exactly what the filter's rules guard (no catch-all, nothing unguarded), the
+/// policies target the Gateway (Envoy Gateway enables a policy's filter per route: every route of the Gateway gets
+/// it), and the filter runs after authorization and rate limits.
+#[test]
+fn envoy_gateway_routes_only_what_the_rules_guard_and_guards_every_route() -> TestResult {
+    let base = eg_docs("base/gateway.yaml")?;
+    let gateway = eg_find(&base, "Gateway")?;
+    let gw_name = s(at(gateway, &["metadata"])?, "name").ok_or("no name")?;
+    let config = policy_config(eg_find(&eg_docs("native/native.yaml")?, "EnvoyExtensionPolicy")?)?;
+    let route = eg_find(&base, "HTTPRoute")?;
+    let matches: Vec<&Value> = each(at(route, &["spec", "rules"]).ok()).flat_map(|r| each(r.get("matches"))).collect();
+    for m in &matches {
+        let (kind, value) = (text(m, &["path", "type"]), text(m, &["path", "value"]));
+        assert!(kind == "Exact" || (kind == "PathPrefix" && value != "/"), "no catch-all: {kind} {value}");
+        let guarded = config["routes"].as_array().into_iter().flatten().any(|r| match kind {
+            "Exact" => r["match"]["path"].as_str() == Some(value),
+            _ => r["match"]["prefix"].as_str() == Some(value),
+        });
+        assert!(guarded, "{kind} {value} is routed but no rule guards it");
+    }
+    for rule in config["routes"].as_array().into_iter().flatten() {
+        let routed = matches.iter().any(|m| {
+            rule["match"]["path"].as_str().is_some_and(|p| text(m, &["path", "value"]) == p)
+                || rule["match"]["prefix"].as_str().is_some_and(|p| text(m, &["path", "value"]) == p)
+        });
+        assert!(routed, "rule {} guards a path the HTTPRoute does not serve", rule["name"]);
+    }
+    for (file, kind) in [("native/native.yaml", "EnvoyExtensionPolicy"), ("wasm/wasm.yaml", "EnvoyExtensionPolicy")] {
+        let policy = eg_docs(file)?;
+        let spec = at(eg_find(&policy, kind)?, &["spec"])?;
+        assert!(keys(spec).iter().filter(|k| EG_TARGETS.contains(k)).count() == 1, "{file}: one kind of target");
+        let target = at(spec, &["targetRefs", "0"])?;
+        assert_eq!((s(target, "kind"), s(target, "name")), (Some("Gateway"), Some(gw_name)), "{file}: the Gateway");
+    }
+    for (file, filter) in
+        [("native/native.yaml", "envoy.filters.http.dynamic_modules"), ("wasm/wasm.yaml", "envoy.filters.http.wasm")]
+    {
+        let docs = eg_docs(file)?;
+        let proxy = eg_find(&docs, "EnvoyProxy")?;
+        let after: Vec<&str> = each(at(proxy, &["spec", "filterOrder"]).ok())
+            .filter(|f| s(f, "name") == Some(filter))
+            .filter_map(|f| s(f, "after"))
+            .collect();
+        assert_eq!(
+            after,
+            ["envoy.filters.http.rbac", "envoy.filters.http.local_ratelimit", "envoy.filters.http.ratelimit"],
+            "{file}: after authorization and rate limits"
+        );
+    }
+    let clients = eg_find(&base, "ClientTrafficPolicy")?;
+    assert_eq!(text(clients, &["spec", "path", "escapedSlashesAction"]), "RejectRequest");
+    assert!(at(clients, &["spec", "path", "disableMergeSlashes"]).is_err(), "slashes stay merged (the default)");
+    let infra = at(gateway, &["spec", "infrastructure", "parametersRef"])?;
+    for variant in ["native/native.yaml", "wasm/wasm.yaml"] {
+        let docs = eg_docs(variant)?;
+        let proxy = eg_find(&docs, "EnvoyProxy")?;
+        assert_eq!(s(at(proxy, &["metadata"])?, "name"), s(infra, "name"), "{variant}: the Gateway's EnvoyProxy");
+    }
+    Ok(())
+}
+
+fn text<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    at(v, path).ok().and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The .wasm: code type Image (what `make oci` builds) and, in wasm-http.yaml, HTTP with a sha256; and the
+/// EnvoyPatchPolicy that sets allow_on_headers_stop_iteration names the filter and listener Envoy Gateway
+/// generates (envoy/gateway-like.yaml, which tests/tests/envoy_gateway.rs runs with and without it, uses them).
+#[test]
+fn the_wasm_comes_from_the_oci_image_or_http_and_its_hold_patch_finds_the_filter() -> TestResult {
+    let wasm = eg_docs("wasm/wasm.yaml")?;
+    let policy = eg_find(&wasm, "EnvoyExtensionPolicy")?;
+    let filter = at(policy, &["spec", "wasm", "0"])?;
+    assert_eq!(text(filter, &["code", "type"]), "Image");
+    assert!(
+        text(filter, &["code", "image", "url"]).starts_with("registry.example.com/agents/agent-idempotency-filter:")
+    );
+    assert_eq!(s(filter, "rootID"), Some("agent_idempotency"), "the filter's root_id");
+    assert_eq!(at(filter, &["failOpen"])?.as_bool(), Some(false), "a filter that cannot load must not open the door");
+    let http = eg_docs("wasm/wasm-http.yaml")?;
+    let http_filter = at(eg_find(&http, "EnvoyExtensionPolicy")?, &["spec", "wasm", "0"])?;
+    assert_eq!(text(http_filter, &["code", "type"]), "HTTP");
+    assert!(text(http_filter, &["code", "http", "url"]).starts_with("https://"));
+    let sha = text(http_filter, &["code", "http", "sha256"]);
+    assert!(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()), "a sha256: {sha}");
+    let http_meta = at(eg_find(&http, "EnvoyExtensionPolicy")?, &["metadata"])?;
+    assert_eq!(s(http_meta, "name"), s(at(policy, &["metadata"])?, "name"), "the same policy: the patch fits both");
+
+    let meta = at(policy, &["metadata"])?;
+    let (ns, name) = (s(meta, "namespace").ok_or("ns")?, s(meta, "name").ok_or("name")?);
+    let base = eg_docs("base/gateway.yaml")?;
+    let gateway = eg_find(&base, "Gateway")?;
+    let listener = format!(
+        "{}/{}/{}",
+        text(gateway, &["metadata", "namespace"]),
+        text(gateway, &["metadata", "name"]),
+        text(gateway, &["spec", "listeners", "0", "name"])
+    );
+    let hold = wasm.iter().find(|d| s(d, "kind") == Some("EnvoyPatchPolicy")).ok_or("no hold patch")?;
+    let p = at(hold, &["spec", "jsonPatches", "0"])?;
+    assert_eq!(s(p, "type"), Some("type.googleapis.com/envoy.config.listener.v3.Listener"));
+    assert_eq!(s(p, "name"), Some(listener.as_str()), "Envoy Gateway's listener name");
+    let eg_filter = format!("envoy.filters.http.wasm/envoyextensionpolicy/{ns}/{name}/wasm/0");
+    assert_eq!(
+        text(p, &["operation", "jsonPath"]),
+        format!("..http_filters[?(@.name=='{eg_filter}')].typed_config.config"),
+        "the filter Envoy Gateway generates for this policy"
+    );
+    assert_eq!(
+        (text(p, &["operation", "op"]), text(p, &["operation", "path"])),
+        ("add", "/allow_on_headers_stop_iteration")
+    );
+    assert_eq!(at(p, &["operation", "value"])?.as_bool(), Some(true));
+    let like = read("envoy/gateway-like.yaml")?;
+    assert!(like.contains(&format!("- name: {eg_filter}")) && like.contains(&format!("- name: {listener}")));
+    Ok(())
+}
+
+/// The native module: allowlisted in the EnvoyProxy under the name the policy uses, loaded from where the
+/// `envoy-native` image (Dockerfile) puts it, on the Envoy it was built for.
+#[test]
+fn the_native_module_is_allowlisted_and_shipped_with_its_envoy() -> TestResult {
+    let native = eg_docs("native/native.yaml")?;
+    let proxy = eg_find(&native, "EnvoyProxy")?;
+    let policy = eg_find(&native, "EnvoyExtensionPolicy")?;
+    let module = at(policy, &["spec", "dynamicModule", "0"])?;
+    assert_eq!(s(module, "filterName"), Some("agent_idempotency"), "the module's filter_name");
+    let entry = each(at(proxy, &["spec", "dynamicModules"]).ok())
+        .find(|m| s(m, "name") == s(module, "name"))
+        .ok_or("the policy's module is not in the EnvoyProxy's dynamicModules")?;
+    assert_eq!(text(entry, &["source", "type"]), "Local");
+    let path = text(entry, &["source", "local", "path"]);
+    assert!(path.ends_with("/libagent_idempotency_native.so"), "{path}");
+
+    let dockerfile = read("Dockerfile")?;
+    let stage =
+        dockerfile.split("\nFROM ").find(|st| st.contains(" AS envoy-native")).ok_or("no envoy-native stage")?;
+    assert!(stage.starts_with("envoyproxy/envoy:v1.40."), "the Envoy the module is built for: {stage}");
+    assert!(
+        stage.lines().any(|l| l.starts_with("COPY --from=build")
+            && l.contains("libagent_idempotency_native.so")
+            && l.ends_with(path)),
+        "the image puts the module where the EnvoyProxy loads it: {stage}"
+    );
+    let image = text(proxy, &["spec", "provider", "kubernetes", "envoyDeployment", "container", "image"]);
+    assert!(image.ends_with(":1.40.0"), "the proxy runs the module's Envoy: {image}");
+    let like = read("envoy/gateway-native-like.yaml")?;
+    assert!(like.contains(&format!("filename: {path}")), "envoy/gateway-native-like.yaml loads the same path");
+    Ok(())
+}
+
+#[test]
+fn envoy_gateways_kustomizations_apply_one_filter_each() -> TestResult {
+    for (dir, must, must_not) in [
+        ("deploy/envoy-gateway/native", &["../base", "native.yaml"][..], &[][..]),
+        ("deploy/envoy-gateway/wasm", &["../base", "wasm.yaml"][..], &["wasm-http.yaml"][..]),
+        ("deploy/envoy-gateway/base", &["gateway.yaml"][..], &[][..]),
+    ] {
+        let k = documents(&read(&format!("{dir}/kustomization.yaml"))?)?;
+        let resources: Vec<&str> = each(k.first().and_then(|d| d.get("resources"))).filter_map(Value::as_str).collect();
+        for r in &resources {
+            assert!(repo_root().join(dir).join(r).exists(), "{dir}/kustomization.yaml: {r} exists");
+        }
+        assert_eq!(resources, must, "{dir}");
+        for m in must_not {
+            assert!(!resources.contains(m), "{dir} must not apply {m}");
+        }
+    }
     Ok(())
 }

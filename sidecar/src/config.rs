@@ -62,6 +62,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
 
+    /// How often idemd asks both stores and the backlog, traffic or not, for
+    /// the gauges alerts read (`idem_sql_up`, `idem_redis_up`, `idem_in_flight`,
+    /// `idem_in_flight_overdue_seconds`, `idem_needs_review`).
+    #[arg(long, env = "IDEM_PROBE_INTERVAL_MS", default_value_t = 5_000)]
+    pub probe_interval_ms: u64,
+
     #[command(flatten)]
     pub stores: StoreArgs,
 
@@ -78,14 +84,24 @@ impl ServeArgs {
     pub fn validate(&self) -> Result<reconcile::StatusEndpoints, Vec<String>> {
         let ttl = self.ttl.validate();
         let reconcile = self.reconcile.validate(&self.ttl);
-        match (ttl, reconcile) {
-            (Ok(()), Ok(endpoints)) => Ok(endpoints),
-            (ttl, reconcile) => {
+        let probe = if self.probe_interval_ms == 0 {
+            Err(vec!["--probe-interval-ms must be greater than 0".to_string()])
+        } else {
+            Ok(())
+        };
+        match (ttl, reconcile, probe) {
+            (Ok(()), Ok(endpoints), Ok(())) => Ok(endpoints),
+            (ttl, reconcile, probe) => {
                 let mut broken = ttl.err().unwrap_or_default();
                 broken.extend(reconcile.err().unwrap_or_default());
+                broken.extend(probe.err().unwrap_or_default());
                 Err(broken)
             }
         }
+    }
+
+    pub fn probe_interval(&self) -> Duration {
+        Duration::from_millis(self.probe_interval_ms)
     }
 }
 

@@ -6,7 +6,8 @@
 //! table is the truth (`store::sql`); `store` is the state machine over both;
 //! `api` is the HTTP face; `config` the command line. In the background,
 //! `reconcile` decides operations whose executor went silent and `reaper`
-//! deletes terminal rows past the retention; `ops` is the operator's CLI; `tools` generates agents'
+//! deletes terminal rows past the retention, and `probe` keeps the health and
+//! backlog gauges current; `ops` is the operator's CLI; `tools` generates agents'
 //! tool definitions from the route annotations; `check` refuses Envoy configurations that leave a path
 //! around them.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
@@ -17,6 +18,7 @@ pub mod check;
 pub mod config;
 pub mod metrics;
 pub mod ops;
+pub mod probe;
 pub mod reaper;
 pub mod reconcile;
 pub mod serve;

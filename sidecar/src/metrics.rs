@@ -6,6 +6,13 @@
 //! `idem_needs_review` is the backlog a person has to work through: alert
 //! when it is not zero. `idem_security_events_total{kind}` counts tampering,
 //! another subject's fingerprints and forgeries: alert when it rises.
+//! `idem_in_flight_overdue_seconds` says how long ago the lease of the
+//! longest-expired IN_FLIGHT row ended: a reconciler that keeps up holds it
+//! near zero (deploy/observability/alerts.yaml has the rules).
+//!
+//! Label sets an alert compares over time (security kinds, reconciler
+//! decisions, each scope's lookups) exist at 0 from the start: a series that
+//! appears at its first increment is invisible to `increase()`.
 
 use std::time::Instant;
 
@@ -15,6 +22,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use idem_core::protocol::SecurityKind;
+
+use crate::reconcile::decide::Decision;
+
+/// What a status lookup can come to (`idem_reconcile_lookups_total{result}`).
+pub const LOOKUP_RESULTS: [&str; 3] = ["found", "not_found", "failed"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -44,6 +58,13 @@ struct KindLabels {
     kind: &'static str,
 }
 
+/// A reconciler's status lookup: the scope's endpoint and what it answered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LookupLabels {
+    scope: String,
+    result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreOpLabels {
     store: &'static str,
@@ -69,8 +90,12 @@ pub struct Metrics {
     redis_refill: Family<StateLabels, Counter>,
     redis_up: Gauge,
     sql_up: Gauge,
+    redis_configured: Gauge,
     reconcile: Family<DecisionLabels, Counter>,
+    lookups: Family<LookupLabels, Counter>,
     needs_review: Gauge,
+    in_flight: Gauge,
+    in_flight_overdue: Gauge,
     reaped: Counter,
     auth_rejected: Counter,
     security_events: Family<KindLabels, Counter>,
@@ -95,8 +120,12 @@ impl Metrics {
         let redis_refill = Family::<StateLabels, Counter>::default();
         let redis_up = Gauge::default();
         let sql_up = Gauge::default();
+        let redis_configured = Gauge::default();
         let reconcile = Family::<DecisionLabels, Counter>::default();
+        let lookups = Family::<LookupLabels, Counter>::default();
         let needs_review = Gauge::default();
+        let in_flight = Gauge::default();
+        let in_flight_overdue = Gauge::default();
         let reaped = Counter::default();
         let auth_rejected = Counter::default();
         let security_events = Family::<KindLabels, Counter>::default();
@@ -132,16 +161,42 @@ impl Metrics {
             "1 while the Redis fast path answers, 0 while degraded to SQL alone (or Redis is off)",
             redis_up.clone(),
         );
-        registry.register("idem_sql_up", "1 while the SQL truth answers", sql_up.clone());
+        registry.register(
+            "idem_sql_up",
+            "1 while the SQL truth answers (the last call, or the store probe every --probe-interval-ms)",
+            sql_up.clone(),
+        );
+        registry.register(
+            "idem_redis_configured",
+            "1 when this idemd runs with Redis (--redis-url), 0 when it runs on SQL alone by choice",
+            redis_configured.clone(),
+        );
         registry.register(
             "idem_reconcile",
             "Reconciler decisions on expired IN_FLIGHT rows (done, failed, released, needs_review, retry, skipped_grace)",
             reconcile.clone(),
         );
         registry.register(
+            "idem_reconcile_lookups",
+            "Reconciler status lookups by scope and result (found, not_found, failed: no answer, an error status, \
+             an unreadable answer)",
+            lookups.clone(),
+        );
+        registry.register(
             "idem_needs_review",
-            "Operations waiting for a person (NEEDS_REVIEW rows), as of the last reconciler pass",
+            "Operations waiting for a person (NEEDS_REVIEW rows), as of the last store probe or reconciler pass",
             needs_review.clone(),
+        );
+        registry.register(
+            "idem_in_flight",
+            "IN_FLIGHT rows (executing, or waiting for the reconciler), as of the last store probe",
+            in_flight.clone(),
+        );
+        registry.register(
+            "idem_in_flight_overdue_seconds",
+            "How long ago the lease of the longest-expired IN_FLIGHT row ended (0 when no lease has run out), as of \
+             the last store probe: the reconciler's lag",
+            in_flight_overdue.clone(),
         );
         registry.register("idem_reaped", "Terminal rows deleted after the retention", reaped.clone());
         registry.register(
@@ -161,6 +216,13 @@ impl Metrics {
             security_events_unrecorded.clone(),
         );
 
+        for kind in SecurityKind::ALL {
+            drop(security_events.get_or_create(&KindLabels { kind: kind.as_str() }));
+        }
+        for decision in Decision::METRICS {
+            drop(reconcile.get_or_create(&DecisionLabels { decision }));
+        }
+
         Self {
             registry,
             acquire,
@@ -172,8 +234,12 @@ impl Metrics {
             redis_refill,
             redis_up,
             sql_up,
+            redis_configured,
             reconcile,
+            lookups,
             needs_review,
+            in_flight,
+            in_flight_overdue,
             reaped,
             auth_rejected,
             security_events,
@@ -234,8 +300,28 @@ impl Metrics {
         self.reconcile.get_or_create(&DecisionLabels { decision }).inc();
     }
 
+    pub fn set_redis_configured(&self, configured: bool) {
+        self.redis_configured.set(i64::from(configured));
+    }
+
+    /// Every result of `scope`'s lookups at 0, so the first failure is an increase.
+    pub fn lookup_scope(&self, scope: &str) {
+        for result in LOOKUP_RESULTS {
+            drop(self.lookups.get_or_create(&LookupLabels { scope: scope.to_string(), result }));
+        }
+    }
+
+    pub fn lookup(&self, scope: &str, result: &'static str) {
+        self.lookups.get_or_create(&LookupLabels { scope: scope.to_string(), result }).inc();
+    }
+
     pub fn set_needs_review(&self, backlog: i64) {
         self.needs_review.set(backlog);
+    }
+
+    pub fn set_in_flight(&self, rows: i64, overdue_s: i64) {
+        self.in_flight.set(rows);
+        self.in_flight_overdue.set(overdue_s);
     }
 
     pub fn reaped(&self, rows: u64) {

@@ -9,6 +9,7 @@ use tracing::info;
 use crate::auth::Tokens;
 use crate::config::{redact_url, ReconcileArgs, ServeArgs, StoreArgs, TtlArgs};
 use crate::metrics::Metrics;
+use crate::probe::Probe;
 use crate::reaper::Reaper;
 use crate::reconcile::decide::Rules;
 use crate::reconcile::lookup::StatusClient;
@@ -102,6 +103,8 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let endpoints = args.validate().map_err(|broken| Failure::Config(broken.join("\n")))?;
     let tokens = tokens(&args)?;
     let store = Arc::new(open_store(&args.stores, &args.ttl).await?);
+    // Every replica probes, reconciling or not: its own SQL and Redis health is its own.
+    tokio::spawn(Probe::new(Arc::clone(&store)).run(args.probe_interval()));
     if args.reconcile.no_reconcile {
         info!("--no-reconcile: serving the API only (no reconciler, no reaper)");
     } else {

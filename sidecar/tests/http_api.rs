@@ -219,11 +219,17 @@ async fn healthz_and_metrics() {
         "idem_store_latency_seconds_count{store=\"sql\",op=\"insert\"}",
         "# TYPE idem_redis_fallback counter",
         "idem_sql_up 1",
+        // Label sets an alert reads with increase() exist at 0 before their first event.
+        "idem_security_events_total{kind=\"bad_signature\"} 0",
+        "idem_reconcile_total{decision=\"retry\"} 0",
+        "# TYPE idem_in_flight gauge",
+        "# TYPE idem_in_flight_overdue_seconds gauge",
         "# EOF",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     assert!(text.contains(if with_redis { "idem_redis_up 1" } else { "idem_redis_up 0" }));
+    assert!(text.contains(if with_redis { "idem_redis_configured 1" } else { "idem_redis_configured 0" }));
 }
 
 /// 200 concurrent acquires of one key, each on its own HTTP connection.

@@ -181,6 +181,10 @@ async fn found_becomes_done_with_the_record(fx: &Fixture) {
     assert_eq!((history[1].from_state.as_deref(), history[1].to_state.as_deref()), (Some("IN_FLIGHT"), Some("DONE")));
     assert!(history[1].why.contains("answered 200"), "{history:?}");
     assert!(metric(&store, "idem_reconcile_total{decision=\"done\"} 1"), "{}", store.metrics().encode());
+    assert!(
+        metric(&store, "idem_reconcile_total{decision=\"needs_review\"} 0"),
+        "every decision exists from the start"
+    );
     assert!(up.state.lock().expect("state").wrong_header.is_empty(), "Idempotency-Key sent with the lookup");
     // Nothing left to do.
     assert_eq!(r.pass().await.expect("pass"), PassReport::default());
@@ -274,6 +278,39 @@ async fn lookup_failures_retry_then_need_review(fx: &Fixture) {
     assert!(history[3].why.contains("after 3 attempts") && history[3].why.contains("answered 500"), "{history:?}");
     let slow_why = &store.sql().history(slow).await.expect("history")[3].why;
     assert!(slow_why.contains("no answer within 300 ms"), "{slow_why}");
+    assert!(metric(&store, "idem_needs_review 2"), "{}", store.metrics().encode());
+    // Each lookup counted by its scope and result (the alert on failing lookups reads these).
+    let lookups = |result: &str| format!("idem_reconcile_lookups_total{{scope=\"{SCOPE}\",result=\"{result}\"}}");
+    assert!(metric(&store, &format!("{} 6", lookups("failed"))), "{}", store.metrics().encode());
+    assert!(metric(&store, &format!("{} 0", lookups("found"))), "every result exists from the start");
+}
+
+/// The store probe's gauges: how many rows are IN_FLIGHT, how long ago the
+/// earliest of their leases ended (the reconciler's lag), how many wait for a
+/// person; all from SQL, with no reconciler running.
+async fn the_probe_reports_the_backlog_without_a_reconciler(fx: &Fixture) {
+    let (store, rows) = stale(fx, 2).await;
+    let live = new_key();
+    let a = store.acquire(&idem_core::protocol::AcquireRequest { lease_ms: 600_000, ..acq(&live) }).await;
+    assert_eq!(a.outcome, AcquireOutcome::Acquired);
+    let probe = idemd::probe::Probe::new(store.clone());
+    let (health, backlog) = probe.once().await;
+    assert_eq!(health.sql, "up");
+    let backlog = backlog.expect("the backlog");
+    assert_eq!((backlog.in_flight, backlog.needs_review), (3, 0));
+    assert!(backlog.overdue_ms >= 50, "the stale leases ended at least 50 ms ago: {backlog:?}");
+    assert!(metric(&store, "idem_in_flight 3"), "{}", store.metrics().encode());
+    // Seen 90 s later, the earliest lease is 90 s overdue more: the gauge an alert compares with the grace.
+    let later = store.sql().backlog(idemd::store::now_ms() + 90_000).await.expect("backlog");
+    assert!(later.overdue_ms >= 90_000 + 50 && later.overdue_ms < 90_000 + 60_000, "{later:?}");
+
+    // No endpoint for the scope: both stale rows go to NEEDS_REVIEW; the live one stays.
+    let report = reconciler(&store, None, rules(0, 3), "t13").pass().await.expect("pass");
+    assert_eq!(report.needs_review, 2, "{report:?}");
+    let (_, backlog) = probe.once().await;
+    let backlog = backlog.expect("the backlog");
+    assert_eq!((backlog.in_flight, backlog.overdue_ms, backlog.needs_review), (1, 0, 2), "{rows:?}");
+    assert!(metric(&store, "idem_in_flight 1") && metric(&store, "idem_in_flight_overdue_seconds 0"));
     assert!(metric(&store, "idem_needs_review 2"), "{}", store.metrics().encode());
 }
 
@@ -544,6 +581,7 @@ isolated_backend_suites!(
     a_declared_reading_decides_and_replays_with_the_declared_status,
     not_found_waits_for_the_grace_then_releases,
     lookup_failures_retry_then_need_review,
+    the_probe_reports_the_backlog_without_a_reconciler,
     no_endpoint_needs_review_at_once,
     live_leases_are_left_alone,
     concurrent_reconcilers_decide_each_row_once,

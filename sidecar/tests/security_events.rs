@@ -201,7 +201,9 @@ async fn strangers_get_401_and_bad_bodies_400_and_nothing_is_written() {
     }
     assert!(events_of(&store, &scope).await.is_empty(), "nothing refused was written");
     let metrics = c.get(format!("{base}/metrics")).send().await.expect("metrics").text().await.expect("text");
-    assert!(!metrics.contains("idem_security_events_total{"), "nothing refused was counted: {metrics}");
+    let counted: Vec<&str> = metrics.lines().filter(|l| l.starts_with("idem_security_events_total{")).collect();
+    assert_eq!(counted.len(), 4, "every kind has its series from the start: {metrics}");
+    assert!(counted.iter().all(|l| l.ends_with(" 0")), "nothing refused was counted: {metrics}");
     // The same report with the token is accepted.
     assert_eq!(report(&c, &base, good.to_string()).await.0, 202);
     assert_eq!(events_of(&store, &scope).await.len(), 1);

@@ -186,6 +186,11 @@ async fn sql_down_answers_store_unavailable(sql: Backend, with_redis: bool) {
 
     proxy.cut();
 
+    // Before any call fails, the probe says so (an idle replica's alert must fire too).
+    let (health, backlog) = idemd::probe::Probe::new(store.clone()).once().await;
+    assert_eq!((health.sql, backlog), ("down", None));
+    assert!(store.metrics().encode().contains("idem_sql_up 0"), "{}", store.metrics().encode());
+
     let k2 = new_key();
     let a = store.acquire(&acq(&k2)).await;
     assert_eq!(a.outcome, AcquireOutcome::StoreUnavailable, "{a:?}");

@@ -1,10 +1,11 @@
 //! What the test suites share (idemd's store tests, the end-to-end tests, the
 //! soak and the bench): where the backends are, a loud skip when one is
-//! missing, databases of a test's own, child processes that die with the test,
-//! and a look inside fingerprints.
+//! missing, databases (and a PostgreSQL server) of a test's own, child processes
+//! that die with the test, and a look inside fingerprints.
 
 pub mod backends;
 pub mod fingerprint;
+pub mod pg_server;
 pub mod proc;
 
 pub type BoxError = Box<dyn std::error::Error>;

@@ -2,10 +2,10 @@
 //! deploy/istio/wasmplugin.yaml, the subject from the JWT Istio's jwt_authn verified, the secrets from the
 //! proxy's environment. Shared by tests/tests/istio.rs and the bypass suite.
 
-use crate::{repo_root, BoxError, StackOpts};
+use crate::{fingerprint_claims, repo_root, transfer, Answer, BoxError, Stack, StackOpts};
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The test-only key of envoy/istio-like.yaml's JWKS.
 const JWT_SECRET: &[u8] = b"e2e-only-jwt-secret-0123456789abcdef";
@@ -52,4 +52,66 @@ pub fn istio_opts(extra_edits: Vec<(String, String)>) -> Result<StackOpts, BoxEr
     let mut edits = vec![(format!("value: '{config}'"), format!("value: '{config}'"))];
     edits.extend(extra_edits);
     Ok(StackOpts { envoy_config: "istio-like.yaml", envoy_edits: edits, ..Default::default() })
+}
+
+/// The walk a gateway whose subject is a verified JWT's `sub` must pass (Istio's, Envoy Gateway's): alice previews
+/// and confirms once, a retry with a drifted memo replays with the rule's `result_ref`, a changed amount is
+/// `params_changed`, bob with alice's fingerprint is `forbidden`. Every request also carries `forged` (subject
+/// headers a client made up, which must change nothing). Returns alice's `Authorization` and a fingerprint of hers
+/// that nothing ran for.
+pub async fn jwt_subject_walk(stack: &Stack, forged: &[(&str, &str)]) -> Result<(String, String), BoxError> {
+    let alice = bearer("alice")?;
+    // Stack::post also sends `x-agent-subject: user-mallory`: with the subject from the JWT it means nothing.
+    let post = |path: &'static str, body: Value, auth: String, fp: Option<String>| async move {
+        let mut h: Vec<(&str, &str)> = forged.to_vec();
+        h.push(("authorization", auth.as_str()));
+        if let Some(fp) = fp.as_deref() {
+            h.push(("agent-fingerprint", fp));
+        }
+        stack.post(path, "user-mallory", &body, &h).await
+    };
+    let fingerprint = |a: &Answer| a.json["fingerprint"].as_str().map(str::to_owned).ok_or("no fingerprint");
+
+    let p = post("/v1/transfers/preview", transfer(json!("25.00"), "rent"), alice.clone(), None).await?;
+    assert_eq!(p.status, 200, "the preview rule matched by method and path: {p:?}");
+    let fp = fingerprint(&p)?;
+    assert_eq!(fingerprint_claims(&fp)?["s"], "payments.transfer", "the rule's scope");
+    let first = post("/v1/transfers", transfer(json!("25.00"), "rent"), alice.clone(), Some(fp.clone())).await?;
+    assert_eq!(first.status, 201, "confirmed through idemd's cluster with the token: {first:?}");
+    assert_eq!(first.header("idempotent-replayed"), Some("false"));
+    let again = post("/v1/transfers", transfer(json!(25), "rent, ASAP"), alice.clone(), Some(fp)).await?;
+    assert_eq!(again.status, 201, "the replay keeps the original status");
+    again.assert_prompt("already_completed");
+    assert_eq!(again.json["result_ref"], first.json["transfer_id"], "the rule's result_ref");
+
+    let p2 = post("/v1/transfers/preview", transfer(json!("40.00"), "m"), alice.clone(), None).await?;
+    let fp2 = fingerprint(&p2)?;
+    let tampered = post("/v1/transfers", transfer(json!("40.01"), "m"), alice.clone(), Some(fp2.clone())).await?;
+    assert_eq!(tampered.status, 422);
+    tampered.assert_prompt("params_changed");
+    let bob = post("/v1/transfers", transfer(json!("40.00"), "m"), bearer("bob")?, Some(fp2.clone())).await?;
+    assert_eq!(bob.status, 403, "alice's fingerprint is not bob's: {bob:?}");
+    bob.assert_prompt("forbidden");
+    Ok((alice, fp2))
+}
+
+/// The line of a `.wasm` filter's configuration that lets it hold a request while it reads the body.
+pub const HOLD_LINE: &str = "                allow_on_headers_stop_iteration: true\n";
+
+/// Whether alice's guarded preview stays unanswered for 3 s (`true`): what a `.wasm` filter without
+/// `allow_on_headers_stop_iteration` does to every guarded request, since Envoy then never hands it the body.
+pub async fn guarded_preview_hangs(stack: &Stack) -> Result<bool, BoxError> {
+    let req = stack
+        .http
+        .post(stack.url("/v1/transfers/preview"))
+        .header("authorization", bearer("alice")?)
+        .json(&transfer(json!("25.00"), "rent"))
+        .timeout(std::time::Duration::from_secs(3))
+        .send()
+        .await;
+    match req {
+        Err(e) if e.is_timeout() => Ok(true),
+        Ok(_) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }

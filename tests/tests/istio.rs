@@ -5,10 +5,11 @@
 //! from the proxy's environment; idemd is called through Istio's outbound cluster
 //! name and with a bearer token.
 
-use idem_e2e::istio::{bearer, istio_opts, set_secret_env, ISTIO_IS_WASM_ONLY};
+use idem_e2e::istio::{
+    guarded_preview_hangs, istio_opts, jwt_subject_walk, set_secret_env, HOLD_LINE, ISTIO_IS_WASM_ONLY,
+};
 use idem_e2e::*;
 use serde_json::json;
-use std::time::Duration;
 
 #[test]
 
@@ -30,55 +31,11 @@ async fn preview_confirm_replay_and_tamper_the_istio_way() -> TestResult {
     }
     set_secret_env();
     let stack = Stack::start(istio_opts(Vec::new())?).await?;
-    let alice = bearer("alice")?;
-    // Stack::post also sends `x-agent-subject: user-mallory`: with the subject from the JWT it means nothing.
-    let post = |path: &'static str, body: serde_json::Value, headers: Vec<(&'static str, String)>| {
-        let stack = &stack;
-        async move {
-            let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            stack.post(path, "user-mallory", &body, &h).await
-        }
-    };
-
-    let p =
-        post("/v1/transfers/preview", transfer(json!("25.00"), "rent"), vec![("authorization", alice.clone())]).await?;
-    assert_eq!(p.status, 200, "the preview rule matched by method and path: {p:?}");
-    let fp = p.json["fingerprint"].as_str().ok_or("no fingerprint")?.to_owned();
-    assert_eq!(fingerprint_claims(&fp)?["s"], "payments.transfer", "the rule's scope");
-
-    let headers = vec![("authorization", alice.clone()), ("agent-fingerprint", fp.clone())];
-    let first = post("/v1/transfers", transfer(json!("25.00"), "rent"), headers.clone()).await?;
-    assert_eq!(first.status, 201, "confirmed through idemd's outbound cluster with the token: {first:?}");
-    assert_eq!(first.header("idempotent-replayed"), Some("false"));
-
-    let again = post("/v1/transfers", transfer(json!(25), "rent, ASAP"), headers.clone()).await?;
-    assert_eq!(again.status, 201, "the replay keeps the original status");
-    again.assert_prompt("already_completed");
-    assert_eq!(again.json["result_ref"], first.json["transfer_id"], "the rule's result_ref");
-
-    let p2 =
-        post("/v1/transfers/preview", transfer(json!("40.00"), "m"), vec![("authorization", alice.clone())]).await?;
-    let fp2 = p2.json["fingerprint"].as_str().ok_or("no fingerprint")?.to_owned();
-    let tampered = post(
-        "/v1/transfers",
-        transfer(json!("40.01"), "m"),
-        vec![("authorization", alice.clone()), ("agent-fingerprint", fp2.clone())],
-    )
-    .await?;
-    assert_eq!(tampered.status, 422);
-    tampered.assert_prompt("params_changed");
-
-    let bob = post(
-        "/v1/transfers",
-        transfer(json!("40.00"), "m"),
-        vec![("authorization", bearer("bob")?), ("agent-fingerprint", fp2.clone())],
-    )
-    .await?;
-    assert_eq!(bob.status, 403, "alice's fingerprint is not bob's: {bob:?}");
-    bob.assert_prompt("forbidden");
-
+    let (_, fp) = jwt_subject_walk(&stack, &[]).await?;
     // Istio lets a request without a token through RequestAuthentication; the filter finds no subject.
-    let anonymous = post("/v1/transfers", transfer(json!("40.00"), "m"), vec![("agent-fingerprint", fp2)]).await?;
+    let anonymous = stack
+        .post("/v1/transfers", "user-mallory", &transfer(json!("40.00"), "m"), &[("agent-fingerprint", &fp)])
+        .await?;
     assert_eq!(anonymous.status, 401, "{anonymous:?}");
     anonymous.assert_prompt("unauthenticated");
 
@@ -98,21 +55,11 @@ async fn a_wasmplugin_shaped_filter_never_sees_the_body() -> TestResult {
         return Ok(());
     }
     set_secret_env();
-    let line = "                allow_on_headers_stop_iteration: true\n";
-    let stack = Stack::start(istio_opts(vec![(line.to_owned(), String::new())])?).await?;
-    let req = stack
-        .http
-        .post(stack.url("/v1/transfers/preview"))
-        .header("authorization", bearer("alice")?)
-        .json(&transfer(json!("25.00"), "rent"))
-        .timeout(Duration::from_secs(3))
-        .send()
-        .await;
-    match req {
-        Err(e) if e.is_timeout() => {}
-        Ok(r) => panic!("the request completed ({}): WasmPlugin may work now — revisit docs/deploy.md", r.status()),
-        Err(e) => return Err(e.into()),
-    }
+    let stack = Stack::start(istio_opts(vec![(HOLD_LINE.to_owned(), String::new())])?).await?;
+    assert!(
+        guarded_preview_hangs(&stack).await?,
+        "the request completed: WasmPlugin may work now — revisit docs/deploy.md"
+    );
     // An unguarded route is untouched either way.
     let passthrough = stack.get("/v1/executions", SUBJECT, &[]).await?;
     assert_eq!(passthrough.status, 200);

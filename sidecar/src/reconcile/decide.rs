@@ -17,6 +17,17 @@ pub enum StatusAnswer {
     Failed(String),
 }
 
+impl StatusAnswer {
+    /// The `result` label of `idem_reconcile_lookups_total` (one of `metrics::LOOKUP_RESULTS`).
+    pub fn metric(&self) -> &'static str {
+        match self {
+            Self::Found { .. } => "found",
+            Self::NotFound => "not_found",
+            Self::Failed(_) => "failed",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// It executed: replay this.
@@ -34,6 +45,9 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// Every `decision` label, so each series exists before its first decision.
+    pub const METRICS: [&'static str; 6] = ["done", "failed", "released", "needs_review", "retry", "skipped_grace"];
+
     /// The `decision` label of `idem_reconcile_total`.
     pub fn metric(&self) -> &'static str {
         match self {
@@ -238,6 +252,26 @@ fn retry_or_review(rec: &Record, rules: &Rules, what: &str) -> (Decision, String
 mod tests {
     use super::*;
     use idem_core::protocol::{decode_body, OpState};
+
+    #[test]
+    fn every_label_is_listed_up_front() {
+        let result = StoredResult { status: 200, headers: vec![], body_b64: String::new() };
+        let all = [
+            Decision::Done(result.clone()),
+            Decision::Failed(result),
+            Decision::Release,
+            Decision::NeedsReview,
+            Decision::Retry,
+            Decision::SkipGrace,
+        ];
+        assert_eq!(all.map(|d| d.metric()), Decision::METRICS);
+        let answers = [
+            StatusAnswer::Found { content_type: None, body: vec![] },
+            StatusAnswer::NotFound,
+            StatusAnswer::Failed("x".into()),
+        ];
+        assert_eq!(answers.map(|a| a.metric()), crate::metrics::LOOKUP_RESULTS);
+    }
 
     fn rec(lease_until_ms: i64, attempts: i64) -> Record {
         Record {

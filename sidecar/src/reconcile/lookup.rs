@@ -29,6 +29,11 @@ impl StatusClient {
         Ok(Self { http, endpoints, timeout })
     }
 
+    /// The scopes that have an endpoint.
+    pub fn scopes(&self) -> impl Iterator<Item = &str> {
+        self.endpoints.keys().map(String::as_str)
+    }
+
     /// The URL template for a scope, if one is configured.
     pub fn endpoint(&self, scope: &str) -> Option<&str> {
         self.endpoints.get(scope).map(String::as_str)

@@ -100,6 +100,9 @@ pub struct Reconciler {
 
 impl Reconciler {
     pub fn new(store: Arc<Store>, status: StatusClient, settings: ReconcileSettings) -> Self {
+        for scope in status.scopes() {
+            store.metrics().lookup_scope(scope);
+        }
         let actor = format!("reconciler:{}", settings.instance);
         Self { store, status, settings, actor }
     }
@@ -167,7 +170,11 @@ impl Reconciler {
             }
         }
         let lookup = match self.status.endpoint(&rec.scope) {
-            Some(template) => Some(self.status.lookup(template, &rec.key).await),
+            Some(template) => {
+                let answer = self.status.lookup(template, &rec.key).await;
+                self.store.metrics().lookup(&rec.scope, answer.metric());
+                Some(answer)
+            }
             None => None,
         };
         let (decision, why) = decide(&rec, lookup.as_ref(), now_ms(), &self.settings.rules);

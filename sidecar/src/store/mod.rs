@@ -29,6 +29,7 @@
 //!   to retry), but what Redis already knows (replays, IN_FLIGHT) still answers.
 
 pub mod audit;
+pub mod backlog;
 mod claims;
 pub mod redis;
 pub mod retention;
@@ -109,6 +110,7 @@ enum Step {
 
 impl Store {
     pub fn new(sql: SqlStore, redis: Option<RedisStore>, settings: StoreSettings, metrics: Arc<Metrics>) -> Self {
+        metrics.set_redis_configured(redis.is_some());
         metrics.set_redis_up(redis.is_some());
         metrics.set_sql_up(true);
         Self { sql, redis, settings, metrics, event_writes: Arc::new(Semaphore::new(MAX_EVENT_WRITES)) }
