@@ -20,6 +20,9 @@ use tracing::{error, info, warn};
 pub struct Config {
     /// Deduplicate confirms on `Idempotency-Key` (off: `--no-dedup`).
     pub dedup: bool,
+    /// Read `Idempotency-Key` at all (off: `--no-keys`, a downstream without key support: every
+    /// confirm executes, found again only by its `client_ref`).
+    pub keys: bool,
     /// Honour the `x-demo-*` fault headers (`--faults`).
     pub faults: bool,
     /// Where `x-demo-hold-after-commit` writes and waits for its files (`--fault-dir`).
@@ -42,6 +45,7 @@ pub fn router(store: Store, config: Config) -> Router {
         .route("/v1/transfers/preview", post(preview))
         .route("/v1/transfers", post(confirm))
         .route("/v1/transfers/by-key/{idempotency_key}", get(by_key))
+        .route("/v1/transfers/by-ref/{client_ref}", get(by_ref))
         .route("/v1/executions", get(executions))
         .with_state(app.clone());
     if app.config.mcp {
@@ -142,8 +146,14 @@ pub(crate) async fn execute_detached(app: App, headers: HeaderMap, body: Bytes) 
     }
 }
 
+/// Under `--no-keys` (a downstream without key support, the seed's "downstream without key
+/// support") the header is never read: no 428 without one, nothing deduplicated on it, no by-key
+/// record; every confirm executes, found again only by its `client_ref`. The same faults apply.
 async fn execute(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Confirmed, sqlx::Error> {
-    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
+    let key = match app.config.keys {
+        true => headers.get("idempotency-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty()),
+        false => None,
+    };
     let now = transfer::unix_now() as i64;
     let attempt = app.store.count_attempt(key, now).await?;
 
@@ -152,9 +162,9 @@ async fn execute(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Confirme
 
     // Without a key, anyone reaching the service around the gateway could
     // execute the same transfer twice.
-    let Some(key) = key else {
+    if app.config.keys && key.is_none() {
         return Ok(Confirmed::KeyRequired);
-    };
+    }
     if let Some(status) = faults.fail {
         return Ok(Confirmed::Injected(status));
     }
@@ -172,38 +182,34 @@ async fn execute(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Confirme
     }
 
     let transfer_id = transfer::new_id("t_");
-    let response = json!({
-        "transfer_id": transfer_id,
-        "status": "executed",
-        "amount": req.amount,
-        "currency": req.currency,
-        "payee_id": req.payee_id,
-        "memo": req.memo,
-        "idempotency_key": key,
-        "executed_at": now,
-    })
-    .to_string();
-    // Under --no-dedup each attempt gets its own row key, so the UNIQUE
-    // constraint never fires and every retry really executes.
-    let idem_key = if app.config.dedup { key.to_string() } else { format!("{key}#{attempt}") };
+    let response = record_json(&req, &transfer_id, key, now);
+    let idem_key = match key {
+        // --no-keys: each execution its own row; nothing here tells a retry from a new transfer.
+        None => format!("nokey#{transfer_id}"),
+        Some(key) if app.config.dedup => key.to_string(),
+        // Under --no-dedup each attempt gets its own row key, so the UNIQUE
+        // constraint never fires and every retry really executes.
+        Some(key) => format!("{key}#{attempt}"),
+    };
     let amount = match &req.amount {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     };
     let record = NewRecord {
         idem_key: &idem_key,
-        request_key: key,
+        request_key: key.unwrap_or(crate::store::NO_KEY),
         transfer_id: &transfer_id,
         amount: &amount,
         currency: &req.currency,
         payee_id: &req.payee_id,
         memo: req.memo.as_deref(),
+        client_ref: req.client_ref.as_deref(),
         response: &response,
         created_at: now,
     };
     let body = match app.store.insert(&record).await? {
         Inserted::Executed => {
-            info!(key, transfer_id, amount, "transfer executed");
+            info!(key, transfer_id, amount, client_ref = req.client_ref.as_deref(), "transfer executed");
             response
         }
         Inserted::Duplicate(stored) => {
@@ -220,6 +226,28 @@ async fn execute(app: &App, headers: &HeaderMap, body: &[u8]) -> Result<Confirme
         hold_after_commit(&app.config.fault_dir, name, &body).await;
     }
     Ok(Confirmed::Record(body))
+}
+
+/// The transfer record a confirm answers and stores. `key`: the Idempotency-Key it was executed
+/// under (absent under `--no-keys`); `client_ref` only when the request had one, so a record
+/// without it is what it always was.
+fn record_json(req: &TransferRequest, transfer_id: &str, key: Option<&str>, now: i64) -> String {
+    let mut record = json!({
+        "transfer_id": transfer_id,
+        "status": "executed",
+        "amount": req.amount,
+        "currency": req.currency,
+        "payee_id": req.payee_id,
+        "memo": req.memo,
+    });
+    if let Some(key) = key {
+        record["idempotency_key"] = json!(key);
+    }
+    if let Some(client_ref) = &req.client_ref {
+        record["client_ref"] = json!(client_ref);
+    }
+    record["executed_at"] = json!(now);
+    record.to_string()
 }
 
 /// How long `x-demo-hold-after-commit` holds an answer at most: a test that never releases it
@@ -250,7 +278,18 @@ async fn hold_after_commit(dir: &std::path::Path, name: &str, record: &str) {
 }
 
 async fn by_key(State(app): State<App>, Path(key): Path<String>) -> Response {
-    match app.store.by_key(&key).await {
+    record_or_404(app.store.by_key(&key).await)
+}
+
+/// The first execution sent with this `client_ref`: how a service that ignores keys is asked "did
+/// it happen?" (the reconciler's `{ref}` lookup).
+async fn by_ref(State(app): State<App>, Path(client_ref): Path<String>) -> Response {
+    record_or_404(app.store.by_client_ref(&client_ref).await)
+}
+
+/// A stored record (200, byte for byte) or 404.
+fn record_or_404(found: Result<Option<String>, sqlx::Error>) -> Response {
+    match found {
         Ok(Some(body)) => raw_json(StatusCode::OK, body),
         Ok(None) => (StatusCode::NOT_FOUND, Json(json!({ "error": "not_found" }))).into_response(),
         Err(e) => {

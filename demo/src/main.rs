@@ -29,6 +29,12 @@ struct Cli {
     #[arg(long, env = "DEMO_NO_DEDUP", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     no_dedup: bool,
 
+    /// A downstream without key support: Idempotency-Key is ignored entirely (not required, not
+    /// stored, not deduplicated on), every confirm executes, and a transfer is found again only by
+    /// the `client_ref` it was sent with (`GET /v1/transfers/by-ref/{ref}`).
+    #[arg(long, env = "DEMO_NO_KEYS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    no_keys: bool,
+
     /// Honour the x-demo-* fault injection headers.
     #[arg(long, env = "DEMO_FAULTS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     faults: bool,
@@ -57,6 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         store,
         api::Config {
             dedup: !cli.no_dedup,
+            keys: !cli.no_keys,
             faults: cli.faults,
             fault_dir: cli.fault_dir.unwrap_or_else(std::env::temp_dir),
             mcp: !cli.no_mcp,
@@ -64,7 +71,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let listener = TcpListener::bind(&cli.listen).await?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, db = %cli.db, dedup = !cli.no_dedup, faults = cli.faults, mcp = !cli.no_mcp, "started");
+    tracing::info!(
+        %addr, db = %cli.db, dedup = !cli.no_dedup, keys = !cli.no_keys, faults = cli.faults, mcp = !cli.no_mcp,
+        "started"
+    );
     // Scripts and tests wait for this exact line.
     let mut stdout = std::io::stdout();
     writeln!(stdout, "demo listening on {addr}")?;

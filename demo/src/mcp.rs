@@ -138,11 +138,11 @@ impl ServerHandler for Transfers {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(tools()))
+        Ok(ListToolsResult::with_all_items(tools(self.app.config.keys)))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        tools().into_iter().find(|tool| tool.name == name)
+        tools(self.app.config.keys).into_iter().find(|tool| tool.name == name)
     }
 
     async fn call_tool(
@@ -245,8 +245,9 @@ fn tool_error(value: Value) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(value.to_string())])
 }
 
-/// The three tools, as `tools/list` shows them.
-pub fn tools() -> Vec<Tool> {
+/// The three tools, as `tools/list` shows them. `keys`: off under `--no-keys`, whose records carry
+/// no `idempotency_key`.
+pub fn tools(keys: bool) -> Vec<Tool> {
     let transfer = |extra: Value| {
         let mut properties = json!({
             "amount": {
@@ -295,6 +296,7 @@ pub fn tools() -> Vec<Tool> {
         },
         "required": ["transfer_id", "status", "amount", "currency", "payee_id", "idempotency_key", "executed_at"],
     }));
+    let record_output = if keys { record_output } else { without_required(record_output, "idempotency_key") };
     // What the gateway answers (DESIGN §7 reply); the service has no status of its own.
     let status_output = object(json!({
         "type": "object",
@@ -334,6 +336,13 @@ pub fn tools() -> Vec<Tool> {
         .with_raw_output_schema(Arc::new(status_output))
         .with_annotations(ToolAnnotations::new().read_only(true)),
     ]
+}
+
+fn without_required(mut schema: JsonObject, field: &str) -> JsonObject {
+    if let Some(Value::Array(required)) = schema.get_mut("required") {
+        required.retain(|r| r != field);
+    }
+    schema
 }
 
 fn object(value: Value) -> JsonObject {

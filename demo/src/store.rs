@@ -9,7 +9,9 @@ use std::str::FromStr;
 
 /// `idem_key` carries the UNIQUE constraint that makes a duplicate confirm
 /// a no-op; `request_key` is the caller's `Idempotency-Key` as sent (the two
-/// differ only under `--no-dedup`).
+/// differ only under `--no-dedup`; under `--no-keys` it is [`NO_KEY`] and
+/// `idem_key` is the transfer's own id). `client_ref` is the confirm's own
+/// reference, when it sent one (`GET /v1/transfers/by-ref/{ref}`).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS write_record (
     id          INTEGER PRIMARY KEY,
@@ -20,6 +22,7 @@ CREATE TABLE IF NOT EXISTS write_record (
     currency    TEXT NOT NULL,
     payee_id    TEXT NOT NULL,
     memo        TEXT,
+    client_ref  TEXT,
     response    TEXT NOT NULL,
     created_at  INTEGER NOT NULL
 );
@@ -31,9 +34,14 @@ CREATE TABLE IF NOT EXISTS attempt (
 );
 ";
 
+/// `client_ref` came with the no-key mode: a database file from before it gets the column here
+/// (`CREATE TABLE IF NOT EXISTS` leaves an existing table as it was).
+const CLIENT_REF_INDEX: &str = "CREATE INDEX IF NOT EXISTS write_record_client_ref ON write_record (client_ref)";
+
 /// Attempts without an `Idempotency-Key` are counted under this key, which
-/// a real header can never have (an empty header counts as no header).
-const NO_KEY: &str = "";
+/// a real header can never have (an empty header counts as no header); so
+/// are the executions of `--no-keys`, which reads no key.
+pub const NO_KEY: &str = "";
 
 #[derive(Clone)]
 pub struct Store {
@@ -49,6 +57,7 @@ pub struct NewRecord<'a> {
     pub currency: &'a str,
     pub payee_id: &'a str,
     pub memo: Option<&'a str>,
+    pub client_ref: Option<&'a str>,
     pub response: &'a str,
     pub created_at: i64,
 }
@@ -99,6 +108,14 @@ impl Store {
             .connect_with(options)
             .await?;
         sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+        let has_client_ref: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM pragma_table_info('write_record') WHERE name = 'client_ref'")
+                .fetch_one(&pool)
+                .await?;
+        if has_client_ref == 0 {
+            sqlx::query("ALTER TABLE write_record ADD COLUMN client_ref TEXT").execute(&pool).await?;
+        }
+        sqlx::query(CLIENT_REF_INDEX).execute(&pool).await?;
         Ok(Store { pool })
     }
 
@@ -121,8 +138,8 @@ impl Store {
     pub async fn insert(&self, rec: &NewRecord<'_>) -> Result<Inserted, sqlx::Error> {
         let inserted = sqlx::query(
             "INSERT INTO write_record
-               (idem_key, request_key, transfer_id, amount, currency, payee_id, memo, response, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+               (idem_key, request_key, transfer_id, amount, currency, payee_id, memo, client_ref, response, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (idem_key) DO NOTHING",
         )
         .bind(rec.idem_key)
@@ -132,6 +149,7 @@ impl Store {
         .bind(rec.currency)
         .bind(rec.payee_id)
         .bind(rec.memo)
+        .bind(rec.client_ref)
         .bind(rec.response)
         .bind(rec.created_at)
         .execute(&self.pool)
@@ -155,13 +173,28 @@ impl Store {
             .await
     }
 
+    /// The first execution's response body sent with this `client_ref`.
+    pub async fn by_client_ref(&self, client_ref: &str) -> Result<Option<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT response FROM write_record WHERE client_ref = ? ORDER BY id LIMIT 1")
+            .bind(client_ref)
+            .fetch_optional(&self.pool)
+            .await
+    }
+
+    /// `by_key` lists executions under their Idempotency-Key; `--no-keys` executions count in
+    /// `total` only.
     pub async fn executions(&self) -> Result<Executions, sqlx::Error> {
         let mut by_key = BTreeMap::new();
+        let mut total = 0;
         for row in sqlx::query("SELECT request_key, COUNT(*) FROM write_record GROUP BY request_key")
             .fetch_all(&self.pool)
             .await?
         {
-            by_key.insert(row.try_get(0)?, row.try_get(1)?);
+            let (key, count): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+            total += count;
+            if key != NO_KEY {
+                by_key.insert(key, count);
+            }
         }
         let mut attempts_by_key = BTreeMap::new();
         let mut attempts = 0;
@@ -172,6 +205,6 @@ impl Store {
                 attempts_by_key.insert(key, count);
             }
         }
-        Ok(Executions { total: by_key.values().sum(), by_key, attempts, attempts_by_key })
+        Ok(Executions { total, by_key, attempts, attempts_by_key })
     }
 }

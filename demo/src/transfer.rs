@@ -25,7 +25,14 @@ pub struct TransferRequest {
     /// Free text: optional, because agents drop or rephrase it between calls.
     #[serde(default)]
     pub memo: Option<String>,
+    /// The caller's own reference for this transfer, stored with it: how a caller finds a
+    /// transfer again where the service ignores Idempotency-Key (`--no-keys`).
+    #[serde(default)]
+    pub client_ref: Option<String>,
 }
+
+/// The longest `client_ref` accepted (characters).
+pub const MAX_CLIENT_REF: usize = 256;
 
 impl TransferRequest {
     /// Parses and validates a request body; the error is the `detail` of a 400.
@@ -36,6 +43,11 @@ impl TransferRequest {
         }
         if req.payee_id.trim().is_empty() {
             return Err("payee_id must not be empty".into());
+        }
+        if let Some(r) = &req.client_ref {
+            if r.is_empty() || r.chars().count() > MAX_CLIENT_REF || r.chars().any(char::is_control) {
+                return Err(format!("client_ref must be 1 to {MAX_CLIENT_REF} characters, none of them control"));
+            }
         }
         let amount = req.amount_value()?;
         if !(amount.is_finite() && amount > 0.0) {
@@ -100,6 +112,23 @@ mod tests {
         for amount in [r#""12,5""#, r#""1e3""#, r#"" 12""#, "0", "-3", "null", r#""""#, "true"] {
             let body = format!(r#"{{"amount":{amount},"currency":"EUR","payee_id":"p"}}"#);
             assert!(TransferRequest::parse(body.as_bytes()).is_err(), "{amount}");
+        }
+    }
+
+    #[test]
+    fn client_refs_are_optional_text() {
+        let base = r#""amount":"5","currency":"EUR","payee_id":"p""#;
+        let with = |r: &str| TransferRequest::parse(format!("{{{base},\"client_ref\":{r}}}").as_bytes());
+        assert_eq!(TransferRequest::parse(format!("{{{base}}}").as_bytes()).unwrap().client_ref, None);
+        assert_eq!(with(r#""inv-7/2026""#).unwrap().client_ref.as_deref(), Some("inv-7/2026"));
+        for bad in [
+            r#""""#,
+            "7",
+            r#""a
+b""#,
+            &format!("\"{}\"", "x".repeat(257)),
+        ] {
+            assert!(with(bad).is_err(), "{bad}");
         }
     }
 

@@ -252,6 +252,27 @@ async fn no_dedup_executes_every_call() {
     client.cancel().await.unwrap();
 }
 
+/// `--no-keys`: the tool executes without a key, and its record (no `idempotency_key`) keeps to the
+/// output schema this mode lists (rmcp's client validates it).
+#[tokio::test]
+async fn no_keys_executes_without_a_key_and_keeps_to_its_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--no-keys"]);
+    let client = client(&demo.url("/mcp"), &[]).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let execute = tools.iter().find(|t| t.name == "execute_transfer").unwrap();
+    let required = execute.output_schema.as_ref().unwrap()["required"].clone();
+    assert!(!required.as_array().unwrap().contains(&json!("idempotency_key")), "{required}");
+    let mut args = transfer();
+    args["client_ref"] = json!("inv-3");
+    let done = call(&client, "execute_transfer", args).await;
+    assert_eq!(done.is_error, Some(false), "{done:?}");
+    let record = done.structured_content.unwrap();
+    assert_eq!((record.get("idempotency_key"), &record["client_ref"]), (None, &json!("inv-3")));
+    assert_eq!(demo.executions().await["total"], 1);
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn refusals_are_tool_errors_with_the_rest_bodies() {
     let dir = tempfile::tempdir().unwrap();

@@ -151,6 +151,73 @@ async fn no_dedup_from_the_environment() {
     assert_eq!(demo.executions().await["total"], 2);
 }
 
+/// `--no-keys`, a downstream without key support: the header is never read (no 428 without one,
+/// a repeated key executes again, nothing is found by key); the confirm's `client_ref` finds the
+/// first transfer sent with it.
+#[tokio::test]
+async fn no_keys_executes_every_confirm_and_finds_it_by_client_ref() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &["--no-keys"]);
+    let mut body = transfer(json("7"));
+    body["client_ref"] = json!("inv/7 2026");
+    let (s1, b1) = demo.confirm(Some("k"), &[], &body).await.unwrap();
+    let (s2, b2) = demo.confirm(Some("k"), &[], &body).await.unwrap();
+    let (s3, b3) = demo.confirm(None, &[], &transfer(json("7"))).await.unwrap();
+    assert_eq!((s1, s2, s3), (201, 201, 201), "{b1} {b2} {b3}");
+    let first = json(&b1);
+    assert_ne!(first["transfer_id"], json(&b2)["transfer_id"], "the same key executed twice");
+    assert_eq!(first["client_ref"], "inv/7 2026");
+    assert!(first.get("idempotency_key").is_none(), "a service without keys knows none: {first}");
+    assert!(json(&b3).get("client_ref").is_none(), "{b3}");
+    assert_eq!(demo.executions().await, json!({ "total": 3, "by_key": {}, "attempts": 3, "attempts_by_key": {} }));
+    assert_eq!(demo.get("/v1/transfers/by-ref/inv%2F7%202026").await, (200, first));
+    assert_eq!(demo.get("/v1/transfers/by-ref/inv-8").await, (404, json!({ "error": "not_found" })));
+    assert_eq!(demo.get("/v1/transfers/by-key/k").await.0, 404, "it never stored the key");
+    // What it refuses, it refuses as always.
+    let mut bad = transfer(json("7"));
+    bad["client_ref"] = json!("");
+    assert_eq!(demo.confirm(None, &[], &bad).await.unwrap().0, 400);
+    assert_eq!(demo.executions().await["total"], 3);
+}
+
+#[tokio::test]
+async fn client_ref_is_stored_with_keys_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Demo::start(dir.path(), &[]);
+    let mut body = transfer(json("7"));
+    body["client_ref"] = json!("inv-1");
+    let (status, record) = demo.confirm(Some("k1"), &[], &body).await.unwrap();
+    assert_eq!(status, 201);
+    assert_eq!(json(&record)["idempotency_key"], "k1");
+    assert_eq!(demo.get("/v1/transfers/by-ref/inv-1").await, (200, json(&record)));
+}
+
+/// A ledger written before `client_ref` existed keeps its transfers and gains the column.
+#[tokio::test]
+async fn a_ledger_from_before_client_ref_gains_the_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = support::db_path(dir.path());
+    let url = format!("sqlite://{db}?mode=rwc");
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE write_record (id INTEGER PRIMARY KEY, idem_key TEXT NOT NULL UNIQUE, request_key TEXT NOT NULL,
+           transfer_id TEXT NOT NULL, amount TEXT NOT NULL, currency TEXT NOT NULL, payee_id TEXT NOT NULL, memo TEXT,
+           response TEXT NOT NULL, created_at INTEGER NOT NULL);
+         INSERT INTO write_record VALUES (1, 'old', 'old', 't_0', '1', 'EUR', 'p', NULL, '{\"transfer_id\":\"t_0\"}', 0);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let demo = Demo::start_with(&db, &[], &[]);
+    assert_eq!(demo.get("/v1/transfers/by-key/old").await, (200, json!({ "transfer_id": "t_0" })));
+    let mut body = transfer(json("7"));
+    body["client_ref"] = json!("inv-2");
+    let (status, record) = demo.confirm(Some("new"), &[], &body).await.unwrap();
+    assert_eq!(status, 201);
+    assert_eq!(demo.get("/v1/transfers/by-ref/inv-2").await, (200, json(&record)));
+}
+
 #[tokio::test]
 async fn confirm_without_key_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -315,8 +315,30 @@ fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
     if req.exp.is_some_and(|exp| exp > MAX_EXP_S) {
         return Err(format!("exp must be unix seconds, at most {MAX_EXP_S}"));
     }
+    if let Some(r) = &req.business_ref {
+        check_business_ref(r)?;
+    }
     Ok(())
 }
+
+/// What `idem_record.business_ref` holds (VARCHAR(256)). Any printable text: a client reference
+/// is the upstream's, not ours to restrict further; the reconciler percent-encodes it into a URL.
+/// Empty is refused: it names nothing the upstream could look up.
+fn check_business_ref(r: &str) -> Result<(), String> {
+    if r.is_empty() {
+        return Err("business_ref must not be empty (omit it where the route names none)".into());
+    }
+    if r.chars().count() > MAX_BUSINESS_REF_CHARS {
+        return Err(format!("business_ref must be at most {MAX_BUSINESS_REF_CHARS} characters"));
+    }
+    if r.chars().any(char::is_control) {
+        return Err("business_ref must not contain control characters".into());
+    }
+    Ok(())
+}
+
+/// The column's size (migration 0006); the filter sends at most 256 bytes.
+pub const MAX_BUSINESS_REF_CHARS: usize = 256;
 
 #[cfg(test)]
 mod tests {
@@ -351,7 +373,19 @@ mod tests {
         assert!(check_acquire(&AcquireRequest { scope: "x".repeat(256), ..ok.clone() }).is_err());
         assert!(check_acquire(&AcquireRequest { lease_ms: MAX_LEASE_MS + 1, ..ok.clone() }).is_err());
         assert_eq!(check_acquire(&AcquireRequest { exp: Some(MAX_EXP_S), ..ok.clone() }), Ok(()));
-        assert!(check_acquire(&AcquireRequest { exp: Some(MAX_EXP_S + 1), ..ok }).is_err());
+        assert!(check_acquire(&AcquireRequest { exp: Some(MAX_EXP_S + 1), ..ok.clone() }).is_err());
+        let with_ref = |r: &str| AcquireRequest { business_ref: Some(r.to_string()), ..ok.clone() };
+        assert_eq!(check_acquire(&with_ref("inv-2026/07 Müller & Co")), Ok(()), "printable text, spaces too");
+        assert_eq!(check_acquire(&with_ref(&"é".repeat(256))), Ok(()), "256 characters, not bytes");
+        for (bad, says) in [
+            ("", "must not be empty"),
+            (&"x".repeat(257) as &str, "at most 256 characters"),
+            ("a\nb", "control characters"),
+            ("a\u{7f}", "control characters"),
+        ] {
+            let err = check_acquire(&with_ref(bad)).unwrap_err();
+            assert!(err.starts_with("business_ref") && err.contains(says), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -53,7 +53,10 @@ struct Upstream {
 impl Upstream {
     async fn start() -> Self {
         let state: Arc<Mutex<UpstreamState>> = Arc::default();
-        let app = axum::Router::new().route("/by-key/{key}", axum::routing::get(by_key)).with_state(state.clone());
+        let app = axum::Router::new()
+            .route("/by-key/{key}", axum::routing::get(by_key))
+            .route("/by-ref/{reference}", axum::routing::get(by_ref))
+            .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
@@ -97,6 +100,21 @@ async fn by_key(
             tokio::time::sleep(d).await;
             found(body)
         }
+    }
+}
+
+/// The upstream's record by client reference, answered like `by_key` from the same replies
+/// (set under `ref:<reference>`, the reference as the upstream decoded it from the path).
+async fn by_ref(State(state): State<Arc<Mutex<UpstreamState>>>, Path(reference): Path<String>) -> Response {
+    let key = format!("ref:{reference}");
+    let reply = {
+        let mut s = state.lock().expect("state");
+        *s.hits.entry(key.clone()).or_default() += 1;
+        s.replies.get(&key).cloned().unwrap_or(Reply::NotFound)
+    };
+    match reply {
+        Reply::Found(body) => (StatusCode::OK, [("content-type", "application/json")], body).into_response(),
+        _ => (StatusCode::NOT_FOUND, "{\"error\":\"not_found\"}").into_response(),
     }
 }
 
@@ -362,6 +380,65 @@ async fn no_endpoint_needs_review_at_once(fx: &Fixture) {
     assert_eq!(why, &format!("no status endpoint is configured for scope {SCOPE}"));
 }
 
+/// Operations whose upstream ignores `Idempotency-Key` (DESIGN §4): the row keeps that and the
+/// business reference (migration 0006, on every backend); the reconciler asks by reference — found
+/// is DONE, a 404 after the grace releases — and never by key: on a key-only endpoint such a row
+/// goes to NEEDS_REVIEW without a lookup, its reason in the audit line. A row without a reference
+/// on a `{ref}`-only endpoint cannot be asked either.
+async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
+    const KEY_ONLY_SCOPE: &str = "payments.keyonly";
+    let up = Upstream::start().await;
+    let store = fx.store_with(StoreSettings { lease_ms: 100, ..settings() }).await;
+    let (executed, unknown, key_only, plain) = (new_key(), new_key(), new_key(), new_key());
+    for (key, scope, reference) in [
+        (&executed, SCOPE, Some("inv/7 Müller")),
+        (&unknown, SCOPE, Some("inv-8")),
+        (&key_only, KEY_ONLY_SCOPE, Some("inv-9")),
+        (&plain, SCOPE, None),
+    ] {
+        let req = idem_core::protocol::AcquireRequest {
+            scope: scope.to_string(),
+            upstream_ignores_keys: reference.is_some(),
+            business_ref: reference.map(str::to_string),
+            ..acq(key)
+        };
+        assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
+        let row = store.sql().get(key).await.expect("sql").expect("row");
+        let stored = (row.upstream_ignores_keys, row.business_ref.as_deref());
+        assert_eq!(stored, (reference.is_some(), reference), "{}", fx.label());
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    up.set("ref:inv/7 Müller", Reply::Found(RECORD));
+    // Were it asked by key, key_only would be found.
+    up.set(&key_only, Reply::Found(RECORD));
+
+    let mut endpoints = StatusEndpoints::new();
+    endpoints.insert(SCOPE.to_string(), format!("http://{}/by-ref/{{ref}}", up.addr));
+    endpoints.insert(KEY_ONLY_SCOPE.to_string(), up.template());
+    let status = StatusClient::new(endpoints, Duration::from_millis(300)).expect("status client");
+    let settings = ReconcileSettings { rules: rules(0, 3), batch: 100, claim_ms: 5_000, instance: "t13".into() };
+    let report = Arc::new(Reconciler::new(store.clone(), status, settings)).pass().await.expect("pass");
+    let want = PassReport { done: 1, released: 1, needs_review: 2, ..Default::default() };
+    assert_eq!(report, want, "{}", fx.label());
+
+    let done = store.acquire(&acq(&executed)).await;
+    assert_eq!(done.outcome, AcquireOutcome::Done);
+    assert_eq!(decode_body(&done.result.expect("result").body_b64).expect("body"), RECORD.as_bytes());
+    assert_eq!(up.hits("ref:inv/7 Müller"), 1, "the reference reached the upstream whole (percent-encoded)");
+    assert_eq!(state_of(&store, &unknown).await, None, "no record under its reference: released");
+    let why = store.sql().history(&unknown).await.expect("history").pop().expect("line").why;
+    assert!(why.contains("by business reference") && why.contains("no record under that reference"), "{why}");
+
+    assert_eq!(state_of(&store, &key_only).await, Some(OpState::NeedsReview));
+    let why = store.sql().history(&key_only).await.expect("history").pop().expect("line").why;
+    assert!(why.starts_with("upstream ignores keys and no business-reference lookup: "), "{why}");
+    assert_eq!(state_of(&store, &plain).await, Some(OpState::NeedsReview));
+    let why = store.sql().history(&plain).await.expect("history").pop().expect("line").why;
+    assert!(why.contains("looks up by {ref} only, and the operation has no business reference"), "{why}");
+    let by_key: usize = [&executed, &unknown, &key_only, &plain].iter().map(|k| up.hits(k)).sum();
+    assert_eq!(by_key, 0, "nothing was asked by key");
+}
+
 /// A live lease is its executor's: the reconciler neither asks nor touches it.
 async fn live_leases_are_left_alone(fx: &Fixture) {
     let up = Upstream::start().await;
@@ -583,6 +660,7 @@ isolated_backend_suites!(
     lookup_failures_retry_then_need_review,
     the_probe_reports_the_backlog_without_a_reconciler,
     no_endpoint_needs_review_at_once,
+    an_upstream_that_ignores_keys_is_asked_by_its_reference,
     live_leases_are_left_alone,
     concurrent_reconcilers_decide_each_row_once,
     late_complete_during_a_claim_is_not_owner,

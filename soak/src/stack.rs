@@ -95,7 +95,7 @@ impl SoakStack {
 
         let mut redis = spawn_redis(redis_port, dir.path())?;
         wait_redis(redis_port, &mut redis).await?;
-        let demo_opts = DemoOpts { no_dedup: true, faults: true };
+        let demo_opts = DemoOpts { no_dedup: true, faults: true, ..Default::default() };
         let mut demo = start_demo(&demo_opts, ports.demo, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
         let sidecar_opts = ["soak-a", "soak-b"].map(|id| {

@@ -105,6 +105,9 @@ pub async fn wait_ready(url: &str, proc: &mut Proc) -> Result<(), BoxError> {
 pub struct DemoOpts {
     pub no_dedup: bool,
     pub faults: bool,
+    /// `--no-keys`: a downstream without key support (never reads Idempotency-Key; finds a
+    /// transfer by its `client_ref`).
+    pub no_keys: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -386,7 +389,7 @@ pub fn real_stores(faults: bool) -> Result<Option<StackOpts>, BoxError> {
         return Ok(None);
     }
     Ok(Some(StackOpts {
-        demo: DemoOpts { no_dedup: true, faults },
+        demo: DemoOpts { no_dedup: true, faults, ..Default::default() },
         sidecar: SidecarOpts {
             redis_url: Some(backends::redis_url()),
             database_url: Some(backends::postgres_url()),
@@ -397,7 +400,7 @@ pub fn real_stores(faults: bool) -> Result<Option<StackOpts>, BoxError> {
 }
 
 pub fn sqlite_only(faults: bool) -> StackOpts {
-    StackOpts { demo: DemoOpts { no_dedup: true, faults }, ..Default::default() }
+    StackOpts { demo: DemoOpts { no_dedup: true, faults, ..Default::default() }, ..Default::default() }
 }
 
 /// (executions, attempts) as the demo's ledger counts them.
@@ -448,6 +451,9 @@ pub fn start_demo(opts: &DemoOpts, port: u16, dir: &Path) -> Result<Proc, BoxErr
     cmd.arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--db").arg(format!("sqlite://{}/demo.db", dir.display()));
     if opts.no_dedup {
         cmd.arg("--no-dedup");
+    }
+    if opts.no_keys {
+        cmd.arg("--no-keys");
     }
     if opts.faults {
         // x-demo-hold-after-commit writes and waits for its files here (Stack::wait_committed).

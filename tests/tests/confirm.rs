@@ -224,7 +224,7 @@ async fn flushdb_after_success_replays_from_sql() -> TestResult {
     wait_redis(port).await?;
     let redis_url = format!("redis://127.0.0.1:{port}");
     let opts = StackOpts {
-        demo: DemoOpts { no_dedup: true, faults: false },
+        demo: DemoOpts { no_dedup: true, faults: false, ..Default::default() },
         sidecar: SidecarOpts {
             redis_url: Some(redis_url.clone()),
             database_url: Some(backends::postgres_url()),
@@ -271,7 +271,7 @@ async fn redis_killed_before_the_confirm_still_executes_once_on_sql() -> TestRes
     let (mut redis, port) = throwaway_redis(scratch.path())?;
     wait_redis(port).await?;
     let opts = StackOpts {
-        demo: DemoOpts { no_dedup: true, faults: false },
+        demo: DemoOpts { no_dedup: true, faults: false, ..Default::default() },
         sidecar: SidecarOpts {
             redis_url: Some(format!("redis://127.0.0.1:{port}")),
             database_url: Some(backends::postgres_url()),

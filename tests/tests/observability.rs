@@ -248,7 +248,7 @@ async fn a_real_prometheus_fires_the_shipped_alerts_and_every_dashboard_query_re
         "500",
     ];
     let stack = Stack::start(StackOpts {
-        demo: DemoOpts { no_dedup: true, faults: false },
+        demo: DemoOpts { no_dedup: true, faults: false, ..Default::default() },
         sidecar: SidecarOpts {
             redis_url: Some(backends::redis_url()),
             database_url: Some(postgres.url()),

@@ -44,7 +44,7 @@ fn reconciling(db: &str, instance: &str) -> StackOpts {
         instance,
     ];
     StackOpts {
-        demo: DemoOpts { no_dedup: true, faults: true },
+        demo: DemoOpts { no_dedup: true, faults: true, ..Default::default() },
         sidecar: SidecarOpts {
             redis_url: Some(backends::redis_url()),
             database_url: Some(db.to_owned()),

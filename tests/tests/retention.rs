@@ -46,7 +46,7 @@ fn opts(db: &str) -> StackOpts {
         "1",
     ];
     StackOpts {
-        demo: DemoOpts { no_dedup: true, faults: false },
+        demo: DemoOpts { no_dedup: true, faults: false, ..Default::default() },
         sidecar: SidecarOpts {
             redis_url: Some(backends::redis_url()),
             database_url: Some(db.to_owned()),

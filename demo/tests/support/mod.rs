@@ -28,6 +28,7 @@ impl Demo {
         cmd.args(["--listen", "127.0.0.1:0", "--db", db])
             .args(flags)
             .env_remove("DEMO_NO_DEDUP")
+            .env_remove("DEMO_NO_KEYS")
             .env_remove("DEMO_FAULTS")
             .env_remove("DEMO_FAULT_DIR")
             .env_remove("DEMO_NO_MCP")

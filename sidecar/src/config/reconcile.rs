@@ -15,10 +15,15 @@ use crate::reconcile::decide::Reading;
 
 #[derive(Debug, Clone, Args)]
 pub struct ReconcileArgs {
-    /// The upstream's status-by-key endpoint for one scope, as SCOPE=URL;
-    /// `{key}` in the URL is replaced by the operation's nonce (also sent as
-    /// `Idempotency-Key`). Repeatable; in the environment, comma-separated.
-    /// A scope without one goes to NEEDS_REVIEW when its lease runs out.
+    /// The upstream's status endpoint for one scope, as SCOPE=URL; `{key}` in
+    /// the URL is replaced by the operation's nonce (also sent as
+    /// `Idempotency-Key`), `{ref}` by its business reference (the route's
+    /// `business_ref`, percent-encoded). An operation whose upstream ignores
+    /// keys (`upstream_keys: ignored`) is looked up only by `{ref}`; with both
+    /// placeholders `{ref}` must be in the query, and is empty for an
+    /// operation without a reference. Repeatable; in the environment,
+    /// comma-separated. A scope without one goes to NEEDS_REVIEW when its
+    /// lease runs out.
     #[arg(long = "status-endpoint", env = "IDEM_STATUS_ENDPOINTS", value_delimiter = ',', value_name = "SCOPE=URL")]
     pub status_endpoints: Vec<String>,
 
@@ -71,10 +76,11 @@ pub struct ReconcileArgs {
     pub instance_id: Option<String>,
 }
 
-/// Scope → URL template (with `{key}`), validated.
+/// Scope → URL template (with `{key}`, `{ref}` or both), validated.
 pub type StatusEndpoints = BTreeMap<String, String>;
 
 pub const KEY_PLACEHOLDER: &str = "{key}";
+pub const REF_PLACEHOLDER: &str = "{ref}";
 
 impl ReconcileArgs {
     /// Every broken rule, each naming the setting; the endpoints when none is.
@@ -214,10 +220,25 @@ fn parse_endpoint(spec: &str) -> Result<(String, String), String> {
     if !url.starts_with("http://") {
         return Err("the URL must start with http://".into());
     }
-    if !url.contains(KEY_PLACEHOLDER) {
-        return Err(format!("the URL must contain {KEY_PLACEHOLDER}, where the operation's nonce goes"));
+    let (by_key, by_ref) = (url.find(KEY_PLACEHOLDER), url.find(REF_PLACEHOLDER));
+    if by_key.is_none() && by_ref.is_none() {
+        return Err(format!(
+            "the URL must contain {KEY_PLACEHOLDER} (where the operation's nonce goes) or {REF_PLACEHOLDER} \
+             (its business reference), or both"
+        ));
     }
-    let sample = url.replace(KEY_PLACEHOLDER, "0123456789abcdef0123456789abcdef");
+    // With both, an operation without a business reference is looked up by key with `{ref}`
+    // empty (reconcile::target): harmless in a query (`ref=`), but in the path it would ask
+    // another resource (`/by-ref/?key=…`), whose 404 would read as "never executed".
+    if let (Some(_), Some(at)) = (by_key, by_ref) {
+        if url.find('?').is_none_or(|query| at < query) {
+            return Err(format!(
+                "with both {KEY_PLACEHOLDER} and {REF_PLACEHOLDER}, {REF_PLACEHOLDER} must be in the query \
+                 (…?ref={REF_PLACEHOLDER}): an operation without a business reference is looked up with it empty"
+            ));
+        }
+    }
+    let sample = url.replace(KEY_PLACEHOLDER, "0123456789abcdef0123456789abcdef").replace(REF_PLACEHOLDER, "ref-1");
     match reqwest::Url::parse(&sample) {
         Ok(u) if u.host_str().is_some_and(|h| !h.is_empty()) => Ok((scope.to_string(), url.to_string())),
         Ok(_) => Err("the URL has no host".into()),
@@ -270,7 +291,9 @@ mod tests {
             ("a b=http://h/{key}", "the scope must be"),
             ("s=ftp://h/{key}", "must start with http://"),
             ("s=https://h/{key}", "https is not supported"),
-            ("s=http://h/by-key", "must contain {key}"),
+            ("s=http://h/by-key", "must contain {key} (where the operation's nonce goes) or {ref}"),
+            ("s=http://h/by-ref/{ref}?key={key}", "{ref} must be in the query"),
+            ("s=http://h/{ref}/{key}", "{ref} must be in the query"),
             ("s=http://:80/{key}", "not a valid URL"),
         ] {
             let a = ReconcileArgs { status_endpoints: vec![spec.into()], ..args() };
@@ -278,6 +301,18 @@ mod tests {
             assert_eq!(err.len(), 1, "{spec}: {err:?}");
             assert!(err[0].starts_with(&format!("--status-endpoint {spec:?}")), "{err:?}");
             assert!(err[0].contains(says), "{spec}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn endpoints_look_up_by_key_by_reference_or_both() {
+        for url in [
+            "http://h/v1/transfers/by-ref/{ref}",
+            "http://h/v1/transfers/status?key={key}&ref={ref}",
+            "http://h/v1/{key}/status?ref={ref}",
+        ] {
+            let a = ReconcileArgs { status_endpoints: vec![format!("s={url}")], ..args() };
+            assert_eq!(a.validate(&ttl()).map(|e| e["s"].clone()), Ok(url.to_string()));
         }
     }
 

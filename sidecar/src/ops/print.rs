@@ -52,6 +52,8 @@ pub fn record_json(r: &Record) -> Value {
         "updated_at_ms": r.updated_at_ms,
         "reconcile_attempts": r.reconcile_attempts,
         "fingerprint_exp_ms": r.fp_exp_ms,
+        "upstream_keys": if r.upstream_ignores_keys { "ignored" } else { "honoured" },
+        "business_ref": r.business_ref,
         "result": r.result,
         "result_body": body_text(r),
     })
@@ -71,6 +73,8 @@ pub fn show(key: &str, rec: Option<&Record>, history: &[AuditLine]) -> String {
             field(&mut out, "created", &utc(r.created_at_ms));
             field(&mut out, "updated", &utc(r.updated_at_ms));
             field(&mut out, "fp expires", &opt_utc(r.fp_exp_ms));
+            field(&mut out, "upstream", if r.upstream_ignores_keys { "ignores keys" } else { "honours keys" });
+            field(&mut out, "business ref", r.business_ref.as_deref().unwrap_or("-"));
             field(&mut out, "attempts", &r.reconcile_attempts.to_string());
             field(&mut out, "param_hash", &r.param_hash);
             field(&mut out, "subject_hash", &r.subject_hash);

@@ -1,11 +1,24 @@
 //! What to do with one expired IN_FLIGHT row, given what its upstream's
-//! status-by-key endpoint said. Pure: no I/O, no clock.
+//! status endpoint said (asked by key or by business reference, `target`).
+//! Pure: no I/O, no clock.
 
 use idem_core::protocol::{encode_body, StoredResult};
 
+use super::target::{By, NO_REF_LOOKUP};
 use crate::store::sql::Record;
 
-/// What the status endpoint said about one key.
+/// What the reconciler could learn about one row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// The row's scope has no status endpoint.
+    NoEndpoint,
+    /// The endpoint could give no evidence about this row (`target` says why).
+    Unaskable(String),
+    /// Looked up by key or by business reference; what the endpoint said.
+    Answered(By, StatusAnswer),
+}
+
+/// What the status endpoint said about one key or business reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StatusAnswer {
     /// 200: the upstream has a record of this key.
@@ -180,11 +193,28 @@ impl Reading {
     }
 }
 
-/// The decision and the evidence for the audit trail. `answer` is `None`
-/// when the row's scope has no status endpoint.
-pub fn decide(rec: &Record, answer: Option<&StatusAnswer>, now_ms: i64, rules: &Rules) -> (Decision, String) {
-    let Some(answer) = answer else {
-        return (Decision::NeedsReview, format!("no status endpoint is configured for scope {}", rec.scope));
+/// The decision and the evidence for the audit trail.
+pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decision, String) {
+    let (by, answer) = match asked {
+        Asked::NoEndpoint if rec.upstream_ignores_keys => {
+            let why = format!("{NO_REF_LOOKUP}: no status endpoint is configured for scope {}", rec.scope);
+            return (Decision::NeedsReview, why);
+        }
+        Asked::NoEndpoint => {
+            return (Decision::NeedsReview, format!("no status endpoint is configured for scope {}", rec.scope))
+        }
+        Asked::Unaskable(why) => return (Decision::NeedsReview, why.clone()),
+        // `target` never asks such a row by key; should it, the answer is still no evidence.
+        Asked::Answered(By::Key, _) if rec.upstream_ignores_keys => {
+            let why = format!("{NO_REF_LOOKUP}: a by-key answer says nothing about an upstream that ignores keys");
+            return (Decision::NeedsReview, why);
+        }
+        Asked::Answered(by, answer) => (*by, answer),
+    };
+    // The evidence names what was looked up; the reference itself is on the row.
+    let looked_up = match by {
+        By::Key => "status endpoint answered",
+        By::Ref => "status endpoint (by business reference) answered",
     };
     match answer {
         StatusAnswer::Found { content_type, body } => {
@@ -197,37 +227,40 @@ pub fn decide(rec: &Record, answer: Option<&StatusAnswer>, now_ms: i64, rules: &
             match reading.read(body) {
                 (Some(true), v) => (
                     Decision::Done(result(reading.done_status)),
-                    format!("status endpoint answered 200 with {} = {v}: the upstream executed it", reading.pointer),
+                    format!("{looked_up} 200 with {} = {v}: the upstream executed it", reading.pointer),
                 ),
                 (Some(false), v) => (
                     Decision::Failed(result(reading.failed_status)),
-                    format!("status endpoint answered 200 with {} = {v}: the upstream refused it", reading.pointer),
+                    format!("{looked_up} 200 with {} = {v}: the upstream refused it", reading.pointer),
                 ),
                 (None, v) => retry_or_review(
                     rec,
                     rules,
-                    &format!("status endpoint answered 200 with {} = {v}, neither done nor failed", reading.pointer),
+                    &format!("{looked_up} 200 with {} = {v}, neither done nor failed", reading.pointer),
                 ),
             }
         }
         StatusAnswer::NotFound => {
             let lease_end = rec.lease_until_ms.unwrap_or(rec.updated_at_ms);
             let since = now_ms.saturating_sub(lease_end);
+            // By reference: the upstream has no record under it, as a deduplicating upstream
+            // has none under a key it was never sent.
+            let unknown = match by {
+                By::Key => "never executed",
+                By::Ref => "no record under that reference, never executed",
+            };
             if since >= i64::try_from(rules.grace_ms).unwrap_or(i64::MAX) {
                 (
                     Decision::Release,
                     format!(
-                        "status endpoint answered 404 {since} ms after the lease ended (grace {} ms): never executed",
+                        "{looked_up} 404 {since} ms after the lease ended (grace {} ms): {unknown}",
                         rules.grace_ms
                     ),
                 )
             } else {
                 (
                     Decision::SkipGrace,
-                    format!(
-                        "status endpoint answered 404 only {since} ms after the lease ended (grace {} ms)",
-                        rules.grace_ms
-                    ),
+                    format!("{looked_up} 404 only {since} ms after the lease ended (grace {} ms)", rules.grace_ms),
                 )
             }
         }
@@ -287,7 +320,14 @@ mod tests {
             updated_at_ms: 0,
             reconcile_attempts: attempts,
             fp_exp_ms: None,
+            upstream_ignores_keys: false,
+            business_ref: None,
         }
+    }
+
+    /// What a by-key lookup said.
+    fn key(a: &StatusAnswer) -> Asked {
+        Asked::Answered(By::Key, a.clone())
     }
 
     fn rules() -> Rules {
@@ -298,7 +338,7 @@ mod tests {
     fn found_is_done_with_the_record_as_the_result() {
         let body = br#"{"transfer_id":"t_1","status":"executed"}"#.to_vec();
         let l = StatusAnswer::Found { content_type: Some("application/json".into()), body: body.clone() };
-        let (d, why) = decide(&rec(0, 0), Some(&l), 10, &rules());
+        let (d, why) = decide(&rec(0, 0), &key(&l), 10, &rules());
         let Decision::Done(r) = d else { panic!("{d:?}") };
         assert_eq!(r.status, 200);
         assert_eq!(r.headers, vec![("content-type".to_string(), "application/json".to_string())]);
@@ -309,22 +349,22 @@ mod tests {
     #[test]
     fn found_with_status_failed_is_failed() {
         let l = StatusAnswer::Found { content_type: None, body: br#"{"status":"failed","error":"x"}"#.to_vec() };
-        assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "failed");
+        assert_eq!(decide(&rec(0, 0), &key(&l), 10, &rules()).0.metric(), "failed");
         // Only the top level counts, and only the exact word.
         let l = StatusAnswer::Found {
             content_type: None,
             body: br#"{"inner":{"status":"failed"},"status":"FAILED"}"#.to_vec(),
         };
-        assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "done");
+        assert_eq!(decide(&rec(0, 0), &key(&l), 10, &rules()).0.metric(), "done");
         let l = StatusAnswer::Found { content_type: None, body: b"not json".to_vec() };
-        assert_eq!(decide(&rec(0, 0), Some(&l), 10, &rules()).0.metric(), "done");
+        assert_eq!(decide(&rec(0, 0), &key(&l), 10, &rules()).0.metric(), "done");
     }
 
     #[test]
     fn not_found_releases_only_after_the_grace() {
         let r = rec(5_000, 0);
-        assert_eq!(decide(&r, Some(&StatusAnswer::NotFound), 5_999, &rules()).0, Decision::SkipGrace);
-        let (d, why) = decide(&r, Some(&StatusAnswer::NotFound), 6_000, &rules());
+        assert_eq!(decide(&r, &key(&StatusAnswer::NotFound), 5_999, &rules()).0, Decision::SkipGrace);
+        let (d, why) = decide(&r, &key(&StatusAnswer::NotFound), 6_000, &rules());
         assert_eq!(d, Decision::Release);
         assert!(why.contains("404 1000 ms after the lease ended"), "{why}");
     }
@@ -332,20 +372,81 @@ mod tests {
     #[test]
     fn failures_retry_until_the_budget_then_need_review() {
         let l = StatusAnswer::Failed("answered 500".into());
-        let (d, why) = decide(&rec(0, 0), Some(&l), 10, &rules());
+        let (d, why) = decide(&rec(0, 0), &key(&l), 10, &rules());
         assert_eq!(d, Decision::Retry);
         assert_eq!(why, "attempt 1 of 3: status lookup failed: answered 500");
-        assert_eq!(decide(&rec(0, 1), Some(&l), 10, &rules()).0, Decision::Retry);
-        let (d, why) = decide(&rec(0, 2), Some(&l), 10, &rules());
+        assert_eq!(decide(&rec(0, 1), &key(&l), 10, &rules()).0, Decision::Retry);
+        let (d, why) = decide(&rec(0, 2), &key(&l), 10, &rules());
         assert_eq!(d, Decision::NeedsReview);
         assert_eq!(why, "no answer after 3 attempts (budget 3); last: status lookup failed: answered 500");
     }
 
     #[test]
     fn no_endpoint_needs_review_at_once() {
-        let (d, why) = decide(&rec(0, 0), None, 10, &rules());
+        let (d, why) = decide(&rec(0, 0), &Asked::NoEndpoint, 10, &rules());
         assert_eq!(d, Decision::NeedsReview);
         assert_eq!(why, "no status endpoint is configured for scope payments.transfer");
+    }
+
+    /// A row whose route says `upstream_keys: ignored`, with client reference `inv-7`.
+    fn no_key_row(lease_until_ms: i64, attempts: i64) -> Record {
+        Record { upstream_ignores_keys: true, business_ref: Some("inv-7".into()), ..rec(lease_until_ms, attempts) }
+    }
+
+    fn by_ref(a: &StatusAnswer) -> Asked {
+        Asked::Answered(By::Ref, a.clone())
+    }
+
+    #[test]
+    fn a_by_reference_404_after_the_grace_releases() {
+        let r = no_key_row(5_000, 0);
+        let (d, why) = decide(&r, &by_ref(&StatusAnswer::NotFound), 5_999, &rules());
+        assert_eq!(d, Decision::SkipGrace, "{why}");
+        let (d, why) = decide(&r, &by_ref(&StatusAnswer::NotFound), 6_000, &rules());
+        assert_eq!(d, Decision::Release);
+        assert_eq!(
+            why,
+            "status endpoint (by business reference) answered 404 1000 ms after the lease ended (grace 1000 ms): \
+             no record under that reference, never executed"
+        );
+        // The same for a deduplicating upstream looked up by its reference.
+        let plain = Record { business_ref: Some("inv-7".into()), ..rec(5_000, 0) };
+        assert_eq!(decide(&plain, &by_ref(&StatusAnswer::NotFound), 6_000, &rules()).0, Decision::Release);
+    }
+
+    #[test]
+    fn a_by_reference_record_reads_as_done_or_failed() {
+        let found = |body: &str| StatusAnswer::Found { content_type: None, body: body.as_bytes().to_vec() };
+        let (d, why) = decide(&no_key_row(0, 0), &by_ref(&found(r#"{"status":"executed"}"#)), 10, &rules());
+        assert_eq!(d.metric(), "done");
+        assert!(why.starts_with("status endpoint (by business reference) answered 200 with /status"), "{why}");
+        let (d, _) = decide(&no_key_row(0, 0), &by_ref(&found(r#"{"status":"failed"}"#)), 10, &rules());
+        assert_eq!(d.metric(), "failed");
+        // No evidence costs an attempt, as by key.
+        let (d, _) = decide(&no_key_row(0, 2), &by_ref(&StatusAnswer::Failed("answered 500".into())), 10, &rules());
+        assert_eq!(d, Decision::NeedsReview);
+    }
+
+    #[test]
+    fn an_upstream_that_ignores_keys_without_a_reference_lookup_needs_review_at_once() {
+        // No endpoint at all, or one that cannot ask by reference (`target` says why).
+        let (d, why) = decide(&no_key_row(0, 0), &Asked::NoEndpoint, 10, &rules());
+        assert_eq!(d, Decision::NeedsReview);
+        assert_eq!(
+            why,
+            "upstream ignores keys and no business-reference lookup: no status endpoint is configured for scope \
+             payments.transfer"
+        );
+        let unaskable = Asked::Unaskable(format!("{NO_REF_LOOKUP}: the status endpoint looks up by {{key}} only"));
+        let (d, why) = decide(&no_key_row(0, 0), &unaskable, 10, &rules());
+        assert_eq!(d, Decision::NeedsReview);
+        assert!(why.starts_with(NO_REF_LOOKUP), "{why}");
+        // A by-key answer is never evidence here, least of all its 404: that upstream never stored a key.
+        for answer in [StatusAnswer::NotFound, StatusAnswer::Found { content_type: None, body: b"{}".to_vec() }] {
+            let (d, why) = decide(&no_key_row(0, 0), &key(&answer), 1_000_000, &rules());
+            assert_eq!(d, Decision::NeedsReview, "{answer:?}");
+            assert!(why.starts_with(NO_REF_LOOKUP), "{why}");
+        }
     }
 
     fn declared(spec: &str) -> Rules {
@@ -358,21 +459,21 @@ mod tests {
     fn a_declared_reading_decides_and_sets_the_replay_status() {
         let r = declared("pointer=/state;done=EXECUTED|SETTLED;failed=REJECTED;done_status=201;failed_status=422");
         let found = |body: &str| StatusAnswer::Found { content_type: None, body: body.as_bytes().to_vec() };
-        let (d, why) = decide(&rec(0, 0), Some(&found(r#"{"state":"SETTLED"}"#)), 10, &r);
+        let (d, why) = decide(&rec(0, 0), &key(&found(r#"{"state":"SETTLED"}"#)), 10, &r);
         let Decision::Done(result) = d else { panic!("{d:?}") };
         assert_eq!(result.status, 201);
         assert!(why.contains("/state = \"SETTLED\""), "{why}");
-        let (d, _) = decide(&rec(0, 0), Some(&found(r#"{"state":"REJECTED"}"#)), 10, &r);
+        let (d, _) = decide(&rec(0, 0), &key(&found(r#"{"state":"REJECTED"}"#)), 10, &r);
         let Decision::Failed(result) = d else { panic!("{d:?}") };
         assert_eq!(result.status, 422);
         // Neither: no evidence, like a failed lookup; the budget ends in review.
-        let (d, why) = decide(&rec(0, 0), Some(&found(r#"{"state":"PENDING"}"#)), 10, &r);
+        let (d, why) = decide(&rec(0, 0), &key(&found(r#"{"state":"PENDING"}"#)), 10, &r);
         assert_eq!(d, Decision::Retry, "{why}");
-        assert_eq!(decide(&rec(0, 2), Some(&found(r#"{"other":1}"#)), 10, &r).0, Decision::NeedsReview);
+        assert_eq!(decide(&rec(0, 2), &key(&found(r#"{"other":1}"#)), 10, &r).0, Decision::NeedsReview);
         // Another scope keeps the default reading.
         let mut other = rec(0, 0);
         other.scope = "payments.refund".into();
-        assert_eq!(decide(&other, Some(&found(r#"{"state":"PENDING"}"#)), 10, &r).0.metric(), "done");
+        assert_eq!(decide(&other, &key(&found(r#"{"state":"PENDING"}"#)), 10, &r).0.metric(), "done");
     }
 
     #[test]

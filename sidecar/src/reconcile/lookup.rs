@@ -1,13 +1,14 @@
-//! Asking an upstream's status-by-key endpoint about one nonce.
+//! Asking an upstream's status endpoint about one operation.
 //!
-//! `GET <url with {key} replaced>` with `Idempotency-Key: <key>`: 200 and the
+//! `GET <url>` (the template filled in by `target`: the nonce for `{key}`, the
+//! business reference for `{ref}`) with `Idempotency-Key: <key>`: 200 and the
 //! upstream's record, or 404. Everything else is "no evidence" and costs one
 //! attempt of the retry budget.
 
 use std::time::Duration;
 
 use super::decide::StatusAnswer;
-use crate::config::reconcile::{StatusEndpoints, KEY_PLACEHOLDER};
+use crate::config::reconcile::StatusEndpoints;
 
 /// The largest record accepted: the same bound as a stored result.
 const MAX_RECORD_BYTES: usize = crate::api::MAX_BODY_BYTES;
@@ -39,9 +40,9 @@ impl StatusClient {
         self.endpoints.get(scope).map(String::as_str)
     }
 
-    pub async fn lookup(&self, template: &str, key: &str) -> StatusAnswer {
-        let url = template.replace(KEY_PLACEHOLDER, key);
-        match tokio::time::timeout(self.timeout, self.fetch(&url, key)).await {
+    /// `url`: the scope's template filled in for this row (`target::target`).
+    pub async fn lookup(&self, url: &str, key: &str) -> StatusAnswer {
+        match tokio::time::timeout(self.timeout, self.fetch(url, key)).await {
             Ok(l) => l,
             Err(_) => StatusAnswer::Failed(format!("no answer within {} ms", self.timeout.as_millis())),
         }

@@ -4,13 +4,15 @@
 //!
 //! Each pass takes a batch of IN_FLIGHT rows whose lease has run out, claims
 //! each one (a compare-and-set, so several replicas never decide the same
-//! row), asks the scope's status-by-key endpoint, and writes the decision
+//! row), asks the scope's status endpoint (by key, or by business reference
+//! where the upstream ignores keys: `target`), and writes the decision
 //! (`decide`) owner-checked, with its audit line, then brings Redis in line.
 //! A claim is a short lease of its own, so a reconciler that dies mid-row
 //! only delays that row.
 
 pub mod decide;
 pub mod lookup;
+pub mod target;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +21,7 @@ use idem_core::protocol::{OpState, TerminalState};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use self::decide::{decide, Decision, Rules};
+use self::decide::{decide, Asked, Decision, Rules};
 use self::lookup::StatusClient;
 use crate::store::audit::{clip, Audit, MAX_WHY};
 use crate::store::sql::{Record, SqlError};
@@ -169,15 +171,16 @@ impl Reconciler {
                 return RowOutcome::Error;
             }
         }
-        let lookup = match self.status.endpoint(&rec.scope) {
-            Some(template) => {
-                let answer = self.status.lookup(template, &rec.key).await;
+        let asked = match self.status.endpoint(&rec.scope).map(|template| target::target(template, &rec)) {
+            None => Asked::NoEndpoint,
+            Some(Err(why)) => Asked::Unaskable(why),
+            Some(Ok(t)) => {
+                let answer = self.status.lookup(&t.url, &rec.key).await;
                 self.store.metrics().lookup(&rec.scope, answer.metric());
-                Some(answer)
+                Asked::Answered(t.by, answer)
             }
-            None => None,
         };
-        let (decision, why) = decide(&rec, lookup.as_ref(), now_ms(), &self.settings.rules);
+        let (decision, why) = decide(&rec, &asked, now_ms(), &self.settings.rules);
         match self.apply(&rec, &token, &decision, clip(&why, MAX_WHY)).await {
             Ok(true) => {
                 self.store.metrics().reconciled(decision.metric());

@@ -243,6 +243,8 @@ impl Store {
                 lease_until_ms: now.saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX)),
                 now_ms: now,
                 fp_exp_ms: req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
+                upstream_ignores_keys: req.upstream_ignores_keys,
+                business_ref: req.business_ref.as_deref(),
             };
             let started = Instant::now();
             let audit = Audit {
@@ -723,6 +725,8 @@ mod tests {
             updated_at_ms: 0,
             reconcile_attempts: 0,
             fp_exp_ms: None,
+            upstream_ignores_keys: false,
+            business_ref: None,
         }
     }
 

@@ -87,6 +87,8 @@ mod tests {
             updated_at_ms,
             reconcile_attempts: 0,
             fp_exp_ms,
+            upstream_ignores_keys: false,
+            business_ref: None,
         }
     }
 

@@ -110,6 +110,12 @@ pub struct Record {
     /// The expiry of the fingerprint that created the row (unix ms); `None` for
     /// client keys. The row is kept until this plus the retention at least.
     pub fp_exp_ms: Option<i64>,
+    /// The route's upstream ignores `Idempotency-Key` (`upstream_keys: ignored`): a by-key
+    /// lookup proves nothing about this row (the reconciler, DESIGN §4).
+    pub upstream_ignores_keys: bool,
+    /// The confirm's business reference (the route's `business_ref` field), by which the
+    /// reconciler can look the operation up instead of by key.
+    pub business_ref: Option<String>,
 }
 
 /// The audit line a state change carries.
@@ -133,6 +139,8 @@ pub struct NewInFlight<'a> {
     pub now_ms: i64,
     /// The fingerprint's `exp` in unix ms; `None` for a client key.
     pub fp_exp_ms: Option<i64>,
+    pub upstream_ignores_keys: bool,
+    pub business_ref: Option<&'a str>,
 }
 
 #[derive(Clone)]
@@ -189,6 +197,8 @@ macro_rules! read_record {
         let state: String = row.try_get("state")?;
         let result: Option<String> = row.try_get("result")?;
         let attempts: i32 = row.try_get("reconcile_attempts")?;
+        // NULL: a row from before migration 0006, when every upstream was taken to keep keys.
+        let ignores: Option<i32> = row.try_get("upstream_ignores_keys")?;
         Ok::<_, $crate::store::sql::SqlError>($crate::store::sql::Record {
             state: state
                 .parse::<idem_core::protocol::OpState>()
@@ -210,6 +220,8 @@ macro_rules! read_record {
             updated_at_ms: row.try_get("updated_at")?,
             reconcile_attempts: i64::from(attempts),
             fp_exp_ms: row.try_get("fp_exp_ms")?,
+            upstream_ignores_keys: ignores.is_some_and(|v| v != 0),
+            business_ref: row.try_get("business_ref")?,
             key,
         })
     }};
@@ -229,15 +241,15 @@ struct Queries {
 }
 
 pub(super) const COLUMNS: &str = "idem_key, state, param_hash, subject_hash, scope, owner, result, lease_until, \
-     created_at, updated_at, reconcile_attempts, fp_exp_ms";
+     created_at, updated_at, reconcile_attempts, fp_exp_ms, upstream_ignores_keys, business_ref";
 
 const AUDIT_COLUMNS: &str = "idem_key, at_ms, actor, action, from_state, to_state, why, trace_id";
 
 impl Queries {
     fn new(backend: Backend) -> Self {
         let insert_values =
-            "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at, fp_exp_ms) \
-             VALUES (?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?)";
+            "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at, fp_exp_ms, \
+             upstream_ignores_keys, business_ref) VALUES (?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
         let insert = match backend {
             // INSERT IGNORE also downgrades data errors to warnings; every value
             // is validated before it gets here, so only the duplicate key is left.
@@ -365,6 +377,13 @@ const MIGRATIONS: &[Migration] = &[
         mysql: include_str!("../../migrations/mysql/0005_security_events.sql"),
         sqlite: include_str!("../../migrations/sqlite/0005_security_events.sql"),
     },
+    Migration {
+        version: 6,
+        description: "idem_record.upstream_ignores_keys, business_ref",
+        postgres: include_str!("../../migrations/postgres/0006_upstream_keys.sql"),
+        mysql: include_str!("../../migrations/mysql/0006_upstream_keys.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0006_upstream_keys.sql"),
+    },
 ];
 
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
@@ -452,6 +471,8 @@ impl SqlStore {
             Bind::Int(row.now_ms),
             Bind::Int(row.now_ms),
             Bind::OptInt(row.fp_exp_ms),
+            Bind::Int(i64::from(row.upstream_ignores_keys)),
+            Bind::OptText(row.business_ref),
         ];
         let change = Change { key: row.key, from: None, to: Some("IN_FLIGHT"), at_ms: row.now_ms, audit };
         self.change(&self.q.insert, &binds, &change).await
