@@ -249,6 +249,8 @@ async fn a_key_only_status_endpoint_sends_it_to_review_never_released() -> TestR
     assert!(why.starts_with("upstream ignores keys and no business-reference lookup: "), "{why}");
     assert!(why.contains("looks up by {key} only"), "{why}");
     let m = stack.idemd_metrics().await?;
-    assert_eq!(metric(&m, "idem_reconcile_total", &[("decision", "released")]), None, "{m}");
+    // Pre-created at 0 (an alert reads it with increase()): never counted up.
+    assert_eq!(metric(&m, "idem_reconcile_total", &[("decision", "released")]).unwrap_or(0.0), 0.0, "{m}");
+    assert_eq!(metric(&m, "idem_reconcile_total", &[("decision", "needs_review")]), Some(1.0), "{m}");
     Ok(())
 }
