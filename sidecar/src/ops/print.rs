@@ -6,7 +6,7 @@ use idem_core::utc::iso_utc_ms as utc;
 use serde_json::{json, Value};
 
 use crate::store::audit::{AuditLine, EventLine};
-use crate::store::sql::Record;
+use crate::store::record::Record;
 
 fn opt_utc(ms: Option<i64>) -> String {
     ms.map(utc).unwrap_or_else(|| "-".to_string())

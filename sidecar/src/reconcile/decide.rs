@@ -5,7 +5,7 @@
 use idem_core::protocol::{encode_body, StoredResult};
 
 use super::target::{By, NO_REF_LOOKUP};
-use crate::store::sql::Record;
+use crate::store::record::Record;
 
 /// What the reconciler could learn about one row.
 #[derive(Clone, Debug, PartialEq, Eq)]

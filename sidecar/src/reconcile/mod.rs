@@ -24,7 +24,8 @@ use tracing::{debug, info, warn};
 use self::decide::{decide, Asked, Decision, Rules};
 use self::lookup::StatusClient;
 use crate::store::audit::{clip, Audit, MAX_WHY};
-use crate::store::sql::{Record, SqlError};
+use crate::store::record::Record;
+use crate::store::sql::SqlError;
 use crate::store::{new_owner, now_ms, Store};
 
 /// Rows looked up at the same time within one pass.

@@ -13,7 +13,7 @@
 //!   it cannot be asked.
 
 use crate::config::reconcile::{KEY_PLACEHOLDER, REF_PLACEHOLDER};
-use crate::store::sql::Record;
+use crate::store::record::Record;
 
 /// What a lookup is keyed by, for the evidence in the audit line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,8 @@
 //! because the reconciler learns the same result from the upstream.
 
 use super::audit::Audit;
-use super::sql::{audited, render, Bind, Change, Record, SqlError, SqlStore, COLUMNS};
+use super::record::Record;
+use super::sql::{audited, render, Bind, Change, SqlError, SqlStore, COLUMNS};
 
 impl SqlStore {
     /// IN_FLIGHT rows whose lease ended before `now_ms`, longest expired first.

@@ -31,11 +31,13 @@
 pub mod audit;
 pub mod backlog;
 mod claims;
+pub mod record;
 pub mod redis;
 pub mod retention;
 pub mod review;
 pub mod sql;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -47,8 +49,9 @@ use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use self::audit::{Audit, SecurityEvent};
+use self::record::Record;
 use self::redis::{AcquireReply, Binding, RedisDown, RedisStore, WriteReply};
-use self::sql::{NewInFlight, Record, SqlError, SqlStore};
+use self::sql::{NewInFlight, SqlError, SqlStore};
 use crate::metrics::Metrics;
 
 /// How long a restored IN_FLIGHT copy lives in Redis once its SQL lease has
@@ -180,11 +183,7 @@ impl Store {
         let binding = Binding { param_hash: &req.param_hash, subject_hash: &req.subject_hash, scope: &req.scope };
         let reply = match &self.redis {
             None => None,
-            Some(r) => {
-                let started = Instant::now();
-                let reply = r.acquire(&req.key, binding, owner, lease_ms).await;
-                self.redis_done("acquire", started, reply)
-            }
+            Some(r) => self.redis_timed("acquire", r.acquire(&req.key, binding, owner, lease_ms)).await,
         };
         let Some(reply) = reply else {
             return Step::Answer(self.sql_acquire(req, owner, lease_ms, false).await);
@@ -246,14 +245,13 @@ impl Store {
                 upstream_ignores_keys: req.upstream_ignores_keys,
                 business_ref: req.business_ref.as_deref(),
             };
-            let started = Instant::now();
             let audit = Audit {
                 actor: FILTER,
                 action: "acquire",
                 why: "confirm acquired: forwarding to the upstream",
                 trace_id: &req.trace_id,
             };
-            let inserted = self.sql_done("insert", started, self.sql.insert_in_flight(&row, &audit).await);
+            let inserted = self.sql_timed("insert", self.sql.insert_in_flight(&row, &audit)).await;
             match inserted {
                 Ok(true) => {
                     return AcquireResponse {
@@ -269,8 +267,7 @@ impl Store {
                     return unavailable();
                 }
             }
-            let started = Instant::now();
-            match self.sql_done("get", started, self.sql.get(&req.key).await) {
+            match self.sql_timed("get", self.sql.get(&req.key)).await {
                 Ok(Some(rec)) => {
                     if gate_in_redis {
                         debug!(key = %req.key, state = rec.state.as_str(), "Redis had lost this key; restoring the row");
@@ -297,9 +294,7 @@ impl Store {
     async fn undo_acquire(&self, key: &str, owner: &str, gate_in_redis: bool, insert_may_have_committed: bool) {
         if gate_in_redis {
             if let Some(r) = &self.redis {
-                let started = Instant::now();
-                let released = r.release(key, owner).await;
-                self.redis_done("release", started, released);
+                self.redis_timed("release", r.release(key, owner)).await;
             }
         }
         if insert_may_have_committed {
@@ -330,8 +325,7 @@ impl Store {
             owner: OwnerToken::parse(&owner).ok(),
             result: None,
         };
-        let started = Instant::now();
-        match self.sql_done("get", started, self.sql.get(&req.key).await) {
+        match self.sql_timed("get", self.sql.get(&req.key)).await {
             Ok(Some(rec)) => {
                 if rec.state != OpState::InFlight || rec.owner.as_deref() != Some(holder.as_str()) {
                     // SQL moved on while Redis could not be told.
@@ -343,9 +337,7 @@ impl Store {
                 // Released in SQL while Redis was unreachable. Drop the copy
                 // (only if it is still that holder's) and start over.
                 if let Some(r) = &self.redis {
-                    let started = Instant::now();
-                    let released = r.release(&req.key, &holder).await;
-                    if self.redis_done("release", started, released).is_some() {
+                    if self.redis_timed("release", r.release(&req.key, &holder)).await.is_some() {
                         return Step::Again;
                     }
                 }
@@ -361,8 +353,7 @@ impl Store {
     /// Redis says a person has to decide. SQL has the last word: an operator
     /// may have resolved it there without reaching Redis.
     async fn confirm_needs_review(&self, req: &AcquireRequest) -> Step {
-        let started = Instant::now();
-        match self.sql_done("get", started, self.sql.get(&req.key).await) {
+        match self.sql_timed("get", self.sql.get(&req.key)).await {
             Ok(Some(rec)) => {
                 if rec.state != OpState::NeedsReview {
                     // restore never moves the cache backwards, so drop the copy first.
@@ -407,16 +398,12 @@ impl Store {
                 u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
             }
         };
-        let started = Instant::now();
-        let restored = r.restore(rec, ttl_ms).await;
-        self.redis_done("restore", started, restored);
+        self.redis_timed("restore", r.restore(rec, ttl_ms)).await;
     }
 
     async fn evict(&self, key: &str) {
         if let Some(r) = &self.redis {
-            let started = Instant::now();
-            let evicted = r.evict(key).await;
-            self.redis_done("evict", started, evicted);
+            self.redis_timed("evict", r.evict(key)).await;
         }
     }
 
@@ -439,19 +426,15 @@ impl Store {
         let state = req.state.as_str();
         let why = format!("upstream answered {}", req.result.status);
         let audit = Audit { actor: FILTER, action: "complete", why: &why, trace_id: &req.trace_id };
-        let started = Instant::now();
-        let updated = self.sql_done(
-            "complete",
-            started,
-            self.sql.complete(&req.key, &req.owner, req.state, &result_json, now_ms(), &audit).await,
-        );
+        let updated = self
+            .sql_timed("complete", self.sql.complete(&req.key, &req.owner, req.state, &result_json, now_ms(), &audit))
+            .await;
         match updated {
             Ok(true) => {}
             Ok(false) => {
                 // The filter may retry a complete whose answer it lost: the same
                 // owner with the same outcome is a success, not a conflict.
-                let started = Instant::now();
-                match self.sql_done("get", started, self.sql.get(&req.key).await) {
+                match self.sql_timed("get", self.sql.get(&req.key)).await {
                     Ok(Some(rec))
                         if rec.owner.as_deref() == Some(req.owner.as_str())
                             && rec.state == req.state.op_state()
@@ -466,10 +449,13 @@ impl Store {
             }
         }
         if let Some(r) = &self.redis {
-            let started = Instant::now();
-            let reply =
-                r.complete(&req.key, &req.owner, state, &result_json, self.settings.terminal_retention_ms).await;
-            if let Some(WriteReply::NotOwner) = self.redis_done("complete", started, reply) {
+            if let Some(WriteReply::NotOwner) = self
+                .redis_timed(
+                    "complete",
+                    r.complete(&req.key, &req.owner, state, &result_json, self.settings.terminal_retention_ms),
+                )
+                .await
+            {
                 // The cache holds some other attempt's view; SQL has the truth.
                 // Drop the copy so the next acquire refills it from the row.
                 debug!(key = %req.key, "Redis disagreed with SQL on complete; evicting");
@@ -486,14 +472,13 @@ impl Store {
     }
 
     async fn release_inner(&self, req: &ReleaseRequest) -> Ack {
-        let started = Instant::now();
         let audit = Audit {
             actor: FILTER,
             action: "release",
             why: "the request never reached the upstream",
             trace_id: &req.trace_id,
         };
-        match self.sql_done("release", started, self.sql.release(&req.key, &req.owner, &audit).await) {
+        match self.sql_timed("release", self.sql.release(&req.key, &req.owner, &audit)).await {
             Ok(true) => {}
             Ok(false) => return Ack::NotOwner,
             Err(e) => {
@@ -502,11 +487,9 @@ impl Store {
             }
         }
         if let Some(r) = &self.redis {
-            let started = Instant::now();
-            let released = r.release(&req.key, &req.owner).await;
             // NOT_OWNER here means the cache holds another attempt's gate or a
             // stale copy; either resolves against SQL on the next acquire.
-            self.redis_done("release", started, released);
+            self.redis_timed("release", r.release(&req.key, &req.owner)).await;
         }
         Ack::Ok
     }
@@ -522,8 +505,7 @@ impl Store {
         for lease in &req.leases {
             let lease_ms = lease.lease_ms.max(self.settings.lease_ms);
             let until = now_ms().saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX));
-            let started = Instant::now();
-            let renewed = self.sql_done("renew", started, self.sql.renew(&lease.key, &lease.owner, until).await)?;
+            let renewed = self.sql_timed("renew", self.sql.renew(&lease.key, &lease.owner, until)).await?;
             self.metrics.lease_renewal(if renewed { "renewed" } else { "lost" });
             if !renewed {
                 debug!(key = %lease.key, "renewal for an owner that no longer holds the lease");
@@ -531,9 +513,7 @@ impl Store {
                 continue;
             }
             if let Some(r) = &self.redis {
-                let started = Instant::now();
-                let cached = r.renew(&lease.key, &lease.owner, lease_ms).await;
-                self.redis_done("renew", started, cached);
+                self.redis_timed("renew", r.renew(&lease.key, &lease.owner, lease_ms)).await;
             }
         }
         Ok(RenewResponse { lost })
@@ -581,8 +561,7 @@ impl Store {
 
     /// The operation as SQL (the truth) has it.
     pub async fn operation(&self, key: &str) -> Result<Option<OperationView>, Unavailable> {
-        let started = Instant::now();
-        match self.sql_done("get", started, self.sql.get(key).await) {
+        match self.sql_timed("get", self.sql.get(key)).await {
             Ok(rec) => Ok(rec.map(view)),
             Err(e) => Err(Unavailable(e.to_string())),
         }
@@ -592,17 +571,12 @@ impl Store {
     pub async fn health(&self) -> Health {
         let redis = match &self.redis {
             None => "off",
-            Some(r) => {
-                let started = Instant::now();
-                let pinged = r.ping().await;
-                match self.redis_done("ping", started, pinged) {
-                    Some(()) => "up",
-                    None => "down",
-                }
-            }
+            Some(r) => match self.redis_timed("ping", r.ping()).await {
+                Some(()) => "up",
+                None => "down",
+            },
         };
-        let started = Instant::now();
-        let sql = match self.sql_done("ping", started, self.sql.ping().await) {
+        let sql = match self.sql_timed("ping", self.sql.ping()).await {
             Ok(()) => "up",
             Err(_) => "down",
         };
@@ -612,6 +586,24 @@ impl Store {
     // ---- bookkeeping ---------------------------------------------------
 
     /// Record a Redis call. `None`: no answer, serve this call from SQL.
+    /// One Redis call, timed and judged: its value, or `None` when SQL must answer alone.
+    async fn redis_timed<T>(&self, op: &'static str, call: impl Future<Output = Result<T, RedisDown>>) -> Option<T> {
+        let started = Instant::now();
+        let r = call.await;
+        self.redis_done(op, started, r)
+    }
+
+    /// One SQL call, timed, with the store's up/down gauge following it.
+    async fn sql_timed<T>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<T, SqlError>>,
+    ) -> Result<T, SqlError> {
+        let started = Instant::now();
+        let r = call.await;
+        self.sql_done(op, started, r)
+    }
+
     fn redis_done<T>(&self, op: &'static str, started: Instant, r: Result<T, RedisDown>) -> Option<T> {
         match r {
             Ok(v) => {

@@ -18,7 +18,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, ScriptInvocation, Value};
 
-use super::sql::Record;
+use super::record::Record;
 
 pub struct Scripts {
     acquire: Script,

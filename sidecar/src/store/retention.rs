@@ -11,7 +11,8 @@
 //! still valid, reaching an Envoy without the cached replay, would find no row,
 //! acquire again and execute a second time.
 
-use super::sql::{render, Backend, Bind, Record, SqlError, SqlStore};
+use super::record::Record;
+use super::sql::{render, Backend, Bind, SqlError, SqlStore};
 
 /// How far the clocks of idemd's replicas (the one that reaps, the one that
 /// answers a lookup) may disagree. A fingerprint's row is reaped this much

@@ -6,7 +6,8 @@ use idem_core::protocol::{OpState, TerminalState};
 
 use super::audit::Audit;
 use super::now_ms;
-use super::sql::{audited, render, Bind, Change, Record, SqlError, SqlStore, COLUMNS};
+use super::record::Record;
+use super::sql::{audited, render, Bind, Change, SqlError, SqlStore, COLUMNS};
 
 /// What an operator decided.
 #[derive(Clone, Copy, Debug)]

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idem_core::protocol::{OpState, StoredResult, TerminalState};
+use idem_core::protocol::TerminalState;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
@@ -22,6 +22,7 @@ use sqlx::Row;
 
 use super::audit::Audit;
 use super::now_ms;
+use super::record::Record;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -90,32 +91,6 @@ impl From<sqlx::Error> for SqlError {
     fn from(e: sqlx::Error) -> Self {
         Self::Db(e)
     }
-}
-
-/// One row of `idem_record`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
-    pub key: String,
-    pub state: OpState,
-    pub param_hash: String,
-    pub subject_hash: String,
-    pub scope: String,
-    pub owner: Option<String>,
-    pub result: Option<StoredResult>,
-    pub lease_until_ms: Option<i64>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-    /// Failed status lookups so far (the reconciler's retry budget).
-    pub reconcile_attempts: i64,
-    /// The expiry of the fingerprint that created the row (unix ms); `None` for
-    /// client keys. The row is kept until this plus the retention at least.
-    pub fp_exp_ms: Option<i64>,
-    /// The route's upstream ignores `Idempotency-Key` (`upstream_keys: ignored`): a by-key
-    /// lookup proves nothing about this row (the reconciler, DESIGN §4).
-    pub upstream_ignores_keys: bool,
-    /// The confirm's business reference (the route's `business_ref` field), by which the
-    /// reconciler can look the operation up instead of by key.
-    pub business_ref: Option<String>,
 }
 
 /// The audit line a state change carries.
@@ -199,7 +174,7 @@ macro_rules! read_record {
         let attempts: i32 = row.try_get("reconcile_attempts")?;
         // NULL: a row from before migration 0006, when every upstream was taken to keep keys.
         let ignores: Option<i32> = row.try_get("upstream_ignores_keys")?;
-        Ok::<_, $crate::store::sql::SqlError>($crate::store::sql::Record {
+        Ok::<_, $crate::store::sql::SqlError>($crate::store::record::Record {
             state: state
                 .parse::<idem_core::protocol::OpState>()
                 .ok()
