@@ -21,6 +21,7 @@ pub mod ops;
 pub mod probe;
 pub mod reaper;
 pub mod reconcile;
+pub mod redact;
 pub mod serve;
 pub mod store;
 pub mod tools;

@@ -7,13 +7,14 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::auth::Tokens;
-use crate::config::{redact_url, ReconcileArgs, ServeArgs, StoreArgs, TtlArgs};
+use crate::config::{ReconcileArgs, ServeArgs, StoreArgs, TtlArgs};
 use crate::metrics::Metrics;
 use crate::probe::Probe;
 use crate::reaper::Reaper;
 use crate::reconcile::decide::Rules;
 use crate::reconcile::lookup::StatusClient;
 use crate::reconcile::{ReconcileSettings, Reconciler};
+use crate::redact::redact_url;
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::sql::{SqlOptions, SqlStore};
 use crate::store::{Store, StoreSettings};

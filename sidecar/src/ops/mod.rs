@@ -18,7 +18,8 @@ use idem_core::protocol::{encode_body, OpState, StoredResult, TerminalState};
 
 use crate::api::is_token;
 use crate::config::ops::{OpsCommand, ResolveArgs};
-use crate::config::{redact_url, OpsArgs};
+use crate::config::OpsArgs;
+use crate::redact::redact_url;
 use crate::store::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
 use crate::store::now_ms;
 use crate::store::redis::{RedisOptions, RedisStore};

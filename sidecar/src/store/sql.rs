@@ -379,7 +379,7 @@ impl SqlStore {
         let backend = Backend::from_url(url).ok_or_else(|| {
             SqlError::Config(format!(
                 "unsupported database URL {:?}: expected postgres://, mysql:// or sqlite:",
-                crate::config::redact_url(url)
+                crate::redact::redact_url(url)
             ))
         })?;
         let max = opts.max_connections.max(1);

@@ -216,7 +216,7 @@ impl Fixture {
         match tokio::time::timeout(Duration::from_secs(10), SqlStore::connect(&sql_url, &sql_opts())).await {
             Ok(Ok(_)) => Some(Self { sql, sql_url, redis, _tmp: tmp, _own: None }),
             Ok(Err(e)) => {
-                skip(&format!("{} ({})", sql.name(), idemd::config::redact_url(&sql_url)), e);
+                skip(&format!("{} ({})", sql.name(), idemd::redact::redact_url(&sql_url)), e);
                 None
             }
             Err(_) => {
