@@ -11,7 +11,8 @@ mod wasm {
     use crate::metrics::Metrics;
     use idem_adapter::{Host, Level, ROUTE_ANNOTATION_PATH};
     use idem_core::leases::LeaseBook;
-    use idem_core::machine::{CalloutAnswer, Counter, Env};
+    use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
+    use idem_core::policy::PluginConfig;
     use idem_core::protocol::{LeaseRenewal, OwnerToken};
     use proxy_wasm::hostcalls;
     use proxy_wasm::types::{BufferType, MapType};
@@ -181,6 +182,11 @@ mod wasm {
         fn shared_set(&mut self, key: &str, value: &[u8]) {
             // No CAS: the last terminal result written for a slot wins, and any of them is true.
             warn_on_err("set_shared_data", hostcalls::set_shared_data(key, Some(value), None));
+        }
+
+        /// A `.wasm` stream's callout outlives the stream: sent as any other.
+        fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool {
+            idem_adapter::sidecar::dispatch(self, cfg, call, trace_id).is_some()
         }
 
         fn hold_lease(&mut self, lease: &LeaseRenewal) {

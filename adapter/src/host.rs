@@ -63,10 +63,6 @@ pub trait Host: Env {
     /// Send a report nobody waits for (a security event for idemd's audit); `false` if it
     /// could not even be sent. It must outlive the stream, which is usually answered at once: a
     /// host whose stream callouts are cancelled with the stream sends it from elsewhere.
-    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool
-    where
-        Self: Sized,
-    {
-        crate::sidecar::dispatch(self, cfg, call, trace_id).is_some()
-    }
+    /// (A host whose callouts outlive the stream sends it with `sidecar::dispatch`.)
+    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool;
 }

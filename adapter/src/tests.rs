@@ -6,8 +6,8 @@
 use crate::host::{Host, Level};
 use crate::stream::{Action, Shared, Stream};
 use idem_core::leases::LeaseBook;
-use idem_core::machine::{CalloutAnswer, Counter, Env};
-use idem_core::policy::{encode_pairs, parse_plugin_config};
+use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
+use idem_core::policy::{encode_pairs, parse_plugin_config, PluginConfig};
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
 use serde_json::{json, Value};
 use std::cell::{Cell, RefCell};
@@ -149,6 +149,9 @@ impl Host for Fake {
     }
     fn shared_set(&mut self, key: &str, value: &[u8]) {
         self.shared.insert(key.to_string(), value.to_vec());
+    }
+    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool {
+        crate::sidecar::dispatch(self, cfg, call, trace_id).is_some()
     }
     fn hold_lease(&mut self, lease: &LeaseRenewal) {
         self.leases.borrow_mut().hold(lease.clone(), self.now * 1000);

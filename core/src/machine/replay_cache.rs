@@ -16,21 +16,7 @@ use super::Effect;
 use crate::protocol::{OpKey, StoredResult, TerminalState};
 use serde::{Deserialize, Serialize};
 
-/// The cache's shape, from the plugin configuration (`replay_cache`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheConfig {
-    /// 0 turns the cache off.
-    pub slots: u32,
-    pub entry_bytes: usize,
-    pub ttl_s: u64,
-}
-
-impl Default for CacheConfig {
-    /// 1024 slots of at most 4 KiB: at most 4 MiB per Envoy process.
-    fn default() -> Self {
-        CacheConfig { slots: 1024, entry_bytes: 4096, ttl_s: 3600 }
-    }
-}
+pub use crate::policy::CacheConfig;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {

@@ -31,6 +31,22 @@ pub const BODY_BYTES: RangeInclusive<u64> = 1..=16 * 1024 * 1024;
 /// Far above any real configuration; keeps a runaway file from being parsed.
 const MAX_CONFIG_BYTES: usize = 1024 * 1024;
 
+/// The cache's shape, from the plugin configuration (`replay_cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// 0 turns the cache off.
+    pub slots: u32,
+    pub entry_bytes: usize,
+    pub ttl_s: u64,
+}
+
+impl Default for CacheConfig {
+    /// 1024 slots of at most 4 KiB: at most 4 MiB per Envoy process.
+    fn default() -> Self {
+        CacheConfig { slots: 1024, entry_bytes: 4096, ttl_s: 3600 }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct PluginConfig {
     pub sidecar_cluster: String,
@@ -49,7 +65,7 @@ pub struct PluginConfig {
     /// Guarded routes named in the configuration (for routes without metadata).
     pub routes: RouteRules,
     /// Terminal results served from Envoy's shared data (`replay_cache`).
-    pub replay_cache: crate::machine::replay_cache::CacheConfig,
+    pub replay_cache: CacheConfig,
 }
 
 /// A secret that never appears in `Debug` output or logs.
@@ -159,12 +175,12 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
 /// `{"slots": 1024, "entry_bytes": 4096, "ttl_s": 3600}`; `slots: 0` turns it off.
 /// `ttl_s` must not exceed idemd's terminal retention (a cached replay of a
 /// reaped row would outlive it).
-fn parse_replay_cache(top: &Obj) -> Result<crate::machine::replay_cache::CacheConfig, ConfigError> {
-    let base = crate::machine::replay_cache::CacheConfig::default();
+fn parse_replay_cache(top: &Obj) -> Result<CacheConfig, ConfigError> {
+    let base = CacheConfig::default();
     let Some(value) = top.get("replay_cache") else { return Ok(base) };
     let c = Obj::new(value, "replay_cache".into())?;
     c.only(&["slots", "entry_bytes", "ttl_s"])?;
-    Ok(crate::machine::replay_cache::CacheConfig {
+    Ok(CacheConfig {
         slots: u32::try_from(c.int("slots", 0..=65_536)?.unwrap_or(u64::from(base.slots))).unwrap_or(base.slots),
         entry_bytes: usize::try_from(c.int("entry_bytes", 256..=1_048_576)?.unwrap_or(base.entry_bytes as u64))
             .unwrap_or(base.entry_bytes),

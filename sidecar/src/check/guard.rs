@@ -7,8 +7,8 @@
 
 use serde_json::Value;
 
-use idem_core::machine::replay_cache::CacheConfig;
 use idem_core::policy::rules::{PathMatch, RouteMatch, Segment};
+use idem_core::policy::CacheConfig;
 use idem_core::policy::{parse_route_policy, PluginConfig, Role, RouteDefaults, RoutePolicy};
 
 use super::model::{EnvoyConfig, Manager, Matcher, Route, Target, VirtualHost};
