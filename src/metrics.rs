@@ -22,8 +22,13 @@ impl Metrics {
 
     #[cfg(target_arch = "wasm32")]
     pub fn inc(&self, counter: Counter) {
+        self.add(counter, 1);
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    pub fn add(&self, counter: Counter, n: usize) {
         if let Some((_, id)) = self.ids.iter().find(|(c, _)| *c == counter) {
-            let _ = proxy_wasm::hostcalls::increment_metric(*id, 1);
+            let _ = proxy_wasm::hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 }

@@ -56,6 +56,11 @@ impl LeaseBook {
     /// Every lease in it counts as renewed from `now_ms`: a renewal that fails is sent again a
     /// third of a lease later, still twice before the lease could run out.
     pub fn due(&mut self, now_ms: u64) -> Option<Callout> {
+        self.renewal(now_ms).map(|r| r.call)
+    }
+
+    /// [`LeaseBook::due`], with the count a host puts on its `idem.lease_renewals` counter.
+    pub fn renewal(&mut self, now_ms: u64) -> Option<Renewal> {
         let mut leases: Vec<LeaseRenewal> = Vec::new();
         for held in self.held.values_mut() {
             if now_ms.saturating_sub(held.renewed_ms) >= held.lease.lease_ms / 3 {
@@ -68,7 +73,8 @@ impl LeaseBook {
         }
         // One order for one set of leases: the call is the same whatever the map's order.
         leases.sort_by(|a, b| a.key.cmp(&b.key));
-        Some(Callout::post("/v1/renew", &RenewRequest { leases }))
+        let count = leases.len();
+        Some(Renewal { call: Callout::post("/v1/renew", &RenewRequest { leases }), leases: count })
     }
 }
 
@@ -77,19 +83,6 @@ impl LeaseBook {
 pub struct Renewal {
     pub call: Callout,
     pub leases: usize,
-}
-
-impl LeaseBook {
-    /// [`LeaseBook::due`], with the count a host puts on its `idem.lease_renewals` counter.
-    pub fn renewal(&mut self, now_ms: u64) -> Option<Renewal> {
-        let call = self.due(now_ms)?;
-        let leases = call
-            .body
-            .as_deref()
-            .and_then(|b| serde_json::from_slice::<RenewRequest>(b).ok())
-            .map_or(0, |r| r.leases.len());
-        Some(Renewal { call, leases })
-    }
 }
 
 /// What idemd said to a renewal: `Ok(lost)` with the keys whose owner no longer holds them (the

@@ -49,10 +49,7 @@ pub fn classify(
     keys_honoured: bool,
 ) -> Verdict {
     let via_upstream = code_details == Some("via_upstream");
-    let from_route = match via_upstream {
-        true => overrides.iter().find(|(s, _)| *s == status).map(|(_, o)| *o),
-        false => None,
-    };
+    let from_route = if via_upstream { overrides.iter().find(|(s, _)| *s == status).map(|(_, o)| *o) } else { None };
     match from_route.unwrap_or_else(|| classify_attempt(status, code_details)) {
         Verdict::Release if attempts > 1 => Verdict::Unknown,
         Verdict::Release if via_upstream && !keys_honoured => Verdict::Unknown,

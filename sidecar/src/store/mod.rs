@@ -585,27 +585,10 @@ impl Store {
 
     // ---- bookkeeping ---------------------------------------------------
 
-    /// Record a Redis call. `None`: no answer, serve this call from SQL.
     /// One Redis call, timed and judged: its value, or `None` when SQL must answer alone.
     async fn redis_timed<T>(&self, op: &'static str, call: impl Future<Output = Result<T, RedisDown>>) -> Option<T> {
         let started = Instant::now();
-        let r = call.await;
-        self.redis_done(op, started, r)
-    }
-
-    /// One SQL call, timed, with the store's up/down gauge following it.
-    async fn sql_timed<T>(
-        &self,
-        op: &'static str,
-        call: impl Future<Output = Result<T, SqlError>>,
-    ) -> Result<T, SqlError> {
-        let started = Instant::now();
-        let r = call.await;
-        self.sql_done(op, started, r)
-    }
-
-    fn redis_done<T>(&self, op: &'static str, started: Instant, r: Result<T, RedisDown>) -> Option<T> {
-        match r {
+        match call.await {
             Ok(v) => {
                 self.metrics.observe("redis", op, started);
                 self.metrics.set_redis_up(true);
@@ -626,7 +609,14 @@ impl Store {
         }
     }
 
-    fn sql_done<T>(&self, op: &'static str, started: Instant, r: Result<T, SqlError>) -> Result<T, SqlError> {
+    /// One SQL call, timed, with the store's up/down gauge following it.
+    async fn sql_timed<T>(
+        &self,
+        op: &'static str,
+        call: impl Future<Output = Result<T, SqlError>>,
+    ) -> Result<T, SqlError> {
+        let started = Instant::now();
+        let r = call.await;
         self.metrics.observe("sql", op, started);
         match &r {
             Ok(_) => self.metrics.set_sql_up(true),
