@@ -37,8 +37,6 @@ pub struct Confirm {
     problem: bool,
     /// What a replay-cache entry of this operation must match: (param_hash, subject_hash, scope).
     binding: Option<(String, String, String)>,
-    /// The confirm's `business_ref` value, for the acquire.
-    business_ref: Option<String>,
     phase: Phase,
 }
 
@@ -93,7 +91,7 @@ impl Confirm {
             method: head.method.clone(),
             path: head.path.clone(),
         };
-        Confirm { ctx, subject_hash, problem, binding: None, business_ref: None, phase }
+        Confirm { ctx, subject_hash, problem, binding: None, phase }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -173,7 +171,7 @@ impl Confirm {
             Ok(c) => c,
             Err(refusal) => return Ok(self.finish(refusal)),
         };
-        self.business_ref = match business_ref(&json, policy.business_ref.as_deref()) {
+        let reference = match business_ref(&json, policy.business_ref.as_deref()) {
             Ok(r) => r,
             Err(e) => {
                 let step = self.ctx.field_error(&e);
@@ -191,7 +189,7 @@ impl Confirm {
             return Ok(Step::pause().with(Effect::Count(Counter::ExpiredLookups)).with(Effect::Call(call)));
         }
         Ok(self
-            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, Some(claims.exp))
+            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, Some(claims.exp), reference)
             .with(Effect::Count(Counter::Verified)))
     }
 
@@ -235,25 +233,28 @@ impl Confirm {
                 Err(refusal) => return self.finish(refusal),
             }
         };
-        if let Some(pointer) = policy.business_ref.as_deref() {
-            let read = json
-                .as_ref()
-                .map_err(|_| CanonError::WrongType { pointer: pointer.to_string(), expected: BUSINESS_REF_TYPE });
-            match read.and_then(|v| business_ref(v, Some(pointer))) {
-                Ok(r) => self.business_ref = r,
-                Err(e) => {
-                    let refusal = self.ctx.field_error_as(&e, self.problem);
-                    return self.finish(refusal);
+        let reference = match policy.business_ref.as_deref() {
+            None => None,
+            Some(pointer) => {
+                let read = json
+                    .as_ref()
+                    .map_err(|_| CanonError::WrongType { pointer: pointer.to_string(), expected: BUSINESS_REF_TYPE });
+                match read.and_then(|v| business_ref(v, Some(pointer))) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let refusal = self.ctx.field_error_as(&e, self.problem);
+                        return self.finish(refusal);
+                    }
                 }
             }
-        }
+        };
         let op = client_key::operation_key(&self.subject_hash, &policy.scope, &key);
         let subject_hash = self.subject_hash.clone();
         self.binding = Some((param_hash.clone(), subject_hash.clone(), policy.scope.clone()));
         if let Some(step) = self.cached(&op, env) {
             return step.with(Effect::Count(Counter::ClientKeyRequests));
         }
-        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), None)
+        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), None, reference)
             .with(Effect::Count(Counter::ClientKeyRequests))
     }
 
@@ -295,7 +296,8 @@ impl Confirm {
         replay_cache::store(cfg, &entry)
     }
 
-    /// `exp`: the fingerprint's, or `None` for a client key.
+    /// `exp`: the fingerprint's, or `None` for a client key; `business_ref`: the confirm's value of
+    /// the route's `business_ref` field, for the reconciler.
     fn acquire(
         &mut self,
         key: OpKey,
@@ -303,6 +305,7 @@ impl Confirm {
         subject_hash: String,
         scope: String,
         exp: Option<u64>,
+        business_ref: Option<String>,
     ) -> Step {
         let mode = if exp.is_some() { KeyMode::Fingerprint } else { KeyMode::ClientKey };
         let req = AcquireRequest {
@@ -315,7 +318,7 @@ impl Confirm {
             mode,
             exp,
             upstream_ignores_keys: self.ctx.policy.upstream_keys == UpstreamKeys::Ignored,
-            business_ref: self.business_ref.take(),
+            business_ref,
         };
         self.phase = Phase::Acquiring { key };
         Step::pause().with(Effect::Call(post("/v1/acquire", &req)))
