@@ -35,6 +35,7 @@ pub mod record;
 pub mod redis;
 pub mod retention;
 pub mod review;
+pub mod rules;
 pub mod sql;
 
 use std::future::Future;
@@ -435,10 +436,7 @@ impl Store {
                 // The filter may retry a complete whose answer it lost: the same
                 // owner with the same outcome is a success, not a conflict.
                 match self.sql_timed("get", self.sql.get(&req.key)).await {
-                    Ok(Some(rec))
-                        if rec.owner.as_deref() == Some(req.owner.as_str())
-                            && rec.state == req.state.op_state()
-                            && rec.result.as_ref() == Some(&req.result) => {}
+                    Ok(Some(rec)) if rules::is_repeat(&rec, req.owner.as_str(), req.state, &req.result) => {}
                     Ok(_) => return Ack::NotOwner,
                     Err(_) => return Ack::StoreUnavailable,
                 }
@@ -634,21 +632,11 @@ fn unavailable() -> AcquireResponse {
 
 /// The answer a row gives to an acquire that did not get it.
 fn answer_from_row(rec: &Record, req: &AcquireRequest) -> AcquireResponse {
-    if rec.param_hash != req.param_hash || rec.subject_hash != req.subject_hash || rec.scope != req.scope {
-        return AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None };
-    }
-    match rec.state {
-        OpState::InFlight => {
-            let owner = rec.owner.as_deref().and_then(|o| OwnerToken::parse(o).ok());
-            AcquireResponse { outcome: AcquireOutcome::InFlight, owner, result: None }
-        }
-        OpState::Done => AcquireResponse { outcome: AcquireOutcome::Done, owner: None, result: rec.result.clone() },
-        OpState::Failed => AcquireResponse { outcome: AcquireOutcome::Failed, owner: None, result: rec.result.clone() },
-        OpState::NeedsReview => AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None },
-    }
+    rules::answer_from_row(rec, &req.param_hash, &req.subject_hash, &req.scope)
 }
 
-fn view(rec: Record) -> OperationView {
+/// What `GET /v1/operations/{key}` shows of a row.
+pub fn view(rec: Record) -> OperationView {
     OperationView {
         key: rec.key,
         state: rec.state,
@@ -691,57 +679,5 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
         assert_ne!(a, b);
-    }
-
-    fn rec(state: OpState) -> Record {
-        Record {
-            key: "k".into(),
-            state,
-            param_hash: "p".into(),
-            subject_hash: "u".into(),
-            scope: "s".into(),
-            owner: Some("0f".repeat(16)),
-            result: Some(StoredResult { status: 200, headers: vec![], body_b64: "e30".into() }),
-            lease_until_ms: None,
-            created_at_ms: 0,
-            updated_at_ms: 0,
-            reconcile_attempts: 0,
-            fp_exp_ms: None,
-            upstream_ignores_keys: false,
-            business_ref: None,
-        }
-    }
-
-    fn req(p: &str, u: &str, s: &str) -> AcquireRequest {
-        AcquireRequest {
-            key: idem_core::protocol::OpKey::parse(&"0".repeat(32)).unwrap(),
-            param_hash: p.into(),
-            subject_hash: u.into(),
-            scope: s.into(),
-            lease_ms: 0,
-            trace_id: String::new(),
-            mode: Default::default(),
-            exp: None,
-            upstream_ignores_keys: false,
-            business_ref: None,
-        }
-    }
-
-    #[test]
-    fn any_binding_difference_is_a_mismatch_before_any_result_is_shown() {
-        for r in [req("x", "u", "s"), req("p", "x", "s"), req("p", "u", "x")] {
-            let a = answer_from_row(&rec(OpState::Done), &r);
-            assert_eq!(a.outcome, AcquireOutcome::ParamMismatch);
-            assert!(a.result.is_none());
-        }
-    }
-
-    #[test]
-    fn rows_answer_per_state() {
-        let r = req("p", "u", "s");
-        assert_eq!(answer_from_row(&rec(OpState::InFlight), &r).owner.as_deref(), Some("0f".repeat(16).as_str()));
-        assert_eq!(answer_from_row(&rec(OpState::Done), &r).result.map(|x| x.status), Some(200));
-        assert_eq!(answer_from_row(&rec(OpState::Failed), &r).outcome, AcquireOutcome::Failed);
-        assert_eq!(answer_from_row(&rec(OpState::NeedsReview), &r).outcome, AcquireOutcome::NeedsReview);
     }
 }

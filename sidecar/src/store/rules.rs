@@ -1,0 +1,335 @@
+//! The store's transitions as pure functions over one operation's state: no I/O, no clock (the
+//! caller passes `now`). One definition, three users: the store itself, where a decision is not
+//! tied to one atomic statement (what a row answers, whether a lost complete is a repeat); the model checker (`model/`), whose idemd replicas run
+//! exactly these; and the differential tests (`sidecar/tests/store_rules.rs`), which drive the
+//! real SQL statements and Lua scripts and these functions with the same sequences, so a store
+//! that drifts from the rules fails a test.
+//!
+//! Where a transition must stay one atomic SQL statement or Lua script (the owner-checked
+//! `UPDATE`, the acquire script), the function here states what that statement does to the row;
+//! the differential tests hold the two together.
+//!
+//! [`Broken`] is the model checker's mutation switch: each variant breaks one rule, so the checker
+//! can show that its properties notice. idemd always passes [`Broken::None`].
+
+use idem_core::protocol::{AcquireOutcome, AcquireResponse, OpState, OwnerToken, StoredResult, TerminalState};
+
+use super::record::Record;
+use super::redis::{AcquireReply, WriteReply as Write};
+use super::retention;
+
+/// A deliberately broken rule, for the model checker's mutation check only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Broken {
+    #[default]
+    None,
+    /// complete writes whatever state the row is in, for any owner.
+    CompleteWithoutOwnerCheck,
+    /// The reaper looks at the last change only, not at the fingerprint's `exp`.
+    ReapBeforeExp,
+}
+
+/// The row a fresh acquire inserts: `None` when a row with this key exists (the insert's
+/// `ON CONFLICT DO NOTHING` / `INSERT IGNORE`).
+pub fn insert_in_flight(row: Option<&Record>, new: &Record) -> Option<Record> {
+    match row {
+        Some(_) => None,
+        None => Some(Record { state: OpState::InFlight, result: None, reconcile_attempts: 0, ..new.clone() }),
+    }
+}
+
+/// The answer a row gives to an acquire that did not get it.
+pub fn answer_from_row(rec: &Record, param_hash: &str, subject_hash: &str, scope: &str) -> AcquireResponse {
+    if rec.param_hash != param_hash || rec.subject_hash != subject_hash || rec.scope != scope {
+        return AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None };
+    }
+    match rec.state {
+        OpState::InFlight => {
+            let owner = rec.owner.as_deref().and_then(|o| OwnerToken::parse(o).ok());
+            AcquireResponse { outcome: AcquireOutcome::InFlight, owner, result: None }
+        }
+        OpState::Done => AcquireResponse { outcome: AcquireOutcome::Done, owner: None, result: rec.result.clone() },
+        OpState::Failed => AcquireResponse { outcome: AcquireOutcome::Failed, owner: None, result: rec.result.clone() },
+        OpState::NeedsReview => AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None },
+    }
+}
+
+/// How a complete ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// The owner's IN_FLIGHT row is now terminal (the owner-checked `UPDATE` matched).
+    Applied(Box<Record>),
+    /// The row already holds this owner's same state and result: a filter retrying a complete
+    /// whose answer it lost. OK, nothing changes.
+    Repeated,
+    /// Not this owner's IN_FLIGHT row: a stale executor never overwrites a newer decision.
+    NotOwner,
+}
+
+/// complete: the `UPDATE … WHERE key AND owner AND state = 'IN_FLIGHT'`, then, when it matched
+/// nothing, [`is_repeat`] on the row as it is.
+pub fn complete(
+    row: Option<&Record>,
+    owner: &str,
+    state: TerminalState,
+    result: &StoredResult,
+    now_ms: i64,
+    broken: Broken,
+) -> Completion {
+    let Some(rec) = row else { return Completion::NotOwner };
+    let owned = rec.state == OpState::InFlight && rec.owner.as_deref() == Some(owner);
+    if owned || broken == Broken::CompleteWithoutOwnerCheck {
+        return Completion::Applied(Box::new(Record {
+            state: state.op_state(),
+            result: Some(result.clone()),
+            lease_until_ms: None,
+            updated_at_ms: now_ms,
+            ..rec.clone()
+        }));
+    }
+    if is_repeat(rec, owner, state, result) {
+        Completion::Repeated
+    } else {
+        Completion::NotOwner
+    }
+}
+
+/// The row already holds what this owner's complete would write.
+pub fn is_repeat(rec: &Record, owner: &str, state: TerminalState, result: &StoredResult) -> bool {
+    rec.owner.as_deref() == Some(owner) && rec.state == state.op_state() && rec.result.as_ref() == Some(result)
+}
+
+/// release: the owner-checked delete of an IN_FLIGHT row. `true`: the row goes.
+pub fn release(row: Option<&Record>, owner: &str) -> bool {
+    row.is_some_and(|rec| rec.state == OpState::InFlight && rec.owner.as_deref() == Some(owner))
+}
+
+/// renew: extend an IN_FLIGHT lease to `until_ms`, never shortening it, if `owner` holds it.
+pub fn renew(row: Option<&Record>, owner: &str, until_ms: i64, now_ms: i64) -> Option<Record> {
+    let rec = row?;
+    if rec.state != OpState::InFlight || rec.owner.as_deref() != Some(owner) {
+        return None;
+    }
+    let lease = rec.lease_until_ms.map_or(until_ms, |l| l.max(until_ms));
+    Some(Record { lease_until_ms: Some(lease), updated_at_ms: now_ms, ..rec.clone() })
+}
+
+/// The reconciler may claim `rec`: IN_FLIGHT and its lease ran out before `now_ms`.
+pub fn claimable(rec: &Record, now_ms: i64) -> bool {
+    rec.state == OpState::InFlight && rec.lease_until_ms.is_some_and(|l| l < now_ms)
+}
+
+/// claim: the reconciler's compare-and-set on the row as read (owner, attempts, an expired
+/// lease); the claimed row, or `None` when it changed since it was read.
+pub fn claim(row: Option<&Record>, as_read: &Record, token: &str, until_ms: i64, now_ms: i64) -> Option<Record> {
+    let rec = row?;
+    let unchanged = rec.state == OpState::InFlight
+        && rec.owner == as_read.owner
+        && rec.reconcile_attempts == as_read.reconcile_attempts
+        && claimable(rec, now_ms);
+    unchanged.then(|| Record { owner: Some(token.to_string()), lease_until_ms: Some(until_ms), ..rec.clone() })
+}
+
+/// unclaim: give a claimed row back as it was read, one failed lookup more when `failed`.
+pub fn unclaim(row: Option<&Record>, as_read: &Record, token: &str, failed: bool) -> Option<Record> {
+    let rec = row?;
+    (rec.state == OpState::InFlight && rec.owner.as_deref() == Some(token)).then(|| Record {
+        owner: as_read.owner.clone(),
+        lease_until_ms: as_read.lease_until_ms,
+        reconcile_attempts: rec.reconcile_attempts + i64::from(failed),
+        ..rec.clone()
+    })
+}
+
+/// mark_needs_review: a claimed row goes to a person, with its executor's owner back.
+pub fn mark_needs_review(row: Option<&Record>, as_read: &Record, token: &str, now_ms: i64) -> Option<Record> {
+    let rec = row?;
+    (rec.state == OpState::InFlight && rec.owner.as_deref() == Some(token)).then(|| Record {
+        state: OpState::NeedsReview,
+        owner: as_read.owner.clone(),
+        lease_until_ms: None,
+        updated_at_ms: now_ms,
+        ..rec.clone()
+    })
+}
+
+/// The reaper may delete `rec` at `now_ms` (the `DELETE … WHERE` of `retention::reap_terminal`).
+pub fn reapable(rec: &Record, now_ms: i64, retention_ms: u64, broken: Broken) -> bool {
+    let terminal = matches!(rec.state, OpState::Done | OpState::Failed);
+    let kept_until = if broken == Broken::ReapBeforeExp {
+        let unbounded = Record { fp_exp_ms: None, ..rec.clone() };
+        retention::kept_until_ms(&unbounded, retention_ms)
+    } else {
+        retention::kept_until_ms(rec, retention_ms)
+    };
+    terminal && now_ms > kept_until
+}
+
+// ---- Redis (the Lua scripts in lua/) ---------------------------------------
+
+/// One cached operation (the hash `idem:{<key>}`); its TTL is the caller's to model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cached {
+    pub state: OpState,
+    pub param_hash: String,
+    pub subject_hash: String,
+    pub scope: String,
+    pub owner: Option<String>,
+    /// The StoredResult JSON.
+    pub result: Option<String>,
+}
+
+/// `acquire.lua`: the reply and the entry after it. `age_ms` of an IN_FLIGHT is the caller's
+/// (it comes from the key's TTL).
+pub fn redis_acquire(
+    entry: Option<&Cached>,
+    (param_hash, subject_hash, scope): (&str, &str, &str),
+    owner: &str,
+    age_ms: i64,
+) -> (AcquireReply, Option<Cached>) {
+    let Some(e) = entry else {
+        let taken = Cached {
+            state: OpState::InFlight,
+            param_hash: param_hash.to_string(),
+            subject_hash: subject_hash.to_string(),
+            scope: scope.to_string(),
+            owner: Some(owner.to_string()),
+            result: None,
+        };
+        return (AcquireReply::Acquired, Some(taken));
+    };
+    let kept = Some(e.clone());
+    if e.param_hash != param_hash || e.subject_hash != subject_hash || e.scope != scope {
+        return (AcquireReply::ParamMismatch, kept);
+    }
+    let result = e.result.clone().unwrap_or_default();
+    let reply = match e.state {
+        OpState::Done => AcquireReply::Done(result),
+        OpState::Failed => AcquireReply::Failed(result),
+        OpState::NeedsReview => AcquireReply::NeedsReview,
+        OpState::InFlight => AcquireReply::InFlight { owner: e.owner.clone().unwrap_or_default(), age_ms },
+    };
+    (reply, kept)
+}
+
+/// `complete.lua`.
+pub fn redis_complete(
+    entry: Option<&Cached>,
+    owner: &str,
+    state: TerminalState,
+    result: &str,
+) -> (Write, Option<Cached>) {
+    let Some(e) = entry else { return (Write::Missing, None) };
+    let kept = Some(e.clone());
+    if e.owner.as_deref() != Some(owner) {
+        return (Write::NotOwner, kept);
+    }
+    if e.state != OpState::InFlight {
+        let same = e.state == state.op_state() && e.result.as_deref() == Some(result);
+        return (if same { Write::Ok } else { Write::NotOwner }, kept);
+    }
+    (Write::Ok, Some(Cached { state: state.op_state(), result: Some(result.to_string()), ..e.clone() }))
+}
+
+/// `release.lua`.
+pub fn redis_release(entry: Option<&Cached>, owner: &str) -> (Write, Option<Cached>) {
+    let Some(e) = entry else { return (Write::Missing, None) };
+    if e.state != OpState::InFlight || e.owner.as_deref() != Some(owner) {
+        return (Write::NotOwner, Some(e.clone()));
+    }
+    (Write::Ok, None)
+}
+
+/// `restore.lua`: copy a row into the cache, never moving it backwards. `true`: written.
+pub fn redis_restore(entry: Option<&Cached>, rec: &Record) -> (bool, Option<Cached>) {
+    let rank = |s: OpState| match s {
+        OpState::InFlight => 1,
+        OpState::NeedsReview => 2,
+        OpState::Done | OpState::Failed => 3,
+    };
+    if let Some(e) = entry {
+        if rank(e.state) > rank(rec.state) {
+            return (false, Some(e.clone()));
+        }
+    }
+    let copy = Cached {
+        state: rec.state,
+        param_hash: rec.param_hash.clone(),
+        subject_hash: rec.subject_hash.clone(),
+        scope: rec.scope.clone(),
+        owner: rec.owner.clone().filter(|o| !o.is_empty()),
+        result: rec.result.as_ref().and_then(|r| serde_json::to_string(r).ok()),
+    };
+    (true, Some(copy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(state: OpState) -> Record {
+        Record {
+            key: "k".into(),
+            state,
+            param_hash: "p".into(),
+            subject_hash: "u".into(),
+            scope: "s".into(),
+            owner: Some("0f".repeat(16)),
+            result: Some(StoredResult { status: 200, headers: vec![], body_b64: "e30".into() }),
+            lease_until_ms: Some(10),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            reconcile_attempts: 0,
+            fp_exp_ms: None,
+            upstream_ignores_keys: false,
+            business_ref: None,
+        }
+    }
+
+    #[test]
+    fn any_binding_difference_is_a_mismatch_before_any_result_is_shown() {
+        for (p, u, s) in [("x", "u", "s"), ("p", "x", "s"), ("p", "u", "x")] {
+            let a = answer_from_row(&rec(OpState::Done), p, u, s);
+            assert_eq!(a.outcome, AcquireOutcome::ParamMismatch);
+            assert!(a.result.is_none());
+        }
+    }
+
+    #[test]
+    fn rows_answer_per_state() {
+        let a = |s| answer_from_row(&rec(s), "p", "u", "s");
+        assert_eq!(a(OpState::InFlight).owner.as_deref(), Some("0f".repeat(16).as_str()));
+        assert_eq!(a(OpState::Done).result.map(|x| x.status), Some(200));
+        assert_eq!(a(OpState::Failed).outcome, AcquireOutcome::Failed);
+        assert_eq!(a(OpState::NeedsReview).outcome, AcquireOutcome::NeedsReview);
+    }
+
+    #[test]
+    fn a_stale_owner_never_overwrites_and_a_repeat_is_ok() {
+        let owner = "0f".repeat(16);
+        let r = StoredResult { status: 201, headers: vec![], body_b64: "e30".into() };
+        let live = rec(OpState::InFlight);
+        let Completion::Applied(done) = complete(Some(&live), &owner, TerminalState::Done, &r, 5, Broken::None) else {
+            panic!("the owner's complete applies")
+        };
+        assert_eq!((done.state, done.lease_until_ms, done.updated_at_ms), (OpState::Done, None, 5));
+        assert_eq!(complete(Some(&done), &owner, TerminalState::Done, &r, 6, Broken::None), Completion::Repeated);
+        assert_eq!(
+            complete(Some(&done), &"1".repeat(32), TerminalState::Done, &r, 6, Broken::None),
+            Completion::NotOwner
+        );
+        assert_eq!(complete(Some(&done), &owner, TerminalState::Failed, &r, 6, Broken::None), Completion::NotOwner);
+        let broken =
+            complete(Some(&done), &"1".repeat(32), TerminalState::Failed, &r, 6, Broken::CompleteWithoutOwnerCheck);
+        assert!(matches!(broken, Completion::Applied(_)), "the mutation overwrites");
+    }
+
+    #[test]
+    fn reaping_waits_for_the_fingerprint_unless_broken() {
+        let done = Record { fp_exp_ms: Some(100_000), updated_at_ms: 1_000, ..rec(OpState::Done) };
+        assert!(!reapable(&done, 50_000, 10_000, Broken::None));
+        assert!(reapable(&done, 50_000, 10_000, Broken::ReapBeforeExp));
+        assert!(reapable(&done, 100_000 + retention::CLOCK_SKEW_MS + 10_001, 10_000, Broken::None));
+        assert!(!reapable(&rec(OpState::InFlight), i64::MAX, 0, Broken::None));
+    }
+}
