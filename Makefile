@@ -8,7 +8,7 @@ ENVOY_VERSION := 1.40.0
 WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
 NATIVE := target/release/libagent_idempotency_native.so
 
-.PHONY: all bootstrap envoy mcp-sdk wasm native oci build test lint run bench fuzz soak clean
+.PHONY: all bootstrap envoy mcp-sdk wasm native oci build test lint run bench fuzz soak model clean
 
 all: build
 
@@ -72,6 +72,12 @@ test: build lint
 	IDEM_E2E_HOST=native IDEM_SKIP_LOG=$(SKIP_LOG) cargo nextest run -p idem-e2e -p idem-soak --no-fail-fast || status=1; \
 	if [ -s $(SKIP_LOG) ]; then echo; echo "*** SKIPPED BACKENDS (unreachable; these tests passed without them, IDEM_REQUIRE_BACKENDS=1 fails them):"; sort $(SKIP_LOG) | uniq -c; fi; \
 	exit $$status
+
+# The protocol model-checked (docs/model.md): the deep run of model/, larger bounds than the bounded check and the
+# mutation check that `make test` runs (model/tests/model.rs). IDEM_MODEL_FAULTS, _CONFIRMS, _POLLS, _HORIZON.
+# The dev profile already optimises the model, the checker and core (Cargo.toml), so no release build of idemd.
+model:
+	cargo run -p idem-model --bin idem-model
 
 # WALKTHROUGH=1: run every step of the walkthrough, print the answers, stop (scripts/run.sh --walkthrough).
 run: build

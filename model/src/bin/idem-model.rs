@@ -1,0 +1,40 @@
+//! The deep run (`make model`): the design as built, both upstream kinds, with larger bounds
+//! than `make test`'s (`IDEM_MODEL_FAULTS`, `IDEM_MODEL_CONFIRMS`, `IDEM_MODEL_POLLS`,
+//! `IDEM_MODEL_HORIZON`), printing the figures docs/model.md quotes.
+
+use idem_model::config::{Config, UpstreamKeys};
+use idem_model::report::check;
+
+fn env(name: &str, default: u8) -> u8 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() -> std::process::ExitCode {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut failed = false;
+    for upstream in [UpstreamKeys::Honoured, UpstreamKeys::Ignored] {
+        let cfg = Config {
+            faults: env("IDEM_MODEL_FAULTS", 2),
+            confirms: env("IDEM_MODEL_CONFIRMS", 1),
+            polls: env("IDEM_MODEL_POLLS", 1),
+            horizon_s: env("IDEM_MODEL_HORIZON", 7),
+            ..Config::bounded(upstream)
+        };
+        println!("== upstream keys {upstream:?}: {cfg:?}");
+        match check(cfg, threads) {
+            Ok(outcome) => {
+                failed |= !outcome.violations.is_empty();
+                println!("{outcome}");
+            }
+            Err(e) => {
+                eprintln!("model: {e}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,126 @@
+//! What one check explores: the bounds of the world and, for the mutation check, which rule is
+//! broken.
+
+pub use idemd::store::rules::Broken;
+
+/// Whether the upstream deduplicates by `Idempotency-Key` (a route's `upstream_keys`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UpstreamKeys {
+    /// A retry with the same key gets the first answer; nothing runs twice.
+    Honoured,
+    /// Every request that reaches it runs (`upstream_keys: ignored`); the reconciler asks by
+    /// business reference.
+    Ignored,
+}
+
+/// A deliberately broken variant: each must be refuted by the checker with a counterexample.
+/// `Store` breaks one of idemd's store rules (`sidecar/src/store/rules.rs`); the others break a
+/// decision the host makes (the filter glue or idemd's orchestration in this model).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    Store(Broken),
+    /// The filter refuses an expired fingerprint before asking idemd about its operation.
+    ExpiryBeforeLookup,
+    /// An answer whose outcome is unknown (a reset, a timeout) releases the operation.
+    ReleaseOnUnknown,
+    /// idemd answers ACQUIRED when Redis does, without the SQL insert.
+    AcquiredByRedisAlone,
+    /// The filter caches a non-terminal answer (the `in_progress` of an unknown outcome) as the
+    /// operation's result.
+    CacheNonTerminal,
+    /// A configuration `idemd check` refuses: Envoy waits for the upstream longer than the lease
+    /// (the filter's renewals are then all that keeps the lease, and a SQL outage stops them).
+    LeaseShorterThanEnvoyWait,
+}
+
+impl Mutation {
+    /// Every variant the mutation check runs.
+    pub const ALL: [Mutation; 7] = [
+        Mutation::Store(Broken::CompleteWithoutOwnerCheck),
+        Mutation::Store(Broken::ReapBeforeExp),
+        Mutation::ExpiryBeforeLookup,
+        Mutation::ReleaseOnUnknown,
+        Mutation::AcquiredByRedisAlone,
+        Mutation::CacheNonTerminal,
+        Mutation::LeaseShorterThanEnvoyWait,
+    ];
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Agent sessions holding the one fingerprint (2: an agent and its re-planned copy).
+    pub agents: u8,
+    /// Confirms each agent sends (the first and its retries).
+    pub confirms: u8,
+    /// Status polls each agent may make.
+    pub polls: u8,
+    /// Faults per run: crashes, outages, lost writes, upstream errors (then the world behaves).
+    pub faults: u8,
+    /// The clock stops here (seconds since the preview).
+    pub horizon_s: u8,
+    pub upstream: UpstreamKeys,
+    /// `None`: the design as built.
+    pub mutation: Option<Mutation>,
+    /// Steps the fault-free completion may take from any reachable state to settle.
+    pub settle_steps: usize,
+    /// Whether the bounded settle check runs on every state (it multiplies the cost per state).
+    pub check_settle: bool,
+}
+
+impl Config {
+    /// The bounded check `make test` runs.
+    pub fn bounded(upstream: UpstreamKeys) -> Config {
+        Config {
+            agents: 2,
+            confirms: 1,
+            polls: 0,
+            faults: 1,
+            horizon_s: 7,
+            upstream,
+            mutation: None,
+            settle_steps: 200,
+            check_settle: true,
+        }
+    }
+
+    pub fn mutated(self, m: Mutation) -> Config {
+        Config { mutation: Some(m), ..self }
+    }
+
+    pub fn broken(&self) -> Broken {
+        match self.mutation {
+            Some(Mutation::Store(b)) => b,
+            _ => Broken::None,
+        }
+    }
+
+    pub fn is(&self, m: Mutation) -> bool {
+        self.mutation == Some(m)
+    }
+}
+
+/// The fixed facts of the world (seconds and milliseconds as idemd and the filter see them).
+pub mod world {
+    /// The fingerprint's lifetime (the route's `fingerprint_ttl_s`).
+    pub const FINGERPRINT_TTL_S: u64 = 3;
+    /// The IN_FLIGHT lease (the route's `lease_ms`, idemd's `--lease-ms`).
+    pub const LEASE_MS: u64 = 3_000;
+    /// idemd's terminal retention; also the replay cache's `ttl_s` (never longer).
+    pub const RETENTION_MS: u64 = 2_000;
+    /// The reconciler's grace after a lease ended before a 404 proves "never ran".
+    pub const GRACE_MS: u64 = 1_000;
+    /// Failed status lookups before NEEDS_REVIEW.
+    pub const RETRY_BUDGET: u32 = 2;
+    /// Envoy's longest wait for the upstream (the route timeout). §5's lease rule: the lease
+    /// exceeds it plus the sidecar timeout (under a second here) plus the upstream worst case.
+    pub const ENVOY_WAIT_S: u8 = 1;
+    /// Envoy's wait in the configuration [`super::Mutation::LeaseShorterThanEnvoyWait`].
+    pub const ENVOY_WAIT_TOO_LONG_S: u8 = 4;
+    /// How long the upstream may still act on a request Envoy gave up on or lost (a timeout, a
+    /// killed Envoy): §5's upstream worst case, which the lease exceeds.
+    pub const UPSTREAM_WORST_S: u8 = 1;
+    /// How long a callout that timed out at the filter may still be on its way to idemd.
+    pub const ORPHAN_S: u8 = 3;
+    /// The preview's clock: unix seconds at model time 0.
+    pub const T0: u64 = 1_000;
+}

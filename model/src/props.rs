@@ -1,0 +1,147 @@
+//! The properties, each checked over every reachable state.
+
+use stateright::Property;
+
+use crate::config::Config;
+use crate::idemd::St;
+use crate::world::{State, World};
+
+pub const AT_MOST_ONCE: &str = "at most one execution per operation";
+pub const NOTHING_RAN_IS_TRUE: &str = "no agent is told nothing ran about an operation that executed";
+pub const TERMINAL_KEPT: &str = "a terminal record is never overwritten";
+pub const FIRST_RESULT: &str = "every result an agent gets is the first execution's";
+pub const SETTLES: &str = "with faults off, every state settles within the bound";
+
+pub fn properties(cfg: &Config) -> Vec<Property<World>> {
+    let mut p = vec![
+        Property::always(AT_MOST_ONCE, |_, s: &State| s.upstream.executions <= 1),
+        Property::always(NOTHING_RAN_IS_TRUE, |_, s: &State| {
+            s.agents.iter().flat_map(|a| &a.told).all(|t| !(t.answer.says_nothing_ran() && t.executed_then))
+        }),
+        Property::always(TERMINAL_KEPT, |_, s: &State| !s.ghost.overwritten),
+        Property::always(FIRST_RESULT, |_, s: &State| {
+            s.agents
+                .iter()
+                .flat_map(|a| &a.told)
+                .filter(|t| t.answer.is_result())
+                .all(|t| t.answer.execution == Some(1))
+        }),
+    ];
+    if cfg.check_settle {
+        p.push(Property::always(SETTLES, |m: &World, s: &State| m.settles(s).is_ok()));
+    }
+    p
+}
+
+/// Settled: nothing in flight, the operation DONE, FAILED, NEEDS_REVIEW or gone (never run, or
+/// released), and every agent that asked holding a definite answer or `needs_review`.
+pub fn settled(s: &State) -> bool {
+    s.streams.is_empty()
+        && s.upstream.late_until.is_none()
+        && s.orphans.is_empty()
+        && s.stores.sql.as_ref().is_none_or(|r| r.state != St::InFlight)
+        && s.agents.iter().all(|a| a.told.last().is_none_or(|t| t.answer.is_settled()))
+}
+
+impl World {
+    /// The bounded form of "eventually" (stateright's `eventually` needs terminal paths, and the
+    /// faults keep every path open): from `s`, with faults off, a fair fault-free schedule
+    /// reaches a settled state within `settle_steps`. The schedule: answer every callout, let
+    /// the upstream answer, bring the stores back, let the reconciler and the clock run, and let
+    /// an agent without a definite answer ask again. `Err`: the last state it reached.
+    pub fn settles(&self, s: &State) -> Result<(), Box<State>> {
+        let known = |s: &State| self.settling.lock().map(|k| k.contains(&hash(s))).unwrap_or(false);
+        if known(s) {
+            return Ok(());
+        }
+        let mut path = vec![hash(s)];
+        let mut shortcut = false;
+        let r = self.settle_path_until(s, |_, next| {
+            if known(next) {
+                shortcut = true;
+                return true;
+            }
+            path.push(hash(next));
+            false
+        });
+        if r.is_ok() || shortcut {
+            if let Ok(mut k) = self.settling.lock() {
+                k.extend(path);
+            }
+            return Ok(());
+        }
+        r
+    }
+
+    pub fn settle_path(&self, s: &State, mut seen: impl FnMut(crate::world::Action, &State)) -> Result<(), Box<State>> {
+        self.settle_path_until(s, |a, next| {
+            seen(a, next);
+            false
+        })
+    }
+
+    /// [`World::settles`], calling `seen` with every step the schedule takes; `seen` answering
+    /// `true` ends the walk as settled.
+    fn settle_path_until(
+        &self,
+        s: &State,
+        mut seen: impl FnMut(crate::world::Action, &State) -> bool,
+    ) -> Result<(), Box<State>> {
+        let mut s = s.clone();
+        let mut actions = Vec::new();
+        for _ in 0..self.cfg.settle_steps {
+            if settled(&s) {
+                return Ok(());
+            }
+            actions.clear();
+            self.enabled(&s, false, false, &mut actions);
+            let pick = actions.iter().copied().filter_map(|a| self.rank(&s, a).map(|r| (r, a))).min_by_key(|(r, _)| *r);
+            let Some((_, action)) = pick else { return Err(Box::new(s)) };
+            let Some(next) = self.step(&s, action) else { return Err(Box::new(s)) };
+            if seen(action, &next) {
+                return Ok(());
+            }
+            s = next;
+        }
+        if settled(&s) {
+            Ok(())
+        } else {
+            Err(Box::new(s))
+        }
+    }
+
+    /// The fair schedule's choices, first the lowest: the stores come back, callouts and the
+    /// upstream answer, the reconciler runs, an unsettled agent asks again (once a second: it
+    /// polls after an interval), time passes.
+    fn rank(&self, s: &State, a: crate::world::Action) -> Option<u8> {
+        use crate::world::Action::*;
+        match a {
+            SqlUp | RedisUp => Some(0),
+            Idemd { .. } => Some(1),
+            Upstream { .. } => Some(2),
+            LateExecute | Orphan(_) => Some(3),
+            Reconcile { .. } => s
+                .stores
+                .sql
+                .as_ref()
+                .is_some_and(|r| r.lease_until_ms.is_some_and(|l| l < crate::idemd::ms_of(s.now_s)))
+                .then_some(4),
+            Confirm { agent, .. } => {
+                let a = &s.agents[usize::from(agent)];
+                let asks = s.streams.is_empty()
+                    && s.stores.sql.as_ref().is_none_or(|r| r.state != St::InFlight)
+                    && a.told.last().is_some_and(|t| !t.answer.is_settled() && t.at_s < s.now_s);
+                asks.then_some(5)
+            }
+            Tick => (s.now_s < 64).then_some(6),
+            _ => None,
+        }
+    }
+}
+
+fn hash(s: &State) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}

@@ -1,0 +1,154 @@
+//! Running a check and saying what it found: per property the states explored, unique states,
+//! maximum depth and time; a counterexample as the agent/filter/idemd steps in order.
+
+use std::time::{Duration, Instant};
+
+use stateright::{Checker, Model};
+
+use crate::config::Config;
+use crate::world::{Action, State, Wait, World};
+
+pub struct Outcome {
+    pub states: usize,
+    pub unique: usize,
+    pub max_depth: usize,
+    pub took: Duration,
+    /// Property name → the counterexample, readable.
+    pub violations: Vec<(&'static str, String)>,
+    pub properties: Vec<&'static str>,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{} states explored, {} unique, max depth {}, {:.1} s",
+            self.states,
+            self.unique,
+            self.max_depth,
+            self.took.as_secs_f64()
+        )?;
+        for p in &self.properties {
+            let verdict = if self.violations.iter().any(|(v, _)| v == p) { "VIOLATED" } else { "holds" };
+            writeln!(f, "  {verdict:8} {p}")?;
+        }
+        for (p, trace) in &self.violations {
+            writeln!(f, "\ncounterexample to \"{p}\":\n{trace}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Check `cfg` exhaustively (breadth first: counterexamples are shortest).
+pub fn check(cfg: Config, threads: usize) -> Result<Outcome, String> {
+    let world = World::new(cfg)?;
+    let properties: Vec<&'static str> = world.properties().iter().map(|p| p.name).collect();
+    let started = Instant::now();
+    let checker = world.checker().threads(threads).spawn_bfs().join();
+    let took = started.elapsed();
+    let mut violations: Vec<(&'static str, String)> = checker
+        .discoveries()
+        .into_iter()
+        .map(|(name, path)| (name, trace(checker.model(), &path.into_vec())))
+        .collect();
+    violations.sort_by_key(|(n, _)| *n);
+    Ok(Outcome {
+        states: checker.state_count(),
+        unique: checker.unique_state_count(),
+        max_depth: checker.max_depth(),
+        took,
+        violations,
+        properties,
+    })
+}
+
+/// The path as numbered steps, each saying who did what and what followed.
+pub fn trace(world: &World, path: &[(State, Option<Action>)]) -> String {
+    let mut out = String::new();
+    for (n, (state, action)) in path.iter().enumerate() {
+        let Some(action) = action else { continue };
+        let next = world.step(state, *action);
+        let line = match &next {
+            Some(next) => describe(world, state, *action, next),
+            None => format!("{action:?} (disabled)"),
+        };
+        out.push_str(&format!("{:3}. t={}s {line}\n", n + 1, state.now_s));
+    }
+    if let Some((last, _)) = path.last() {
+        out.push_str(&format!("     final: {}\n", summary(last)));
+        let mut steps = Vec::new();
+        let mut prev = last.clone();
+        let settled = world.settle_path(last, |a, next| {
+            steps.push(format!("       then {}", describe(world, &prev, a, next)));
+            prev = next.clone();
+        });
+        if let Err(stuck) = settled {
+            out.push_str("     the fault-free completion from here:\n");
+            for line in steps.iter().rev().take(12).rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+            let last_told: Vec<_> = stuck.agents.iter().map(|a| a.told.last().map(|t| t.answer.kind.clone())).collect();
+            out.push_str(&format!("     stopped unsettled at: {}, agents last told {last_told:?}\n", summary(&stuck)));
+        }
+    }
+    out
+}
+
+/// One step in words: the actor, what it did, and what the world shows for it.
+pub fn describe(world: &World, last: &State, action: Action, next: &State) -> String {
+    let stream = |i: usize| {
+        last.streams
+            .get(i)
+            .map_or_else(String::new, |s| format!("agent {} via filter {} ({:?})", s.agent, s.filter, s.kind))
+    };
+    let told = |agent: u8| {
+        let a = usize::from(agent);
+        let before = last.agents.get(a).map_or(0, |x| x.told.len());
+        next.agents.get(a).and_then(|x| x.told.get(before)).map(|t| format!(" → agent {agent} told {:?}", t.answer))
+    };
+    let told_any = || (0..world.cfg.agents).filter_map(told).collect::<Vec<_>>().join("");
+    let what = match action {
+        Action::Confirm { agent, filter } => format!("agent {agent} sends a confirm to filter {filter}"),
+        Action::Poll { agent, filter } => format!("agent {agent} polls the status route on filter {filter}"),
+        Action::Idemd { stream: i, crash_at } => {
+            let call = match last.streams.get(i).map(|s| &s.wait) {
+                Some(Wait::Idemd(m, p, _)) => format!("{m} {p}"),
+                _ => "?".into(),
+            };
+            match crash_at {
+                None => format!("idemd serves {call} for {}", stream(i)),
+                Some(k) => format!("idemd replica crashes before store call {k} of {call} for {}", stream(i)),
+            }
+        }
+        Action::Upstream { stream: i, how } => format!("upstream {how:?} for {}", stream(i)),
+        Action::LateExecute => "upstream runs a request Envoy gave up on".into(),
+        Action::Orphan(i) => {
+            format!("idemd serves a late {} its filter gave up on", last.orphans.get(i).map_or("?", |o| o.1.as_str()))
+        }
+        Action::Tick => "clock +1 s (leases renewed, TTLs run)".into(),
+        Action::Reconcile { lookup_fails } => {
+            format!("reconciler pass{}", if lookup_fails { " (status lookup fails)" } else { "" })
+        }
+        Action::Reap => "reaper deletes the terminal row".into(),
+        Action::RedisUp | Action::SqlUp => format!("{action:?} (back)"),
+        other => format!("fault: {other:?}"),
+    };
+    format!("{what}{} | {}", told_any(), summary(next))
+}
+
+fn summary(s: &State) -> String {
+    let sql = match (&s.stores.sql, s.stores.sql_down) {
+        (_, true) => "down".to_string(),
+        (None, _) => "-".to_string(),
+        (Some(r), _) => {
+            format!("{:?} owner {}", r.state, r.owner.as_deref().map_or("-", |o| o.trim_start_matches('0')))
+        }
+    };
+    let redis = match (&s.stores.redis, s.stores.redis_down) {
+        (_, true) => "down".to_string(),
+        (None, _) => "-".to_string(),
+        (Some(c), _) => format!("{:?}", c.state),
+    };
+    format!("sql {sql}, redis {redis}, executions {}, streams {}", s.upstream.executions, s.streams.len())
+}

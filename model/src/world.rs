@@ -1,0 +1,617 @@
+//! The world as one stateright model: its state, every action an actor or a fault can take, and
+//! what each action does. One operation (the preview's nonce) is followed; agents, filters,
+//! idemd, the stores, the upstream, the reconciler, the reaper and the clock act on it in every
+//! order the checker can find.
+
+use idem_core::machine::replay_cache::{self, Entry};
+use idem_core::protocol::{encode_body, AcquireRequest, OpKey, StoredResult, TerminalState};
+use idemd::reconcile::decide::StatusAnswer;
+use stateright::Model;
+
+use crate::config::{world, Config, Mutation};
+use crate::filter::{self, Answer, Ev, Kind};
+use crate::idemd::{Run, St, Stores};
+
+pub const FILTERS: u8 = 2;
+
+/// What one agent was told.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Told {
+    pub answer: Answer,
+    /// Model second it was said.
+    pub at_s: u64,
+    /// The upstream had executed the operation when this was said.
+    pub executed_then: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Agent {
+    pub confirms: u8,
+    pub polls: u8,
+    pub waiting: bool,
+    pub told: Vec<Told>,
+}
+
+/// What a stream waits for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Wait {
+    /// A callout to idemd: method, path, body.
+    Idemd(String, String, Vec<u8>),
+    /// The request is upstream with this `Idempotency-Key`.
+    Upstream,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Stream {
+    pub filter: u8,
+    pub agent: u8,
+    pub kind: Kind,
+    pub journal: Vec<Ev>,
+    pub wait: Wait,
+    /// The answer held until the record is acknowledged (the upstream's, or its rewrite).
+    pub held: Option<Answer>,
+    /// The acquire's binding, as the filter sent it.
+    pub param_hash: Option<String>,
+    /// Model second the request went upstream: the upstream answers, or Envoy times out, within
+    /// its worst case (DESIGN §5: the lease is longer).
+    pub forwarded_s: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Upstream {
+    /// Executions so far; execution `n` answers `{"id":"T-<n>"}`.
+    pub executions: u8,
+    /// The execution recorded under the operation's key (or business reference).
+    pub recorded: Option<u8>,
+    /// A request Envoy gave up on (timeout, a killed Envoy) that the upstream may still run,
+    /// until this model second (the upstream's worst case).
+    pub late_until: Option<u64>,
+}
+
+/// What the checker remembers to judge the history, not part of any actor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Ghost {
+    /// The first terminal state and result the SQL row took.
+    pub first_terminal: Option<(St, Option<String>)>,
+    /// A terminal row was changed to another terminal state or result.
+    pub overwritten: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub now_s: u64,
+    pub agents: Vec<Agent>,
+    pub streams: Vec<Stream>,
+    /// Each filter's replay cache (Envoy's shared data: the operation's slot).
+    pub caches: Vec<Option<Vec<u8>>>,
+    pub stores: Stores,
+    pub upstream: Upstream,
+    pub faults: u8,
+    /// Callouts the filter gave up on that may still reach idemd (method, path, body, until).
+    pub orphans: Vec<(String, String, Vec<u8>, u64)>,
+    /// The model second of the reconciler's last pass (it runs once a second at most).
+    pub reconciled_s: Option<u64>,
+    pub ghost: Ghost,
+}
+
+/// How the upstream treats a request that reached it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Up {
+    /// It runs (or, deduplicating by key, answers the first result) and answers 201.
+    Execute,
+    /// 503, nothing ran.
+    Busy,
+    /// It runs, then the connection drops before the answer (Envoy: reset).
+    CommitThenReset,
+    /// Envoy times out; the upstream may still run it (until its worst case).
+    Timeout,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    Confirm {
+        agent: u8,
+        filter: u8,
+    },
+    Poll {
+        agent: u8,
+        filter: u8,
+    },
+    /// idemd serves stream `stream`'s callout; `crash_at`: the replica dies before that store call.
+    Idemd {
+        stream: usize,
+        crash_at: Option<u8>,
+    },
+    /// idemd serves a callout its filter already gave up on.
+    Orphan(usize),
+    Upstream {
+        stream: usize,
+        how: Up,
+    },
+    LateExecute,
+    Tick,
+    Reconcile {
+        lookup_fails: bool,
+    },
+    Reap,
+    CrashFilter(u8),
+    RedisFlush,
+    RedisFailover,
+    RedisDown,
+    RedisUp,
+    SqlDown,
+    SqlUp,
+}
+
+impl Action {
+    fn is_fault(self) -> bool {
+        matches!(
+            self,
+            Action::Idemd { crash_at: Some(_), .. }
+                | Action::Upstream { how: Up::Busy | Up::CommitThenReset | Up::Timeout, .. }
+                | Action::Reconcile { lookup_fails: true }
+                | Action::CrashFilter(_)
+                | Action::RedisFlush
+                | Action::RedisFailover
+                | Action::RedisDown
+                | Action::SqlDown
+        )
+    }
+}
+
+pub struct World {
+    pub cfg: Config,
+    pub fingerprint: String,
+    /// Hashes of states the fault-free completion is known to settle from (every state on a
+    /// settling path settles too), so each is walked once.
+    pub settling: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+impl World {
+    pub fn new(cfg: Config) -> Result<World, String> {
+        Ok(World { cfg, fingerprint: filter::preview_fingerprint()?, settling: Default::default() })
+    }
+
+    fn exp_s(&self) -> u64 {
+        world::T0 + world::FINGERPRINT_TTL_S
+    }
+
+    pub fn initial(&self) -> State {
+        State {
+            now_s: 0,
+            agents: vec![Agent::default(); usize::from(self.cfg.agents)],
+            streams: Vec::new(),
+            caches: vec![None; usize::from(FILTERS)],
+            stores: Stores::default(),
+            upstream: Upstream::default(),
+            faults: 0,
+            orphans: Vec::new(),
+            reconciled_s: None,
+            ghost: Ghost::default(),
+        }
+    }
+
+    /// Every action enabled in `s`; `faults`: whether faults may still happen.
+    pub fn enabled(&self, s: &State, faults: bool, budgets: bool, out: &mut Vec<Action>) {
+        let cfg = &self.cfg;
+        for (i, a) in s.agents.iter().enumerate() {
+            let agent = u8::try_from(i).unwrap_or(0);
+            if a.waiting {
+                continue;
+            }
+            // Symmetry: the first agent's first request goes to filter 0 (the filters are alike).
+            for filter in 0..FILTERS {
+                if agent == 0 && a.confirms + a.polls == 0 && filter != 0 {
+                    continue;
+                }
+                if !budgets || a.confirms < cfg.confirms {
+                    out.push(Action::Confirm { agent, filter });
+                }
+                if (!budgets || a.polls < cfg.polls) && !a.told.is_empty() {
+                    out.push(Action::Poll { agent, filter });
+                }
+            }
+        }
+        for (i, st) in s.streams.iter().enumerate() {
+            match st.wait {
+                Wait::Idemd(..) => {
+                    out.push(Action::Idemd { stream: i, crash_at: None });
+                    if faults {
+                        for k in 0..3 {
+                            out.push(Action::Idemd { stream: i, crash_at: Some(k) });
+                        }
+                    }
+                }
+                Wait::Upstream => {
+                    out.push(Action::Upstream { stream: i, how: Up::Execute });
+                    if faults {
+                        for how in [Up::Busy, Up::CommitThenReset, Up::Timeout] {
+                            out.push(Action::Upstream { stream: i, how });
+                        }
+                    }
+                }
+            }
+        }
+        if s.upstream.late_until.is_some() {
+            out.push(Action::LateExecute);
+        }
+        for i in 0..s.orphans.len() {
+            out.push(Action::Orphan(i));
+        }
+        // Time cannot pass Envoy's wait for the upstream: by then it answered or Envoy timed out.
+        let wait = if cfg.is(Mutation::LeaseShorterThanEnvoyWait) {
+            world::ENVOY_WAIT_TOO_LONG_S
+        } else {
+            world::ENVOY_WAIT_S
+        };
+        let bounded = s
+            .streams
+            .iter()
+            .all(|st| st.wait != Wait::Upstream || st.forwarded_s.is_none_or(|f| s.now_s < f + u64::from(wait)));
+        if bounded && (!budgets || s.now_s < u64::from(cfg.horizon_s)) {
+            out.push(Action::Tick);
+        }
+        let reconcilable = s.stores.sql.as_ref().is_some_and(|r| r.state == St::InFlight) && !s.stores.sql_down;
+        if reconcilable && s.reconciled_s != Some(s.now_s) {
+            out.push(Action::Reconcile { lookup_fails: false });
+            if faults {
+                out.push(Action::Reconcile { lookup_fails: true });
+            }
+        }
+        if s.stores.sql.as_ref().is_some_and(|r| matches!(r.state, St::Done | St::Failed)) {
+            out.push(Action::Reap);
+        }
+        if s.stores.redis_down {
+            out.push(Action::RedisUp);
+        }
+        if s.stores.sql_down {
+            out.push(Action::SqlUp);
+        }
+        if faults {
+            for f in 0..FILTERS {
+                if s.streams.iter().any(|st| st.filter == f) || s.caches[usize::from(f)].is_some() {
+                    out.push(Action::CrashFilter(f));
+                }
+            }
+            if s.stores.redis.is_some() {
+                out.push(Action::RedisFlush);
+            }
+            if s.stores.redis_before.is_some() {
+                out.push(Action::RedisFailover);
+            }
+            if !s.stores.redis_down {
+                out.push(Action::RedisDown);
+            }
+            if !s.stores.sql_down {
+                out.push(Action::SqlDown);
+            }
+        }
+    }
+
+    pub fn step(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        if action.is_fault() {
+            s.faults += 1;
+        }
+        let now = world::T0 + s.now_s;
+        match action {
+            Action::Confirm { agent, filter } => {
+                let a = &mut s.agents[usize::from(agent)];
+                let drifted = a.confirms > 0 || agent > 0;
+                a.confirms += 1;
+                a.waiting = true;
+                if self.cfg.is(Mutation::ExpiryBeforeLookup) && now >= self.exp_s() {
+                    // The broken host refuses before asking what exists.
+                    let answer = Answer { http: 410, kind: "fingerprint_expired".into(), execution: None };
+                    self.tell(&mut s, agent, answer);
+                } else {
+                    self.start(&mut s, agent, filter, Kind::Confirm { drifted });
+                }
+            }
+            Action::Poll { agent, filter } => {
+                let a = &mut s.agents[usize::from(agent)];
+                a.polls += 1;
+                a.waiting = true;
+                self.start(&mut s, agent, filter, Kind::Status);
+            }
+            Action::Idemd { stream, crash_at } => {
+                let Wait::Idemd(method, path, body) = s.streams[stream].wait.clone() else { return None };
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, crash_at);
+                let answer = crate::idemd::serve(&mut run, &method, &path, &body);
+                let (status, body) = match answer {
+                    Some((status, body)) => (Some(status), body),
+                    None => (None, Vec::new()),
+                };
+                self.feed(&mut s, stream, Ev::Callout { now_s: now, status, body });
+            }
+            Action::Upstream { stream, how } => {
+                let ev = match how {
+                    Up::Execute => {
+                        let n = Self::execute(&mut s.upstream, self.cfg.upstream);
+                        Ev::Response { now_s: now, status: 201, details: "via_upstream", body: transfer(n) }
+                    }
+                    Up::Busy => Ev::Response {
+                        now_s: now,
+                        status: 503,
+                        details: "via_upstream",
+                        body: br#"{"error":"busy"}"#.to_vec(),
+                    },
+                    Up::CommitThenReset => {
+                        Self::execute(&mut s.upstream, self.cfg.upstream);
+                        self.envoy_reply(now, "upstream_reset_before_response_started{connection_termination}")
+                    }
+                    Up::Timeout => {
+                        s.upstream.late_until = Some(s.now_s + u64::from(world::UPSTREAM_WORST_S));
+                        self.envoy_reply(now, "upstream_response_timeout")
+                    }
+                };
+                self.feed(&mut s, stream, ev);
+            }
+            Action::Orphan(i) => {
+                let (method, path, body, _) = s.orphans.remove(i);
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
+                crate::idemd::serve(&mut run, &method, &path, &body);
+            }
+            Action::LateExecute => {
+                s.upstream.late_until = None;
+                Self::execute(&mut s.upstream, self.cfg.upstream);
+            }
+            Action::Tick => {
+                // A callout still out when time passes has hit the filter's sidecar timeout (shorter
+                // than a second here): it fails, whatever became of it.
+                for i in (0..s.streams.len()).rev() {
+                    if let Wait::Idemd(m, p, b) = &s.streams[i].wait {
+                        let until = s.now_s + u64::from(world::ORPHAN_S);
+                        s.orphans.push((m.clone(), p.clone(), b.clone(), until));
+                        let failed = Ev::Callout { now_s: now, status: None, body: Vec::new() };
+                        self.feed(&mut s, i, failed);
+                    }
+                }
+                s.now_s += 1;
+                self.tick(&mut s);
+            }
+            Action::Reconcile { lookup_fails } => {
+                s.reconciled_s = Some(s.now_s);
+                let recorded = s.upstream.recorded;
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
+                run.reconcile(|_| {
+                    if lookup_fails {
+                        return None;
+                    }
+                    Some(match recorded {
+                        Some(n) => StatusAnswer::Found {
+                            content_type: Some("application/json".into()),
+                            body: format!(r#"{{"status":"done","id":"T-{n}"}}"#).into_bytes(),
+                        },
+                        None => StatusAnswer::NotFound,
+                    })
+                })?;
+            }
+            Action::Reap => {
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
+                if !run.reap() {
+                    return None;
+                }
+            }
+            Action::CrashFilter(f) => {
+                s.caches[usize::from(f)] = None;
+                let (gone, kept): (Vec<Stream>, Vec<Stream>) = s.streams.drain(..).partition(|st| st.filter == f);
+                s.streams = kept;
+                for st in gone {
+                    if st.wait == Wait::Upstream {
+                        // Envoy is gone; the request it sent may still run.
+                        s.upstream.late_until = Some(s.now_s + u64::from(world::UPSTREAM_WORST_S));
+                    }
+                    let reset = Answer { http: 0, kind: "connection_reset".into(), execution: None };
+                    self.tell(&mut s, st.agent, reset);
+                }
+            }
+            Action::RedisFlush => {
+                s.stores.redis = None;
+                s.stores.redis_before = None;
+            }
+            Action::RedisFailover => {
+                s.stores.redis = s.stores.redis_before.take().flatten();
+            }
+            Action::RedisDown => s.stores.redis_down = true,
+            Action::RedisUp => s.stores.redis_down = false,
+            Action::SqlDown => s.stores.sql_down = true,
+            Action::SqlUp => s.stores.sql_down = false,
+        }
+        Self::judge(&mut s);
+        Some(s)
+    }
+
+    /// The upstream runs a request: execution `n`, or the recorded one when it deduplicates.
+    fn execute(up: &mut Upstream, keys: crate::config::UpstreamKeys) -> u8 {
+        if keys == crate::config::UpstreamKeys::Honoured {
+            if let Some(n) = up.recorded {
+                return n;
+            }
+        }
+        up.executions += 1;
+        up.recorded = up.recorded.or(Some(up.executions));
+        up.executions
+    }
+
+    fn envoy_reply(&self, now: u64, details: &'static str) -> Ev {
+        if self.cfg.is(Mutation::ReleaseOnUnknown) {
+            // The broken host reads a reset or a timeout as "never sent".
+            return Ev::Response {
+                now_s: now,
+                status: 503,
+                details: "no_healthy_upstream",
+                body: b"no healthy upstream".to_vec(),
+            };
+        }
+        let status = if details == "upstream_response_timeout" { 504 } else { 503 };
+        Ev::Response { now_s: now, status, details, body: b"upstream connect error".to_vec() }
+    }
+
+    fn tick(&self, s: &mut State) {
+        // The filters renew the leases of requests still upstream (LeaseBook), SQL first.
+        {
+            let leases: Vec<_> = s
+                .streams
+                .iter()
+                .filter_map(|st| {
+                    filter::live_lease(&filter::rebuild(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal))
+                })
+                .collect();
+            for lease in leases {
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
+                run.renew(lease.owner.as_str(), lease.lease_ms);
+            }
+        }
+        if s.stores.redis.as_ref().is_some_and(|c| s.now_s >= c.until_s) {
+            s.stores.redis = None;
+        }
+        if s.upstream.late_until.is_some_and(|t| s.now_s > t) {
+            s.upstream.late_until = None;
+        }
+        s.orphans.retain(|o| s.now_s <= o.3);
+    }
+
+    fn start(&self, s: &mut State, agent: u8, filter: u8, kind: Kind) {
+        let cached = s.caches[usize::from(filter)].clone();
+        let stream = Stream {
+            filter,
+            agent,
+            kind,
+            journal: Vec::new(),
+            wait: Wait::Upstream,
+            held: None,
+            param_hash: None,
+            forwarded_s: None,
+        };
+        s.streams.push(stream);
+        let i = s.streams.len() - 1;
+        self.feed(s, i, Ev::Start { now_s: world::T0 + s.now_s, cached });
+    }
+
+    /// Feed one event to a stream's machine and carry out its effects as the adapter does.
+    fn feed(&self, s: &mut State, i: usize, ev: Ev) {
+        let is_response = matches!(ev, Ev::Response { .. });
+        if let Ev::Response { status, body, .. } = &ev {
+            s.streams[i].held = Some(Answer::from_wire(*status, body));
+        }
+        s.streams[i].journal.push(ev);
+        let st = &s.streams[i];
+        let rebuilt = filter::rebuild(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal);
+        let eff = filter::effects(&rebuilt.last);
+        let f = usize::from(st.filter);
+        if let Some(v) = eff.shared_set.clone() {
+            s.caches[f] = Some(v);
+        }
+        if self.cfg.is(Mutation::CacheNonTerminal) && eff.unknown_outcome {
+            self.cache_non_terminal(s, i);
+        }
+        let st = &mut s.streams[i];
+        if let Some(r) = eff.rewrite.clone() {
+            st.held = Some(r);
+        }
+        if let Some(reply) = eff.reply {
+            let agent = st.agent;
+            s.streams.remove(i);
+            self.tell(s, agent, reply);
+            return;
+        }
+        if let Some(call) = eff.call {
+            if call.path == "/v1/acquire" {
+                st.param_hash = call
+                    .body
+                    .as_deref()
+                    .and_then(|b| serde_json::from_slice::<AcquireRequest>(b).ok())
+                    .map(|r| r.param_hash);
+            }
+            st.wait = Wait::Idemd(call.method.to_string(), call.path, call.body.unwrap_or_default());
+            return;
+        }
+        if eff.forward.is_some() {
+            st.wait = Wait::Upstream;
+            st.forwarded_s = Some(s.now_s);
+            return;
+        }
+        if eff.resume_response || (is_response && eff.flow == Some(idem_core::machine::Flow::Continue)) {
+            let agent = st.agent;
+            let held = st.held.clone().unwrap_or(Answer { http: 0, kind: "nothing".into(), execution: None });
+            s.streams.remove(i);
+            self.tell(s, agent, held);
+            return;
+        }
+        panic!("stream left with nothing to wait for after {:?}", rebuilt.last);
+    }
+
+    /// The mutation [`Mutation::CacheNonTerminal`]: the answer given on an unknown outcome (the
+    /// rewritten `in_progress`) is cached as if it were the operation's result.
+    fn cache_non_terminal(&self, s: &mut State, i: usize) {
+        let st = &s.streams[i];
+        let (Ok(key), Some(param_hash)) = (OpKey::parse(&crate::idemd::key()), st.param_hash.clone()) else { return };
+        let result =
+            StoredResult { status: 202, headers: vec![], body_b64: encode_body(br#"{"status":"in_progress"}"#) };
+        let entry = Entry {
+            key,
+            state: TerminalState::Done,
+            param_hash,
+            subject_hash: filter::subject(),
+            scope: filter::SCOPE.into(),
+            result,
+            until: world::T0 + s.now_s + world::RETENTION_MS / 1000,
+        };
+        s.caches[usize::from(st.filter)] = replay_cache::store(&Default::default(), &entry).and_then(|e| match e {
+            idem_core::machine::Effect::SharedSet { value, .. } => Some(value),
+            _ => None,
+        });
+    }
+
+    fn tell(&self, s: &mut State, agent: u8, answer: Answer) {
+        let executed_then = s.upstream.executions > 0;
+        let a = &mut s.agents[usize::from(agent)];
+        a.waiting = false;
+        a.told.push(Told { answer, executed_then, at_s: s.now_s });
+    }
+
+    /// Update what the checker remembers about the history.
+    fn judge(s: &mut State) {
+        if let Some(row) = &s.stores.sql {
+            if matches!(row.state, St::Done | St::Failed) {
+                let now = (row.state, row.result.clone());
+                match &s.ghost.first_terminal {
+                    None => s.ghost.first_terminal = Some(now),
+                    Some(first) if *first != now => s.ghost.overwritten = true,
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+}
+
+fn transfer(n: u8) -> Vec<u8> {
+    format!(r#"{{"id":"T-{n}","amount":"10.00"}}"#).into_bytes()
+}
+
+impl Model for World {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.initial()]
+    }
+
+    fn actions(&self, s: &State, out: &mut Vec<Action>) {
+        self.enabled(s, s.faults < self.cfg.faults, true, out);
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        self.step(last, action)
+    }
+
+    fn properties(&self) -> Vec<stateright::Property<Self>> {
+        crate::props::properties(&self.cfg)
+    }
+
+    fn format_step(&self, last: &State, action: Action) -> Option<String> {
+        let next = self.step(last, action)?;
+        Some(crate::report::describe(self, last, action, &next))
+    }
+}

@@ -1,0 +1,74 @@
+//! `make test`'s bounded check of the protocol (docs/model.md): the design as built holds every
+//! property on both upstream kinds, and every mutation is refuted with a counterexample.
+
+use idem_model::config::{Broken, Config, Mutation, UpstreamKeys};
+use idem_model::props;
+use idem_model::report::check;
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn holds(upstream: UpstreamKeys) {
+    let outcome = check(Config::bounded(upstream), threads()).expect("model");
+    println!("{outcome}");
+    assert!(outcome.unique > 1_000, "the check explored almost nothing: {outcome}");
+    assert!(outcome.violations.is_empty(), "{outcome}");
+}
+
+#[test]
+fn the_design_holds_with_an_upstream_that_deduplicates_by_key() {
+    holds(UpstreamKeys::Honoured);
+}
+
+#[test]
+fn the_design_holds_with_an_upstream_that_ignores_keys() {
+    holds(UpstreamKeys::Ignored);
+}
+
+/// Each mutation, the upstream it is checked against, and the property that must refute it.
+fn refuted(m: Mutation, upstream: UpstreamKeys, property: &str) {
+    let cfg = Config { check_settle: false, ..Config::bounded(upstream) }.mutated(m);
+    let outcome = check(cfg, threads()).expect("model");
+    println!("{m:?}: {outcome}");
+    let found = outcome.violations.iter().find(|(p, _)| *p == property);
+    assert!(found.is_some(), "{m:?} was not refuted by \"{property}\": {outcome}");
+}
+
+#[test]
+fn complete_without_the_owner_check_is_refuted() {
+    refuted(Mutation::Store(Broken::CompleteWithoutOwnerCheck), UpstreamKeys::Honoured, props::TERMINAL_KEPT);
+}
+
+#[test]
+fn reaping_before_exp_is_refuted() {
+    refuted(Mutation::Store(Broken::ReapBeforeExp), UpstreamKeys::Honoured, props::NOTHING_RAN_IS_TRUE);
+}
+
+#[test]
+fn expiry_refused_before_the_lookup_is_refuted() {
+    refuted(Mutation::ExpiryBeforeLookup, UpstreamKeys::Honoured, props::NOTHING_RAN_IS_TRUE);
+}
+
+#[test]
+fn release_on_an_unknown_outcome_is_refuted() {
+    refuted(Mutation::ReleaseOnUnknown, UpstreamKeys::Honoured, props::NOTHING_RAN_IS_TRUE);
+}
+
+#[test]
+fn acquired_decided_by_redis_alone_is_refuted() {
+    refuted(Mutation::AcquiredByRedisAlone, UpstreamKeys::Ignored, props::AT_MOST_ONCE);
+}
+
+#[test]
+fn caching_a_non_terminal_answer_is_refuted() {
+    refuted(Mutation::CacheNonTerminal, UpstreamKeys::Honoured, props::FIRST_RESULT);
+}
+
+/// Lease renewal is no substitute for §5's lease rule: with Envoy waiting longer than the lease,
+/// a SQL outage stops the renewals, the reconciler finds nothing upstream yet and releases, and
+/// the upstream runs it after all.
+#[test]
+fn a_lease_shorter_than_envoys_wait_is_refuted() {
+    refuted(Mutation::LeaseShorterThanEnvoyWait, UpstreamKeys::Honoured, props::NOTHING_RAN_IS_TRUE);
+}
