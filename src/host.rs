@@ -14,7 +14,7 @@ mod wasm {
     use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
     use idem_core::policy::PluginConfig;
     use idem_core::protocol::{LeaseRenewal, OwnerToken};
-    use idem_core::trace::Trace;
+    use idem_core::trace::{HostSpan, Trace};
     use proxy_wasm::hostcalls;
     use proxy_wasm::types::{BufferType, MapType};
     use std::cell::RefCell;
@@ -183,6 +183,12 @@ mod wasm {
         fn shared_set(&mut self, key: &str, value: &[u8]) {
             // No CAS: the last terminal result written for a slot wins, and any of them is true.
             warn_on_err("set_shared_data", hostcalls::set_shared_data(key, Some(value), None));
+        }
+
+        /// proxy-wasm has no access to Envoy's span (envoy#22028): callouts continue the
+        /// request's own `traceparent` instead.
+        fn active_span(&self) -> Option<HostSpan> {
+            None
         }
 
         /// A `.wasm` stream's callout outlives the stream: sent as any other.

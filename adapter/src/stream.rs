@@ -110,7 +110,11 @@ impl<H: Host> Stream<H> {
             }
         };
         let head = self.read_head(policy.role);
-        self.trace = head.trace.clone();
+        // A preview makes no callout: it need not ask the host for the span.
+        self.trace = match policy.role {
+            Role::Preview => head.trace.clone(),
+            _ => head.trace.clone().within(self.host.active_span()),
+        };
         self.scope = policy.scope.clone();
         let ctx = Ctx { config: Rc::clone(&self.shared.config), policy, trace_id: head.trace.id.clone() };
         let (machine, step) = Machine::start(ctx, &head, end_of_stream, &mut self.host);

@@ -9,7 +9,7 @@ use idem_core::leases::LeaseBook;
 use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
 use idem_core::policy::{encode_pairs, parse_plugin_config, PluginConfig};
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
-use idem_core::trace::Trace;
+use idem_core::trace::{HostSpan, Trace};
 use serde_json::{json, Value};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -39,6 +39,8 @@ struct Fake {
     annotation: Vec<(String, String)>,
     /// The host's lease book, shared as a real host's is (it outlives the stream).
     leases: Rc<RefCell<LeaseBook>>,
+    /// The tracer's span the stream is in, as the native host reads Envoy's.
+    span: Option<HostSpan>,
 }
 
 impl Fake {
@@ -153,6 +155,9 @@ impl Host for Fake {
     }
     fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace: &Trace) -> bool {
         crate::sidecar::dispatch(self, cfg, call, trace).is_some()
+    }
+    fn active_span(&self) -> Option<HostSpan> {
+        self.span.clone()
     }
     fn hold_lease(&mut self, lease: &LeaseRenewal) {
         self.leases.borrow_mut().hold(lease.clone(), self.now * 1000);
@@ -309,12 +314,15 @@ fn every_callout_carries_the_requests_trace_context() -> TestResult {
     let shared = shared()?;
     let fp = preview(&shared)?;
     let traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    for (extra, want) in [
-        (vec![("traceparent", traced), ("tracestate", "envoy=1")], Some((traced, Some("envoy=1")))),
-        (vec![("traceparent", "00-not-a-trace-01")], None),
-        (vec![], None),
+    let envoy = HostSpan { trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(), span_id: "1111222233334444".into() };
+    let in_envoy = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111222233334444-01";
+    for (span, extra, want) in [
+        (None, vec![("traceparent", traced), ("tracestate", "envoy=1")], Some((traced, Some("envoy=1")))),
+        (Some(envoy), vec![("traceparent", traced), ("tracestate", "envoy=1")], Some((in_envoy, Some("envoy=1")))),
+        (None, vec![("traceparent", "00-not-a-trace-01")], None),
+        (None, vec![], None),
     ] {
-        let mut fake = Fake { now: 200, ..Default::default() };
+        let mut fake = Fake { now: 200, span, ..Default::default() };
         fake.annotate(CONFIRM);
         let mut headers = vec![("agent-fingerprint", fp.as_str())];
         headers.extend(extra);

@@ -1,10 +1,16 @@
 //! A request's trace, as its replies name it and as its callouts carry it (DESIGN §8).
 //!
 //! The filter makes no spans of its own: idemd's span for a callout is a child of the span the
-//! request arrived in. When Envoy traces, its connection manager injects its own span's context
-//! into the request's `traceparent` before the filter chain runs, so that header already names
-//! Envoy's span; when nobody traces, the callouts start a trace whose id is the one the replies
-//! carry, so an operator who reads `trace_id` in an answer finds the same id in idemd's spans.
+//! request is in. Envoy's connection manager does not write its span into the request's headers
+//! before the filter chain (its router does, for the upstream, after every filter), so:
+//!
+//! * the native module asks Envoy for the stream's active span (the dynamic-module ABI has it):
+//!   idemd's spans are children of Envoy's;
+//! * the `.wasm` cannot (proxy-wasm has no span access, envoy#22028): the request's own
+//!   `traceparent` is continued, so idemd's spans share Envoy's trace id and are siblings of
+//!   Envoy's span under the caller's;
+//! * when nobody traces, the callouts start a trace whose id is the one the replies carry, so an
+//!   operator who reads `trace_id` in an answer finds the same id in idemd's spans.
 
 use sha2::{Digest, Sha256};
 
@@ -24,6 +30,16 @@ pub struct Trace {
     /// makes none and pays nothing).
     traceparent: Option<String>,
     tracestate: Option<String>,
+    /// The span the host says the request is in (Envoy's, on the native module).
+    span: Option<HostSpan>,
+}
+
+/// A span of the host's tracer, as its ids read: hex, a trace id of 32 digits (or 16, Zipkin's
+/// short form) and a span id of 16.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpan {
+    pub trace_id: String,
+    pub span_id: String,
 }
 
 impl Trace {
@@ -36,27 +52,54 @@ impl Trace {
             id: id.to_string(),
             traceparent: traceparent.map(str::to_string),
             tracestate: tracestate.filter(|s| !s.is_empty() && s.len() <= TRACESTATE_MAX).map(str::to_string),
+            span: None,
         }
     }
 
+    /// The request is in the host's `span`: callouts become its children. A span whose ids are
+    /// not W3C ids is ignored.
+    pub fn within(mut self, span: Option<HostSpan>) -> Trace {
+        self.span = span.and_then(|s| {
+            let trace_id = if s.trace_id.len() == 16 { format!("{:0>32}", s.trace_id) } else { s.trace_id };
+            let tp = valid_traceparent(&format!(
+                "00-{}-{}-01",
+                trace_id.to_ascii_lowercase(),
+                s.span_id.to_ascii_lowercase()
+            ))?;
+            let mut parts = tp.split('-').skip(1);
+            Some(HostSpan { trace_id: parts.next()?.to_string(), span_id: parts.next()?.to_string() })
+        });
+        self
+    }
+
     /// The headers every callout of this request carries: `x-request-id` (idemd's log lines),
-    /// `traceparent` (the request's when it is valid, else a new trace named after `id`) and the
-    /// request's `tracestate` with a `traceparent` it belongs to. None when the request has no
-    /// id at all (a host's own calls: renewals).
+    /// `traceparent` (a child of the host's span; else the request's own when it is valid; else a
+    /// new trace named after `id`) and the request's `tracestate` when its `traceparent` is one
+    /// to continue. None when the request has no id at all (a host's own calls: renewals).
     pub fn callout_headers(&self) -> Vec<(&'static str, String)> {
         let mut headers = Vec::with_capacity(3);
         if !self.id.is_empty() {
             headers.push(("x-request-id", self.id.clone()));
         }
-        match self.traceparent.as_deref().and_then(valid_traceparent) {
-            Some(tp) => {
-                headers.push(("traceparent", tp));
-                if let Some(ts) = &self.tracestate {
-                    headers.push(("tracestate", ts.clone()));
-                }
+        let request = self.traceparent.as_deref().and_then(valid_traceparent);
+        let traceparent = match (&self.span, &request) {
+            (Some(span), _) => {
+                // The request's sampling decision, when Envoy continued the request's trace.
+                let flags = request
+                    .as_deref()
+                    .filter(|tp| tp.get(3..35) == Some(span.trace_id.as_str()))
+                    .and_then(|tp| tp.get(53..55))
+                    .unwrap_or("01");
+                Some(format!("00-{}-{}-{flags}", span.trace_id, span.span_id))
             }
-            None if !self.id.is_empty() => headers.push(("traceparent", new_traceparent(&self.id))),
-            None => {}
+            (None, Some(tp)) => Some(tp.clone()),
+            (None, None) => (!self.id.is_empty()).then(|| new_traceparent(&self.id)),
+        };
+        if let Some(tp) = traceparent {
+            headers.push(("traceparent", tp));
+        }
+        if let (Some(_), Some(ts)) = (&request, &self.tracestate) {
+            headers.push(("tracestate", ts.clone()));
         }
         headers
     }
@@ -162,6 +205,28 @@ mod tests {
         assert!(tp.ends_with("-01"), "a new trace is sampled: {tp}");
         assert_eq!(header(&a, "traceparent"), header(&b, "traceparent"), "one request id, one trace");
         assert_ne!(header(&a, "traceparent"), header(&c, "traceparent"));
+    }
+
+    #[test]
+    fn inside_the_hosts_span_callouts_are_its_children() {
+        let envoy =
+            HostSpan { trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(), span_id: "aaaabbbbccccdddd".into() };
+        // Envoy continued the caller's trace: the caller's sampling decision and tracestate stay.
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let h = Trace::of(Some("rid"), Some(unsampled), Some("vendor=x")).within(Some(envoy.clone())).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-aaaabbbbccccdddd-00"));
+        assert_eq!(header(&h, "tracestate"), Some("vendor=x"));
+        // Envoy started the trace: sampled, and no tracestate without a traceparent to go with it.
+        let h = Trace::of(Some("rid"), None, Some("vendor=x")).within(Some(envoy)).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-aaaabbbbccccdddd-01"));
+        assert_eq!(header(&h, "tracestate"), None);
+        // Zipkin's 64-bit trace ids are padded; ids that are not hex are no span at all.
+        let short = HostSpan { trace_id: "00f067aa0ba902b7".into(), span_id: "AAAABBBBCCCCDDDD".into() };
+        let h = Trace::of(Some("rid"), None, None).within(Some(short)).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some("00-000000000000000000f067aa0ba902b7-aaaabbbbccccdddd-01"));
+        let bogus = HostSpan { trace_id: "nothex".into(), span_id: "x".into() };
+        let h = Trace::of(Some("rid"), Some(TP), None).within(Some(bogus)).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some(TP));
     }
 
     #[test]

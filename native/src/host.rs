@@ -11,7 +11,7 @@ use idem_adapter::{Host, Level};
 use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
 use idem_core::policy::{self, PluginConfig, ROUTE_NAMESPACE};
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
-use idem_core::trace::Trace;
+use idem_core::trace::{HostSpan, Trace};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub struct NativeHost {
@@ -324,6 +324,25 @@ impl Host for NativeHost {
 
     fn remove_response_header(&mut self, name: &str) {
         self.set_header(HeaderType::RESPONSE_HEADER, name, None);
+    }
+
+    /// Envoy's span for this stream, when Envoy traces it: callouts become its children.
+    fn active_span(&self) -> Option<HostSpan> {
+        // SAFETY: a live filter pointer.
+        let span = unsafe { abi::envoy_dynamic_module_callback_http_get_active_span(self.envoy) };
+        if span.is_null() {
+            return None;
+        }
+        type Get = unsafe extern "C" fn(abi::SpanEnvoyPtr, *mut envoy_buffer) -> bool;
+        let read = |get: Get| {
+            let mut out = envoy_buffer::NULL;
+            // SAFETY: `span` is this stream's, alive with it; `out` is ours to fill; Envoy's
+            // string lives until the next tracing callback on this thread, so it is copied at once.
+            unsafe { get(span, &mut out) }.then(|| String::from_utf8_lossy(unsafe { out.as_bytes() }).into_owned())
+        };
+        let trace_id = read(abi::envoy_dynamic_module_callback_http_span_get_trace_id)?;
+        let span_id = read(abi::envoy_dynamic_module_callback_http_span_get_span_id)?;
+        Some(HostSpan { trace_id, span_id })
     }
 
     /// The per-route configuration if the route has one, else the route's metadata.
