@@ -841,7 +841,7 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
     // Neither: the agent's way is the one to name.
     let (mut m, _) = Machine::start(c()?, &head(None), false, &mut env);
     assert_eq!(reply_status(&m.on_request_body(&body(json!(10)), &mut env)?)?, (428, "fingerprint_missing".into()));
-    // Neither, on a route whose callers are programs: the key they can send (the README's table).
+    // Neither, on a route whose callers are programs: the key they can send (docs/programs.md's table).
     let programs = || -> Result<Ctx, Box<dyn std::error::Error>> {
         let base = c()?;
         let mut p = (*base.policy).clone();
@@ -1318,7 +1318,7 @@ fn a_repeated_header_is_a_400_before_anything_is_read_or_forwarded() -> TestResu
         assert!(v["detail"].as_str().is_some_and(|d| d.contains(label)), "{v}");
         assert!(matches!(m, Machine::Pass) && counted(&step, Counter::RejectedHeader));
     }
-    // Programs get the README's problem.
+    // Programs get docs/programs.md's problem.
     let h = RequestHead { repeated: Some(IDEMPOTENCY_KEY_HEADER), ..head(None) };
     let (_, step) = Machine::start(idempotent_ctx(&[("callers", "programs")])?, &h, false, &mut env);
     let (status, kind, _) = problem_of(&step)?;
