@@ -6,6 +6,7 @@ use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
 use idem_core::policy::PluginConfig;
 use idem_core::policy::ROUTE_NAMESPACE;
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
+use idem_core::trace::Trace;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,5 +65,5 @@ pub trait Host: Env {
     /// could not even be sent. It must outlive the stream, which is usually answered at once: a
     /// host whose stream callouts are cancelled with the stream sends it from elsewhere.
     /// (A host whose callouts outlive the stream sends it with `sidecar::dispatch`.)
-    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool;
+    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace: &Trace) -> bool;
 }

@@ -11,6 +11,7 @@ use idem_adapter::{Host, Level};
 use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
 use idem_core::policy::{self, PluginConfig, ROUTE_NAMESPACE};
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
+use idem_core::trace::Trace;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub struct NativeHost {
@@ -467,10 +468,10 @@ impl Host for NativeHost {
 
     /// From the main thread: a callout of this stream would be cancelled when the stream ends,
     /// which for a refused confirm is at once.
-    fn report(&mut self, _cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool {
+    fn report(&mut self, _cfg: &PluginConfig, call: &Callout, trace: &Trace) -> bool {
         match self.config() {
             Some(c) => {
-                c.main.report(call.clone(), trace_id);
+                c.main.report(call.clone(), trace.clone());
                 true
             }
             None => false,

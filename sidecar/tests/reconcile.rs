@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use common::{acq, new_key, settings, simple_result, Backend, Fixture};
 use idem_core::protocol::{decode_body, Ack, AcquireOutcome, CompleteRequest, OpState, TerminalState};
-use idemd::config::reconcile::StatusEndpoints;
+use idemd::reconcile::target::StatusEndpoints;
 use idemd::ops::OpsError;
 use idemd::reaper::Reaper;
 use idemd::reconcile::decide::Rules;
