@@ -64,7 +64,7 @@ pub struct ServeArgs {
 
     /// How often idemd asks both stores and the backlog, traffic or not, for
     /// the gauges alerts read (`idem_sql_up`, `idem_redis_up`, `idem_in_flight`,
-    /// `idem_in_flight_overdue_seconds`, `idem_needs_review`).
+    /// `idem_in_flight_overdue_seconds`, `idem_needs_review_backlog`).
     #[arg(long, env = "IDEM_PROBE_INTERVAL_MS", default_value_t = 5_000)]
     pub probe_interval_ms: u64,
 
@@ -81,7 +81,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// Every broken rule of the TTLs and the background settings together, so
     /// one failed start names them all.
-    pub fn validate(&self) -> Result<reconcile::StatusEndpoints, Vec<String>> {
+    pub fn validate(&self) -> Result<crate::reconcile::target::StatusEndpoints, Vec<String>> {
         let ttl = self.ttl.validate();
         let reconcile = self.reconcile.validate(&self.ttl);
         let probe = if self.probe_interval_ms == 0 {

@@ -3,7 +3,7 @@
 //! Every outcome is counted, not only errors: a rising IN_FLIGHT or
 //! PARAM_MISMATCH share is what an operator alerts on, and the fallback
 //! counter plus the two `_up` gauges say which store is carrying the load.
-//! `idem_needs_review` is the backlog a person has to work through: alert
+//! `idem_needs_review_backlog` is the backlog a person has to work through: alert
 //! when it is not zero. `idem_security_events_total{kind}` counts tampering,
 //! another subject's fingerprints and forgeries: alert when it rises.
 //! `idem_in_flight_overdue_seconds` says how long ago the lease of the
@@ -25,10 +25,12 @@ use prometheus_client::registry::Registry;
 
 use idem_core::protocol::SecurityKind;
 
-use crate::reconcile::decide::Decision;
-
 /// What a status lookup can come to (`idem_reconcile_lookups_total{result}`).
 pub const LOOKUP_RESULTS: [&str; 3] = ["found", "not_found", "failed"];
+
+/// Every `decision` label of `idem_reconcile_total` (the reconciler's `Decision::metric`), so
+/// each series exists before its first decision.
+pub const RECONCILE_DECISIONS: [&str; 6] = ["done", "failed", "released", "needs_review", "retry", "skipped_grace"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -183,7 +185,7 @@ impl Metrics {
             lookups.clone(),
         );
         registry.register(
-            "idem_needs_review",
+            "idem_needs_review_backlog",
             "Operations waiting for a person (NEEDS_REVIEW rows), as of the last store probe or reconciler pass",
             needs_review.clone(),
         );
@@ -219,7 +221,7 @@ impl Metrics {
         for kind in SecurityKind::ALL {
             drop(security_events.get_or_create(&KindLabels { kind: kind.as_str() }));
         }
-        for decision in Decision::METRICS {
+        for decision in RECONCILE_DECISIONS {
             drop(reconcile.get_or_create(&DecisionLabels { decision }));
         }
 
