@@ -154,7 +154,7 @@ pub fn preview_fingerprint() -> Result<String, String> {
 
 fn head(fingerprint: Option<String>) -> RequestHead {
     RequestHead {
-        trace_id: "t".into(),
+        trace: Default::default(),
         subject: Some(SUBJECT.into()),
         content_length: None,
         fingerprint,

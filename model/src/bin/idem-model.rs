@@ -14,10 +14,10 @@ fn main() -> std::process::ExitCode {
     let mut failed = false;
     for upstream in [UpstreamKeys::Honoured, UpstreamKeys::Ignored] {
         let cfg = Config {
-            faults: env("IDEM_MODEL_FAULTS", 2),
+            faults: env("IDEM_MODEL_FAULTS", 1),
             confirms: env("IDEM_MODEL_CONFIRMS", 1),
             polls: env("IDEM_MODEL_POLLS", 1),
-            horizon_s: env("IDEM_MODEL_HORIZON", 7),
+            horizon_s: env("IDEM_MODEL_HORIZON", 8),
             ..Config::bounded(upstream)
         };
         println!("== upstream keys {upstream:?}: {cfg:?}");
