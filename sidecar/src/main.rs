@@ -41,7 +41,9 @@ fn main() -> ExitCode {
                     ExitCode::from(failure.exit_code())
                 }
             };
-            // The server has stopped: export the spans still queued before exiting.
+            // The server has stopped: end the background tasks (their open spans end with them), then export
+            // every span still queued before exiting.
+            runtime.shutdown_timeout(std::time::Duration::from_millis(500));
             telemetry.shutdown();
             code
         }

@@ -220,6 +220,10 @@ async fn api_calls_continue_the_callers_trace_and_store_calls_are_their_children
             assert!(child.attribute("db.operation.name").is_some(), "{child:?}");
         }
     }
+    // The health checks' pings (wait_healthy's /healthz, the probe's) are no traces of their own.
+    let orphans: Vec<&ReceivedSpan> =
+        spans.iter().filter(|s| s.attribute("db.operation.name").is_some() && s.parent.is_empty()).collect();
+    assert!(orphans.is_empty(), "store spans outside any call: {orphans:#?}");
     // The exact store calls of a fresh acquire and a complete (store::Store::acquire/complete).
     let acquire = one(&spans, "idemd acquire");
     let names = |parent: &str| {
@@ -280,9 +284,17 @@ async fn a_reconciler_lookup_is_traced_and_carries_its_context_to_the_status_end
     let key = new_key();
     let acquired: serde_json::Value = acquire(&base, &key, 200, None).await?.json().await?;
     assert_eq!(acquired["outcome"], "ACQUIRED", "{acquired}");
+    // Until the row is decided (a 404 after the grace: released), so its span has ended before the shutdown.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while seen.lock().expect("lock").is_empty() {
-        assert!(Instant::now() < deadline, "no status lookup within 15 s:\n{}", proc.log_text());
+    loop {
+        let metrics = reqwest::get(format!("{base}/metrics")).await?.text().await?;
+        if metrics
+            .lines()
+            .any(|l| l.starts_with("idem_reconcile_total{") && l.contains("released") && !l.ends_with(" 0"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no reconciler decision within 15 s:\n{}", proc.log_text());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     terminate(&mut proc).await?;

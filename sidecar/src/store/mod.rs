@@ -637,9 +637,14 @@ impl Store {
     }
 }
 
-/// One store call's span (DESIGN §8), a child of the API call's: `debug`, so it
-/// costs a disabled callsite unless traces are exported.
+/// One store call's span (DESIGN §8), a child of the API call's (or the
+/// reconciler's row): `debug`, so it costs a disabled callsite unless traces are
+/// exported. Outside any span (the health probe's pings) there is none: a root
+/// trace per ping would bury the requests' traces.
 fn store_span(system: &'static str, op: &'static str) -> tracing::Span {
+    if tracing::Span::current().is_none() {
+        return tracing::Span::none();
+    }
     tracing::debug_span!(
         "store",
         otel.name = %format_args!("{system} {op}"),
