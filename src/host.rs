@@ -14,6 +14,7 @@ mod wasm {
     use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
     use idem_core::policy::PluginConfig;
     use idem_core::protocol::{LeaseRenewal, OwnerToken};
+    use idem_core::trace::{HostSpan, Trace};
     use proxy_wasm::hostcalls;
     use proxy_wasm::types::{BufferType, MapType};
     use std::cell::RefCell;
@@ -184,9 +185,15 @@ mod wasm {
             warn_on_err("set_shared_data", hostcalls::set_shared_data(key, Some(value), None));
         }
 
+        /// proxy-wasm has no access to Envoy's span (envoy#22028): callouts continue the
+        /// request's own `traceparent` instead.
+        fn active_span(&self) -> Option<HostSpan> {
+            None
+        }
+
         /// A `.wasm` stream's callout outlives the stream: sent as any other.
-        fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool {
-            idem_adapter::sidecar::dispatch(self, cfg, call, trace_id).is_some()
+        fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace: &Trace) -> bool {
+            idem_adapter::sidecar::dispatch(self, cfg, call, trace).is_some()
         }
 
         fn hold_lease(&mut self, lease: &LeaseRenewal) {

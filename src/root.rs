@@ -15,6 +15,7 @@ mod wasm {
     use idem_core::leases::{self, LeaseBook, TICK_MS};
     use idem_core::machine::Counter;
     use idem_core::policy;
+    use idem_core::trace::Trace;
     use proxy_wasm::hostcalls;
     use proxy_wasm::traits::{Context, HttpContext, RootContext};
     use proxy_wasm::types::ContextType;
@@ -100,7 +101,7 @@ mod wasm {
                 return;
             };
             metrics.add(Counter::LeaseRenewals, renewal.leases);
-            if sidecar::dispatch(&mut host, &shared.config, &renewal.call, "").is_none() {
+            if sidecar::dispatch(&mut host, &shared.config, &renewal.call, &Trace::default()).is_none() {
                 host.count(Counter::SidecarErrors);
             }
         }

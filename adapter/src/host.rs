@@ -6,6 +6,7 @@ use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
 use idem_core::policy::PluginConfig;
 use idem_core::policy::ROUTE_NAMESPACE;
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
+use idem_core::trace::{HostSpan, Trace};
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,10 @@ pub trait Host: Env {
     /// the route has none. Equal bytes must mean an equal annotation: the
     /// route cache is keyed by them (never by the route's name).
     fn route_annotation(&self) -> Option<Vec<u8>>;
+
+    /// The tracer's span this stream is in, when the host can read it (DESIGN §8): the native
+    /// module reads Envoy's active span; proxy-wasm has no such call (envoy#22028).
+    fn active_span(&self) -> Option<HostSpan>;
     /// An Envoy property (`response.code_details`, a dynamic-metadata path, …).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// The buffered request body (`size` bytes: the host's count at end of stream).
@@ -64,5 +69,5 @@ pub trait Host: Env {
     /// could not even be sent. It must outlive the stream, which is usually answered at once: a
     /// host whose stream callouts are cancelled with the stream sends it from elsewhere.
     /// (A host whose callouts outlive the stream sends it with `sidecar::dispatch`.)
-    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool;
+    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace: &Trace) -> bool;
 }

@@ -4,13 +4,14 @@
 use crate::host::Host;
 use idem_core::machine::Callout;
 use idem_core::policy::PluginConfig;
+use idem_core::trace::Trace;
 use std::time::Duration;
 
-/// Dispatch `call` with the cluster, authority, credential and trace id from
-/// the plugin configuration; `None` if the host refused it.
-pub fn dispatch(host: &mut dyn Host, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> Option<u64> {
+/// Dispatch `call` with the cluster, authority and credential from the plugin configuration
+/// and the request's trace context; `None` if the host refused it.
+pub fn dispatch(host: &mut dyn Host, cfg: &PluginConfig, call: &Callout, trace: &Trace) -> Option<u64> {
     let token = cfg.sidecar_token.as_ref().map(|t| t.expose());
-    with_headers(&cfg.sidecar_authority, token, call, trace_id, |headers| {
+    with_headers(&cfg.sidecar_authority, token, call, trace, |headers| {
         host.dispatch(
             &cfg.sidecar_cluster,
             headers,
@@ -41,8 +42,8 @@ impl Sidecar {
     }
 
     /// `send` gets `call`'s request headers, as [`dispatch`] sends them.
-    pub fn with_headers<R>(&self, call: &Callout, trace_id: &str, send: impl FnOnce(&[(&str, &str)]) -> R) -> R {
-        with_headers(&self.authority, self.token.as_deref(), call, trace_id, send)
+    pub fn with_headers<R>(&self, call: &Callout, trace: &Trace, send: impl FnOnce(&[(&str, &str)]) -> R) -> R {
+        with_headers(&self.authority, self.token.as_deref(), call, trace, send)
     }
 }
 
@@ -50,10 +51,11 @@ fn with_headers<R>(
     authority: &str,
     token: Option<&str>,
     call: &Callout,
-    trace_id: &str,
+    trace: &Trace,
     send: impl FnOnce(&[(&str, &str)]) -> R,
 ) -> R {
     let bearer = token.map(|t| format!("Bearer {t}"));
+    let trace_headers = trace.callout_headers();
     let mut headers: Vec<(&str, &str)> =
         vec![(":method", call.method), (":path", &call.path), (":authority", authority)];
     if call.body.is_some() {
@@ -62,8 +64,6 @@ fn with_headers<R>(
     if let Some(b) = &bearer {
         headers.push(("authorization", b));
     }
-    if !trace_id.is_empty() {
-        headers.push(("x-request-id", trace_id));
-    }
+    headers.extend(trace_headers.iter().map(|(name, value)| (*name, value.as_str())));
     send(&headers)
 }

@@ -16,6 +16,7 @@ use idem_core::machine::{
 };
 use idem_core::policy::{PluginConfig, Role, SubjectSource};
 use idem_core::protocol::LeaseRenewal;
+use idem_core::trace::Trace;
 use std::rc::Rc;
 
 /// What every stream of one filter configuration shares on one thread (a
@@ -44,8 +45,8 @@ pub struct Stream<H: Host> {
     machine: Machine,
     /// The callout whose answer the machine waits for.
     pending: Option<u64>,
-    /// For log lines about this stream.
-    trace_id: String,
+    /// For log lines about this stream and the callouts it makes.
+    trace: Trace,
     scope: String,
     /// The buffered body sizes, to read (request) or replace (response) them whole, also when
     /// the stream ends with trailers instead of a last body chunk.
@@ -62,7 +63,7 @@ impl<H: Host> Stream<H> {
             host,
             machine: Machine::Pass,
             pending: None,
-            trace_id: String::new(),
+            trace: Trace::default(),
             scope: String::new(),
             request_size: 0,
             response_size: 0,
@@ -109,9 +110,13 @@ impl<H: Host> Stream<H> {
             }
         };
         let head = self.read_head(policy.role);
-        self.trace_id = head.trace_id.clone();
+        // A preview makes no callout: it need not ask the host for the span.
+        self.trace = match policy.role {
+            Role::Preview => head.trace.clone(),
+            _ => head.trace.clone().within(self.host.active_span()),
+        };
         self.scope = policy.scope.clone();
-        let ctx = Ctx { config: Rc::clone(&self.shared.config), policy, trace_id: head.trace_id.clone() };
+        let ctx = Ctx { config: Rc::clone(&self.shared.config), policy, trace_id: head.trace.id.clone() };
         let (machine, step) = Machine::start(ctx, &head, end_of_stream, &mut self.host);
         self.machine = machine;
         self.apply(step)
@@ -183,7 +188,7 @@ impl<H: Host> Stream<H> {
     fn read_trace_id(&self) -> String {
         let rid = self.host.request_header("x-request-id");
         let tp = self.host.request_header("traceparent");
-        machine::trace_id(rid.as_deref(), tp.as_deref())
+        Trace::of(rid.as_deref(), tp.as_deref(), None).id
     }
 
     /// The request facts the route's role needs, from one read of the header map: every value
@@ -228,7 +233,7 @@ impl<H: Host> Stream<H> {
             Ok(step) => self.apply(step),
             Err(e) => {
                 // The machine refused an event it cannot take; its state is unchanged.
-                self.host.log(Level::Warn, &format!("agent_idempotency: {e} (trace_id={})", self.trace_id));
+                self.host.log(Level::Warn, &format!("agent_idempotency: {e} (trace_id={})", self.trace.id));
                 Action::Continue
             }
         }
@@ -273,10 +278,10 @@ impl<H: Host> Stream<H> {
                 Level::Warn,
                 &format!(
                     "agent_idempotency security_event={kind} trace_id={} scope={} nonce={nonce}",
-                    self.trace_id, self.scope
+                    self.trace.id, self.scope
                 ),
             ),
-            Effect::Warn(message) => self.host.log(Level::Warn, &format!("{message} (trace_id={})", self.trace_id)),
+            Effect::Warn(message) => self.host.log(Level::Warn, &format!("{message} (trace_id={})", self.trace.id)),
             Effect::SetRequestHeader(name, value) => {
                 self.host.remove_request_header(name);
                 self.host.set_request_header(name, &value);
@@ -299,13 +304,13 @@ impl<H: Host> Stream<H> {
             Effect::Report(call) => {
                 // Fire and forget: its answer matches no pending call and is dropped.
                 let cfg = Rc::clone(&self.shared.config);
-                if !self.host.report(&cfg, &call, &self.trace_id) {
+                if !self.host.report(&cfg, &call, &self.trace) {
                     self.host.count(Counter::SidecarErrors);
                 }
             }
             Effect::Call(call) => {
                 let cfg = Rc::clone(&self.shared.config);
-                match sidecar::dispatch(&mut self.host, &cfg, &call, &self.trace_id) {
+                match sidecar::dispatch(&mut self.host, &cfg, &call, &self.trace) {
                     Some(token) => self.pending = Some(token),
                     None => return Some(self.callout_failed_now()),
                 }

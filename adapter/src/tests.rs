@@ -9,6 +9,7 @@ use idem_core::leases::LeaseBook;
 use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
 use idem_core::policy::{encode_pairs, parse_plugin_config, PluginConfig};
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
+use idem_core::trace::{HostSpan, Trace};
 use serde_json::{json, Value};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -38,6 +39,8 @@ struct Fake {
     annotation: Vec<(String, String)>,
     /// The host's lease book, shared as a real host's is (it outlives the stream).
     leases: Rc<RefCell<LeaseBook>>,
+    /// The tracer's span the stream is in, as the native host reads Envoy's.
+    span: Option<HostSpan>,
 }
 
 impl Fake {
@@ -150,8 +153,11 @@ impl Host for Fake {
     fn shared_set(&mut self, key: &str, value: &[u8]) {
         self.shared.insert(key.to_string(), value.to_vec());
     }
-    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool {
-        crate::sidecar::dispatch(self, cfg, call, trace_id).is_some()
+    fn report(&mut self, cfg: &PluginConfig, call: &Callout, trace: &Trace) -> bool {
+        crate::sidecar::dispatch(self, cfg, call, trace).is_some()
+    }
+    fn active_span(&self) -> Option<HostSpan> {
+        self.span.clone()
     }
     fn hold_lease(&mut self, lease: &LeaseRenewal) {
         self.leases.borrow_mut().hold(lease.clone(), self.now * 1000);
@@ -300,6 +306,55 @@ fn confirm_end_to_end_through_the_adapter() -> TestResult {
 }
 
 /// A confirm forwarded under an acquired lease, with the host's book.
+/// Every callout of a request continues the request's trace (DESIGN §8): idemd's spans are
+/// children of the span it arrived in (Envoy's own, when Envoy traces), and when nobody traces,
+/// all of one request's callouts name one new trace.
+#[test]
+fn every_callout_carries_the_requests_trace_context() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    let traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let envoy = HostSpan { trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(), span_id: "1111222233334444".into() };
+    let in_envoy = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111222233334444-01";
+    for (span, extra, want) in [
+        (None, vec![("traceparent", traced), ("tracestate", "envoy=1")], Some((traced, Some("envoy=1")))),
+        (Some(envoy), vec![("traceparent", traced), ("tracestate", "envoy=1")], Some((in_envoy, Some("envoy=1")))),
+        (None, vec![("traceparent", "00-not-a-trace-01")], None),
+        (None, vec![], None),
+    ] {
+        let mut fake = Fake { now: 200, span, ..Default::default() };
+        fake.annotate(CONFIRM);
+        let mut headers = vec![("agent-fingerprint", fp.as_str())];
+        headers.extend(extra);
+        request(&mut fake, &json!({"amount": "10.00", "currency": "EUR"}), &headers);
+        let mut s = Stream::new(Rc::clone(&shared), fake);
+        assert_eq!(s.on_request_headers(false), Action::Pause);
+        let size = s.host().request_body.len();
+        assert_eq!(s.on_request_body(size, true), Action::Pause);
+        let acquire = (s.host().last_call_header("traceparent"), s.host().last_call_header("tracestate"));
+        answer(&mut s, 200, json!({"outcome": "ACQUIRED", "owner": "22222222222222222222222222222222"}));
+        respond(&mut s, 201, br#"{"id":"T-1"}"#);
+        assert_eq!(s.on_response_headers(false), Action::Pause);
+        let n = s.host().response_body.len();
+        assert_eq!(s.on_response_body(n, true), Action::Pause);
+        assert_eq!(s.host().last_call_header(":path").as_deref(), Some("/v1/complete"));
+        let complete = (s.host().last_call_header("traceparent"), s.host().last_call_header("tracestate"));
+        assert_eq!(acquire, complete, "one request, one trace context on all its callouts");
+        let (tp, ts) = acquire;
+        let tp = tp.ok_or("a callout without traceparent")?;
+        match want {
+            Some((parent, state)) => assert_eq!((tp.as_str(), ts.as_deref()), (parent, state)),
+            None => {
+                // A new trace, sampled, named by the request id "trace-7" (not itself a trace id).
+                let parts: Vec<&str> = tp.split('-').collect();
+                assert_eq!((parts.len(), parts[0], parts[1].len(), parts[2].len(), parts[3]), (4, "00", 32, 16, "01"));
+                assert_eq!(ts, None, "a tracestate travels only with the traceparent it belongs to");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn forwarded(shared: &Rc<Shared>) -> Result<(Stream<Fake>, Rc<RefCell<LeaseBook>>), Box<dyn std::error::Error>> {
     let fp = preview(shared)?;
     let mut s = confirm(shared, &fp, 200);

@@ -10,6 +10,9 @@ pub mod outcome;
 pub mod policy;
 pub mod protocol;
 pub mod reply;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+pub mod trace;
 pub mod utc;
 
 mod json_text;

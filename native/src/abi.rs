@@ -52,6 +52,8 @@ pub type PerRouteConfigModulePtr = *const c_void;
 pub type FilterEnvoyPtr = *mut c_void;
 /// `envoy_dynamic_module_type_http_filter_module_ptr` (`const void*`, the module's per-stream filter).
 pub type FilterModulePtr = *const c_void;
+/// `envoy_dynamic_module_type_span_envoy_ptr`: a stream's active span, Envoy's, alive with the stream.
+pub type SpanEnvoyPtr = *mut c_void;
 
 // ------------------------------------------------------------------ structs
 
@@ -566,6 +568,17 @@ unsafe extern "C" {
         timeout_ms: u64,
     ) -> HttpCalloutInitResult;
 
+    /// `envoy_dynamic_module_callback_http_get_active_span`: the stream's span, or null when
+    /// Envoy does not trace it (a `NullSpan`).
+    pub fn envoy_dynamic_module_callback_http_get_active_span(filter: FilterEnvoyPtr) -> SpanEnvoyPtr;
+
+    /// `envoy_dynamic_module_callback_http_span_get_trace_id`: the span's trace id (hex) into
+    /// `result`, valid until the next tracing callback on this thread; `false` if it has none.
+    pub fn envoy_dynamic_module_callback_http_span_get_trace_id(span: SpanEnvoyPtr, result: *mut envoy_buffer) -> bool;
+
+    /// `envoy_dynamic_module_callback_http_span_get_span_id`: as `get_trace_id`, for the span's own id.
+    pub fn envoy_dynamic_module_callback_http_span_get_span_id(span: SpanEnvoyPtr, result: *mut envoy_buffer) -> bool;
+
     /// `envoy_dynamic_module_callback_http_filter_reset_stream`: reset the downstream stream
     /// (`reason`: `StreamResetReason`; `details` goes to the access log's response details).
     pub fn envoy_dynamic_module_callback_http_filter_reset_stream(
@@ -618,6 +631,9 @@ pub const IMPORTED_CALLBACKS: &[&str] = &[
     "envoy_dynamic_module_callback_http_filter_config_scheduler_delete",
     "envoy_dynamic_module_callback_http_filter_config_http_callout",
     "envoy_dynamic_module_callback_http_filter_reset_stream",
+    "envoy_dynamic_module_callback_http_get_active_span",
+    "envoy_dynamic_module_callback_http_span_get_trace_id",
+    "envoy_dynamic_module_callback_http_span_get_span_id",
 ];
 
 // ------------------------------------------------------------------ hooks (the module exports)

@@ -11,6 +11,7 @@ use idem_adapter::{Host, Level};
 use idem_core::machine::{Callout, CalloutAnswer, Counter, Env};
 use idem_core::policy::{self, PluginConfig, ROUTE_NAMESPACE};
 use idem_core::protocol::{LeaseRenewal, OwnerToken};
+use idem_core::trace::{HostSpan, Trace};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub struct NativeHost {
@@ -325,6 +326,25 @@ impl Host for NativeHost {
         self.set_header(HeaderType::RESPONSE_HEADER, name, None);
     }
 
+    /// Envoy's span for this stream, when Envoy traces it: callouts become its children.
+    fn active_span(&self) -> Option<HostSpan> {
+        // SAFETY: a live filter pointer.
+        let span = unsafe { abi::envoy_dynamic_module_callback_http_get_active_span(self.envoy) };
+        if span.is_null() {
+            return None;
+        }
+        type Get = unsafe extern "C" fn(abi::SpanEnvoyPtr, *mut envoy_buffer) -> bool;
+        let read = |get: Get| {
+            let mut out = envoy_buffer::NULL;
+            // SAFETY: `span` is this stream's, alive with it; `out` is ours to fill; Envoy's
+            // string lives until the next tracing callback on this thread, so it is copied at once.
+            unsafe { get(span, &mut out) }.then(|| String::from_utf8_lossy(unsafe { out.as_bytes() }).into_owned())
+        };
+        let trace_id = read(abi::envoy_dynamic_module_callback_http_span_get_trace_id)?;
+        let span_id = read(abi::envoy_dynamic_module_callback_http_span_get_span_id)?;
+        Some(HostSpan { trace_id, span_id })
+    }
+
     /// The per-route configuration if the route has one, else the route's metadata.
     fn route_annotation(&self) -> Option<Vec<u8>> {
         // SAFETY: a live filter pointer.
@@ -467,10 +487,10 @@ impl Host for NativeHost {
 
     /// From the main thread: a callout of this stream would be cancelled when the stream ends,
     /// which for a refused confirm is at once.
-    fn report(&mut self, _cfg: &PluginConfig, call: &Callout, trace_id: &str) -> bool {
+    fn report(&mut self, _cfg: &PluginConfig, call: &Callout, trace: &Trace) -> bool {
         match self.config() {
             Some(c) => {
-                c.main.report(call.clone(), trace_id);
+                c.main.report(call.clone(), trace.clone());
                 true
             }
             None => false,

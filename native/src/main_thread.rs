@@ -16,6 +16,7 @@ use crate::log::log;
 use idem_adapter::sidecar::Sidecar;
 use idem_core::leases::{self, LeaseBook, TICK_MS};
 use idem_core::machine::{Callout, CalloutAnswer};
+use idem_core::trace::Trace;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -45,8 +46,8 @@ impl Scheduler {
 struct Inner {
     scheduler: Scheduler,
     leases: Mutex<LeaseBook>,
-    /// Reports waiting for the main thread, with their trace ids.
-    outbox: Mutex<Vec<(Callout, String)>>,
+    /// Reports waiting for the main thread, with the trace context of the request each is about.
+    outbox: Mutex<Vec<(Callout, Trace)>>,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -108,8 +109,8 @@ impl MainThread {
     }
 
     /// Queue a report for the main thread.
-    pub fn report(&self, call: Callout, trace_id: &str) {
-        lock(&self.inner.outbox).push((call, trace_id.to_string()));
+    pub fn report(&self, call: Callout, trace: Trace) {
+        lock(&self.inner.outbox).push((call, trace));
         self.inner.scheduler.commit(OUTBOX);
     }
 
@@ -120,8 +121,8 @@ impl MainThread {
         match event {
             OUTBOX => {
                 let queued = std::mem::take(&mut *lock(&self.inner.outbox));
-                for (call, trace_id) in queued {
-                    if self.send(&call, &trace_id).is_none() {
+                for (call, trace) in queued {
+                    if self.send(&call, &trace).is_none() {
                         log(abi::LogLevel::WARN, "agent_idempotency: a security-event report could not be sent");
                     }
                 }
@@ -129,7 +130,7 @@ impl MainThread {
             TICK => {
                 let renewal = lock(&self.inner.leases).renewal(now_ms());
                 if let Some(renewal) = renewal {
-                    match self.send(&renewal.call, "") {
+                    match self.send(&renewal.call, &Trace::default()) {
                         Some(id) => lock(&self.renewals).push(id),
                         None => log(abi::LogLevel::WARN, "agent_idempotency: a lease renewal could not be sent"),
                     }
@@ -163,10 +164,10 @@ impl MainThread {
         }
     }
 
-    fn send(&self, call: &Callout, trace_id: &str) -> Option<u64> {
+    fn send(&self, call: &Callout, trace: &Trace) -> Option<u64> {
         let body = call.body.as_deref().unwrap_or_default();
         let timeout_ms = u64::try_from(self.sidecar.timeout.as_millis()).unwrap_or(u64::MAX);
-        self.sidecar.with_headers(call, trace_id, |headers| {
+        self.sidecar.with_headers(call, trace, |headers| {
             let raw: Vec<module_http_header> =
                 headers.iter().map(|(k, v)| module_http_header::new(k.as_bytes(), v.as_bytes())).collect();
             let mut id = 0u64;

@@ -2,8 +2,9 @@
 //! names when it loads the module but never argument lists, so a renamed or
 //! removed callback fails at load and a changed one corrupts memory. This test
 //! catches the first kind before Envoy does, and pins the ABI version the
-//! bindings were written for (`abi.rs`); the README's upgrade procedure covers
-//! the second kind (re-read abi.h for every binding on an Envoy upgrade).
+//! bindings were written for (`abi.rs`); the upgrade procedure in docs/performance.md
+//! ("Upgrading Envoy with the native module") covers the second kind (re-read abi.h for
+//! every binding on an Envoy upgrade).
 
 use agent_idempotency_native::abi;
 use std::collections::BTreeSet;

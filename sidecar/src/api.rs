@@ -54,9 +54,8 @@ use crate::auth::{require_token, AuthState, Tokens};
 use crate::store::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
 use crate::store::{now_ms, retention, Store};
 
-/// Replayed bodies travel base64 inside JSON; this bounds what one stored
-/// result may cost in Redis and SQL.
-pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// The largest request body: a complete carries one stored result.
+pub const MAX_BODY_BYTES: usize = crate::store::record::MAX_RESULT_BYTES;
 
 /// The longest lease a route may ask for (and what keeps `now + lease` in i64).
 pub const MAX_LEASE_MS: u64 = 30 * 24 * 3600 * 1000;

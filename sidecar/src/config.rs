@@ -87,7 +87,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// Every broken rule of the TTLs and the background settings together, so
     /// one failed start names them all.
-    pub fn validate(&self) -> Result<reconcile::StatusEndpoints, Vec<String>> {
+    pub fn validate(&self) -> Result<crate::reconcile::target::StatusEndpoints, Vec<String>> {
         let ttl = self.ttl.validate();
         let reconcile = self.reconcile.validate(&self.ttl);
         let probe = if self.probe_interval_ms == 0 {

@@ -25,10 +25,12 @@ use prometheus_client::registry::Registry;
 
 use idem_core::protocol::SecurityKind;
 
-use crate::reconcile::decide::Decision;
-
 /// What a status lookup can come to (`idem_reconcile_lookups_total{result}`).
 pub const LOOKUP_RESULTS: [&str; 3] = ["found", "not_found", "failed"];
+
+/// Every `decision` label of `idem_reconcile_total` (the reconciler's `Decision::metric`), so
+/// each series exists before its first decision.
+pub const RECONCILE_DECISIONS: [&str; 6] = ["done", "failed", "released", "needs_review", "retry", "skipped_grace"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -219,7 +221,7 @@ impl Metrics {
         for kind in SecurityKind::ALL {
             drop(security_events.get_or_create(&KindLabels { kind: kind.as_str() }));
         }
-        for decision in Decision::METRICS {
+        for decision in RECONCILE_DECISIONS {
             drop(reconcile.get_or_create(&DecisionLabels { decision }));
         }
 

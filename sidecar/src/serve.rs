@@ -136,7 +136,7 @@ fn start_background(
     stores: &StoreArgs,
     ttl: &TtlArgs,
     args: &ReconcileArgs,
-    endpoints: crate::config::reconcile::StatusEndpoints,
+    endpoints: crate::reconcile::target::StatusEndpoints,
 ) -> Result<(), Failure> {
     let scopes: Vec<String> = endpoints.keys().cloned().collect();
     let status = StatusClient::new(endpoints, args.status_timeout()).map_err(Failure::Runtime)?;

@@ -16,11 +16,11 @@ use axum::response::{IntoResponse, Response};
 use clap::Parser;
 use common::{acq, new_key, settings, simple_result, Backend, Fixture};
 use idem_core::protocol::{decode_body, Ack, AcquireOutcome, CompleteRequest, OpState, TerminalState};
-use idemd::config::reconcile::StatusEndpoints;
 use idemd::ops::OpsError;
 use idemd::reaper::Reaper;
 use idemd::reconcile::decide::Rules;
 use idemd::reconcile::lookup::StatusClient;
+use idemd::reconcile::target::StatusEndpoints;
 use idemd::reconcile::{PassReport, ReconcileSettings, Reconciler};
 use idemd::store::{Store, StoreSettings};
 

@@ -231,8 +231,10 @@ async fn envoy_killed_mid_confirm_is_reconciled_after_restart() -> TestResult {
     stack.restart_envoy().await?;
     assert!(in_flight.await?.is_err(), "the caller lost its connection with Envoy");
 
+    // The lease (2 s) is live unless the restart outlasted it and the grace (a loaded machine):
+    // then the reconciler has decided already. Either way, never a second execution.
     let a = confirm(&stack, "/fast/v1/transfers", &fp, &[]).await?;
-    a.assert_prompt("in_progress");
+    assert!(matches!(a.json["status"].as_str(), Some("in_progress" | "already_completed")), "{a:?}");
     let done = retry_until(&stack, "/fast/v1/transfers", &fp, "already_completed", Duration::from_secs(10)).await?;
     let (_, record) = demo_record(&stack, &key).await?;
     assert_eq!(done.json["result"], record);

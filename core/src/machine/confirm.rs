@@ -209,7 +209,7 @@ impl Confirm {
             Ok(k) => k,
             Err(e) => {
                 let (kind, detail) = match e {
-                    // Programs are told about the key they can send (the README's table); an agent on a
+                    // Programs are told about the key they can send (docs/programs.md's table); an agent on a
                     // route that takes both, about the fingerprint it should carry.
                     KeyError::Missing if self.ctx.policy.role == Role::Idempotent || self.problem => {
                         (ReplyKind::KeyMissing, None)

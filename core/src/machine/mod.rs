@@ -25,6 +25,7 @@ use crate::fingerprint::{self, Claims, Expect, VerifyError};
 use crate::policy::{PluginConfig, Role, RoutePolicy};
 use crate::protocol::{OpKey, SecurityEventReport, SecurityKind};
 use crate::reply::{self, Reply, ReplyContext, ReplyKind};
+use crate::trace::Trace;
 use std::fmt;
 use std::rc::Rc;
 
@@ -56,8 +57,8 @@ pub trait Env {
 /// The request facts an annotated route needs, read once by the host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestHead {
-    /// See [`trace_id`].
-    pub trace_id: String,
+    /// The request's trace: its id for replies, its context for callouts.
+    pub trace: Trace,
     /// The caller's identity from the configured source; `None` if absent or blank.
     pub subject: Option<String>,
     pub content_length: Option<u64>,
@@ -91,7 +92,7 @@ impl RequestHead {
                 seen.push(name);
             }
         };
-        let (mut rid, mut tp) = (None, None);
+        let (mut rid, mut tp, mut ts) = (None, None, None);
         for (name, value) in headers {
             let name = name.as_str();
             if subject_header.is_some_and(|s| s.eq_ignore_ascii_case(name)) {
@@ -102,6 +103,7 @@ impl RequestHead {
             match name {
                 "x-request-id" => rid = rid.or(Some(value.as_str())),
                 "traceparent" => tp = tp.or(Some(value.as_str())),
+                "tracestate" => ts = ts.or(Some(value.as_str())),
                 "content-length" => head.content_length = value.trim().parse().ok(),
                 FINGERPRINT_HEADER if needs.fingerprint => {
                     note(&mut head, FINGERPRINT_HEADER);
@@ -124,7 +126,7 @@ impl RequestHead {
                 _ => {}
             }
         }
-        head.trace_id = trace_id(rid, tp);
+        head.trace = Trace::of(rid, tp, ts);
         head.subject = head.subject.filter(|s| !s.trim().is_empty());
         head
     }
@@ -797,24 +799,6 @@ pub fn not_canonical(config: &PluginConfig, trace_id: &str, canonical: &str) -> 
     let detail = format!("send the request to {canonical} with the method in upper case and no method-override header");
     let ctx = ReplyContext { trace_id, detail: Some(&detail), ..Default::default() };
     reply::render(ReplyKind::PathNotCanonical, config.language, &ctx)
-}
-
-/// The trace id an operator finds in Envoy's access log: `x-request-id`, else
-/// the trace id of a W3C `traceparent` (version-traceid-parentid-flags).
-pub fn trace_id(x_request_id: Option<&str>, traceparent: Option<&str>) -> String {
-    if let Some(id) = x_request_id.filter(|id| !id.is_empty()) {
-        return clip(id, 128).to_string();
-    }
-    traceparent.and_then(|tp| tp.split('-').nth(1)).map(|id| clip(id, 128).to_string()).unwrap_or_default()
-}
-
-/// At most `max` bytes, on a character boundary.
-fn clip(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end = end.saturating_sub(1);
-    }
-    s.get(..end).unwrap_or_default()
 }
 
 /// A raw query parameter from a request path (`/status?fingerprint=...`).

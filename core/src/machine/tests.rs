@@ -2,8 +2,9 @@
 
 use super::*;
 use crate::fingerprint::{mint, subject_hash, Key, Keyring};
-use crate::policy::{parse_plugin_config, parse_route_policy, LeafValue, RouteDefaults};
+use crate::policy::{parse_route_policy, LeafValue, RouteDefaults};
 use crate::protocol::{encode_body, AcquireRequest, CompleteRequest, ReleaseRequest};
+use crate::testing::{self, FixedEnv};
 use serde_json::{json, Value};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -13,24 +14,8 @@ const NONCE: [u8; 16] = [0x11; 16];
 const KEY: &str = "11111111111111111111111111111111";
 const OWNER: &str = "22222222222222222222222222222222";
 
-struct FixedEnv {
-    now: u64,
-}
-
-impl Env for FixedEnv {
-    fn now_s(&self) -> u64 {
-        self.now
-    }
-    fn random16(&mut self) -> Option<[u8; 16]> {
-        Some(NONCE)
-    }
-}
-
 fn config() -> Result<Rc<PluginConfig>, Box<dyn std::error::Error>> {
-    let text = format!(
-        r#"{{"sidecar_cluster":"idemd","keys":[{{"kid":"k1","secret":"{SECRET}"}}],"active_kid":"k1","subject":{{"header":"x-agent-subject"}},"max_response_bytes":64}}"#
-    );
-    Ok(Rc::new(parse_plugin_config(text.as_bytes(), &|_| None)?))
+    testing::plugin_config(SECRET, r#""max_response_bytes":64"#)
 }
 
 fn policy(role: &str, replay: &str) -> Result<Rc<RoutePolicy>, Box<dyn std::error::Error>> {
@@ -50,13 +35,8 @@ fn policy_with(
         ("result_ref", "/id"),
         ("replay", replay),
     ];
-    for (k, v) in extra {
-        leaves.retain(|(key, _)| key != k);
-        leaves.push((k, v));
-    }
-    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
-    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
-    Ok(Rc::new(p))
+    leaves.extend_from_slice(extra);
+    testing::route(&leaves)
 }
 
 fn ctx(role: &str) -> Result<Ctx, Box<dyn std::error::Error>> {
@@ -77,7 +57,7 @@ fn token(exp: u64) -> Result<String, Box<dyn std::error::Error>> {
 
 fn head(fp: Option<String>) -> RequestHead {
     RequestHead {
-        trace_id: "trace-1".into(),
+        trace: crate::trace::Trace::of(Some("trace-1"), None, None),
         subject: Some("alice".into()),
         content_length: None,
         fingerprint: fp,
@@ -153,7 +133,7 @@ fn upstream(status: u16, details: &str) -> ResponseHead {
 
 #[test]
 fn confirm_acquires_with_the_verified_claims() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let (_, step) = acquiring(&mut env)?;
     let c = call(&step).ok_or("no call")?;
     assert_eq!((c.method, c.path.as_str()), ("POST", "/v1/acquire"));
@@ -168,7 +148,7 @@ fn confirm_acquires_with_the_verified_claims() -> TestResult {
 
 #[test]
 fn confirm_done_path_completes_then_releases_the_answer() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let mut m = forwarded(&mut env)?;
     let step = m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
     assert_eq!(step.flow, Flow::Pause);
@@ -193,7 +173,7 @@ fn confirm_done_path_completes_then_releases_the_answer() -> TestResult {
 fn an_upstream_that_ignores_keys_is_never_released_on_its_own_answer() -> TestResult {
     // DESIGN §4, "release needs proof nothing ran": the upstream's 503 says nothing about a second
     // request, which it would execute; the operation stays IN_FLIGHT for the reconciler.
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let extra = [("upstream_keys", "ignored"), ("business_ref", "/currency")];
     let ctx = Ctx { config: config()?, policy: policy_with("confirm", "envelope", &extra)?, trace_id: "t".into() };
     let (mut m, _) = Machine::start(ctx, &head(Some(token(1000)?)), false, &mut env);
@@ -213,7 +193,7 @@ fn an_upstream_that_ignores_keys_is_never_released_on_its_own_answer() -> TestRe
 
 #[test]
 fn an_upstream_that_ignores_keys_still_releases_what_envoy_never_sent() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let extra = [("upstream_keys", "ignored")];
     let ctx = Ctx { config: config()?, policy: policy_with("confirm", "envelope", &extra)?, trace_id: "t".into() };
     let (mut m, _) = Machine::start(ctx, &head(Some(token(1000)?)), false, &mut env);
@@ -230,7 +210,7 @@ fn an_upstream_that_ignores_keys_still_releases_what_envoy_never_sent() -> TestR
 
 #[test]
 fn a_business_ref_that_is_not_text_is_refused_before_anything_runs() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let extra = [("bind", "/amount:decimal, /currency, /ref"), ("business_ref", "/ref")];
     let policy = policy_with("confirm", "envelope", &extra)?;
     let sent = json!({"amount": "10.00", "currency": "EUR", "ref": {"nested": 1}});
@@ -248,7 +228,7 @@ fn a_business_ref_that_is_not_text_is_refused_before_anything_runs() -> TestResu
 #[test]
 fn confirm_holds_its_lease_from_the_forward_until_the_answer_is_whole() -> TestResult {
     // DESIGN §4: a lease cannot lapse under a live request. The host renews what this names.
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let (m, _) = acquiring(&mut env)?;
     assert_eq!(m.live_lease(), None, "nothing is upstream before the acquire is answered");
     let mut m = forwarded(&mut env)?;
@@ -264,7 +244,7 @@ fn confirm_holds_its_lease_from_the_forward_until_the_answer_is_whole() -> TestR
 
 #[test]
 fn confirm_release_rewrites_to_not_executed_with_the_upstream_retry_after() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let mut m = forwarded(&mut env)?;
     m.on_response_head(&upstream(503, "via_upstream"), false, &mut env)?;
     m.on_response_data(2, true)?;
@@ -284,7 +264,7 @@ fn confirm_release_rewrites_to_not_executed_with_the_upstream_retry_after() -> T
 
 #[test]
 fn confirm_unknown_outcome_stays_in_flight_and_tells_the_model_to_poll() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let mut m = forwarded(&mut env)?;
     m.on_response_head(&upstream(504, "upstream_response_timeout"), false, &mut env)?;
     m.on_response_data(2, true)?;
@@ -307,7 +287,7 @@ fn rewritten(step: &Step) -> Option<&crate::reply::Reply> {
 
 #[test]
 fn confirm_answer_without_body_is_recorded_at_the_head() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let mut m = forwarded(&mut env)?;
     let step = m.on_response_head(&upstream(204, "via_upstream"), true, &mut env)?;
     assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/complete"));
@@ -317,7 +297,7 @@ fn confirm_answer_without_body_is_recorded_at_the_head() -> TestResult {
 
 #[test]
 fn confirm_answer_too_large_is_recorded_without_its_body() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let mut m = forwarded(&mut env)?;
     m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
     let step = m.on_response_data(65, false)?;
@@ -332,7 +312,7 @@ fn confirm_answer_too_large_is_recorded_without_its_body() -> TestResult {
 
 #[test]
 fn confirm_complete_not_acked_still_releases_the_answer() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let mut m = forwarded(&mut env)?;
     m.on_response_head(&upstream(201, "via_upstream"), true, &mut env)?;
     let step = m.on_callout(&CalloutAnswer::failed(), &mut env)?;
@@ -359,7 +339,7 @@ fn confirm_acquire_answers_become_replies() -> TestResult {
         (json!({"outcome": "ACQUIRED"}), 503, "status_unavailable", Counter::SidecarErrors),
     ];
     for (body, http, status, counter) in cases {
-        let mut env = FixedEnv { now: 999 };
+        let mut env = FixedEnv::at(999, NONCE);
         let (mut m, _) = acquiring(&mut env)?;
         let step = m.on_callout(&answer(200, body.clone()), &mut env)?;
         assert_eq!(reply_status(&step)?, (http, status.to_string()), "{body}");
@@ -372,7 +352,7 @@ fn confirm_acquire_answers_become_replies() -> TestResult {
 
 #[test]
 fn replays_carry_the_result_and_its_reference_and_in_progress_the_operation() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let (mut m, _) = acquiring(&mut env)?;
     let done = json!({"outcome": "DONE", "result": {"status": 201, "body_b64": encode_body(br#"{"id":"T-9"}"#)}});
     let v = reply_json(&m.on_callout(&answer(200, done), &mut env)?)?;
@@ -389,7 +369,7 @@ fn replays_carry_the_result_and_its_reference_and_in_progress_the_operation() ->
 
 #[test]
 fn replay_original_mode_sends_the_stored_answer() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let c = Ctx { policy: policy("confirm", "original")?, ..ctx("confirm")? };
     let (mut m, _) = Machine::start(c, &head(Some(token(1000)?)), false, &mut env);
     m.on_request_body(&body(json!(10)), &mut env)?;
@@ -403,7 +383,7 @@ fn replay_original_mode_sends_the_stored_answer() -> TestResult {
 
 #[test]
 fn acquire_callout_failure_never_claims_nothing_ran() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let (mut m, _) = acquiring(&mut env)?;
     let step = m.on_callout(&CalloutAnswer::failed(), &mut env)?;
     assert_eq!(reply_status(&step)?, (503, "status_unavailable".into()));
@@ -416,7 +396,7 @@ fn acquire_callout_failure_never_claims_nothing_ran() -> TestResult {
 // ---- confirm after expiry --------------------------------------------------
 
 fn expired(now: u64) -> Result<(Machine, Step, FixedEnv), Box<dyn std::error::Error>> {
-    let mut env = FixedEnv { now };
+    let mut env = FixedEnv::at(now, NONCE);
     let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
     let step = m.on_request_body(&body(json!(10)), &mut env)?;
     Ok((m, step, env))
@@ -469,7 +449,7 @@ fn expired_confirm_answers_from_what_exists() -> TestResult {
 
 #[test]
 fn expired_and_tampered_is_params_changed_without_a_lookup() -> TestResult {
-    let mut env = FixedEnv { now: 5000 };
+    let mut env = FixedEnv::at(5000, NONCE);
     let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
     let step = m.on_request_body(&body(json!(11)), &mut env)?;
     assert_eq!(reply_status(&step)?, (422, "params_changed".into()));
@@ -493,7 +473,7 @@ fn refusals_before_anything_is_called() -> TestResult {
         (Some(good.clone()), br#"{"amount":10,"amount":11}"#.to_vec(), 400, "invalid_json"),
     ];
     for (fp, b, http, status) in cases {
-        let mut env = FixedEnv { now: 999 };
+        let mut env = FixedEnv::at(999, NONCE);
         let (mut m, _) = Machine::start(ctx("confirm")?, &head(fp.clone()), false, &mut env);
         let step = m.on_request_body(&b, &mut env)?;
         assert_eq!(reply_status(&step)?, (http, status.to_string()), "{fp:?} {}", String::from_utf8_lossy(&b));
@@ -505,7 +485,7 @@ fn refusals_before_anything_is_called() -> TestResult {
 
 #[test]
 fn another_subject_is_forbidden_and_a_security_event() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let h = RequestHead { subject: Some("mallory".into()), ..head(Some(token(1000)?)) };
     let (mut m, _) = Machine::start(ctx("confirm")?, &h, false, &mut env);
     let step = m.on_request_body(&body(json!(10)), &mut env)?;
@@ -535,7 +515,7 @@ fn security_events_are_counted_by_kind_and_reported_without_waiting() -> TestRes
         ("alice", unknown_kid, json!(10), Counter::SecurityUnknownKid, "unknown_kid", None),
     ];
     for (who, fp, amount, counter, kind, key) in cases {
-        let mut env = FixedEnv { now: 999 };
+        let mut env = FixedEnv::at(999, NONCE);
         let h = RequestHead { subject: Some(who.into()), ..head(Some(fp)) };
         let (mut m, _) = Machine::start(ctx("confirm")?, &h, false, &mut env);
         let step = m.on_request_body(&body(amount), &mut env)?;
@@ -557,7 +537,7 @@ fn security_events_are_counted_by_kind_and_reported_without_waiting() -> TestRes
 
 #[test]
 fn no_subject_or_declared_oversize_is_refused_at_the_head() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let h = RequestHead { subject: None, ..head(None) };
     let (m, step) = Machine::start(ctx("confirm")?, &h, false, &mut env);
     assert_eq!(reply_status(&step)?, (401, "unauthenticated".into()));
@@ -570,7 +550,7 @@ fn no_subject_or_declared_oversize_is_refused_at_the_head() -> TestResult {
 
 #[test]
 fn body_in_several_chunks_is_held_then_read_once() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
     assert_eq!(m.on_request_data(10, false), Step::pause());
     assert_eq!(m.on_request_data(20, false), Step::pause());
@@ -585,7 +565,7 @@ fn body_in_several_chunks_is_held_then_read_once() -> TestResult {
 
 #[test]
 fn events_in_the_wrong_phase_are_errors_and_change_nothing() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
     assert!(m.on_callout(&CalloutAnswer::failed(), &mut env).is_err());
     assert!(m.on_response_body(b"{}", &mut env).is_err());
@@ -607,7 +587,7 @@ fn events_in_the_wrong_phase_are_errors_and_change_nothing() -> TestResult {
 
 #[test]
 fn preview_mints_into_a_successful_json_answer() -> TestResult {
-    let mut env = FixedEnv { now: 100 };
+    let mut env = FixedEnv::at(100, NONCE);
     let (mut m, step) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
     assert!(!step.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)));
     assert_eq!(m.on_request_body(&body(json!(10)), &mut env)?, Step::go_on());
@@ -639,9 +619,7 @@ fn quoting_ctx(quote_expires: &str) -> Result<Ctx, Box<dyn std::error::Error>> {
         ("bind", "/amount:decimal, /currency"),
         ("quote_expires", quote_expires),
     ];
-    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
-    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
-    Ok(Ctx { config: config()?, policy: Rc::new(p), trace_id: "trace-1".into() })
+    Ok(testing::ctx(&config()?, &testing::route(&leaves)?, "trace-1"))
 }
 
 /// The fingerprint's `exp` never outlives the quote (DESIGN §3): `min(now + ttl, the quote's expiry)`,
@@ -656,7 +634,7 @@ fn a_fingerprint_never_outlives_the_quote() -> TestResult {
         (json!({"quote": 1, "expires_at": "soon"}), None),
         (json!({"quote": 1, "expires_at": 100}), None),
     ] {
-        let mut env = FixedEnv { now: 100 };
+        let mut env = FixedEnv::at(100, NONCE);
         let (mut m, _) = Machine::start(quoting_ctx("/expires_at")?, &head(None), false, &mut env);
         m.on_request_body(&body(json!(10)), &mut env)?;
         let step = m.on_response_head(&upstream(200, "via_upstream"), false, &mut env)?;
@@ -683,7 +661,7 @@ fn a_fingerprint_never_outlives_the_quote() -> TestResult {
         assert!(matches!(m, Machine::Pass));
     }
     // The expiry in a header: read with the head, minted at once.
-    let mut env = FixedEnv { now: 100 };
+    let mut env = FixedEnv::at(100, NONCE);
     let (mut m, _) = Machine::start(quoting_ctx("header:quote-expires-at")?, &head(None), false, &mut env);
     m.on_request_body(&body(json!(10)), &mut env)?;
     assert!(m.response_needs_headers());
@@ -702,7 +680,7 @@ fn a_fingerprint_never_outlives_the_quote() -> TestResult {
 #[test]
 fn preview_failure_or_non_json_mints_nothing() -> TestResult {
     for (status, ct) in [(500, "application/json"), (200, "text/html")] {
-        let mut env = FixedEnv { now: 100 };
+        let mut env = FixedEnv::at(100, NONCE);
         let (mut m, _) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
         m.on_request_body(&body(json!(10)), &mut env)?;
         let h = ResponseHead { status, content_type: Some(ct.into()), ..Default::default() };
@@ -728,7 +706,7 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
         (999, CalloutAnswer::failed(), 503, "status_unavailable"),
     ];
     for (now, a, http, status) in cases {
-        let mut env = FixedEnv { now };
+        let mut env = FixedEnv::at(now, NONCE);
         let h = RequestHead { path: format!("/status?x=1&fingerprint={fp}"), ..head(None) };
         let (mut m, step) = Machine::start(ctx("status")?, &h, true, &mut env);
         let c = call(&step).ok_or("no lookup")?;
@@ -742,14 +720,7 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
 // ---- helpers ---------------------------------------------------------------
 
 #[test]
-fn trace_ids_and_query_parameters() {
-    assert_eq!(trace_id(Some("abc"), Some("00-t-p-01")), "abc");
-    assert_eq!(
-        trace_id(None, Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")),
-        "4bf92f3577b34da6a3ce929d0e0e4736"
-    );
-    assert_eq!(trace_id(Some(""), None), "");
-    assert_eq!(trace_id(Some(&"é".repeat(100)), None).len(), 128);
+fn query_parameters_and_retry_after() {
     assert_eq!(query_param("/s?a=1&fingerprint=x.y#frag", "fingerprint").as_deref(), Some("x.y"));
     assert_eq!(query_param("/s", "fingerprint"), None);
     assert_eq!(retry_after_ms(&[("Retry-After".into(), " 3 ".into())]), Some(3000));
@@ -761,13 +732,11 @@ fn trace_ids_and_query_parameters() {
 fn idempotent_ctx(extra: &[(&str, &str)]) -> Result<Ctx, Box<dyn std::error::Error>> {
     let mut leaves: Vec<(&str, &str)> = vec![("role", "idempotent"), ("scope", "pay")];
     leaves.extend_from_slice(extra);
-    let get = |k: &str| leaves.iter().rev().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
-    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
-    Ok(Ctx { config: config()?, policy: Rc::new(p), trace_id: "trace-1".into() })
+    Ok(testing::ctx(&config()?, &testing::route(&leaves)?, "trace-1"))
 }
 
 fn program(key: Option<&str>, c: Ctx) -> Result<(Machine, Step), Box<dyn std::error::Error>> {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let h = RequestHead { idempotency_key: key.map(str::to_owned), path: "/v1/charges".into(), ..head(None) };
     let (mut m, first) = Machine::start(c, &h, false, &mut env);
     assert!(
@@ -803,7 +772,7 @@ fn client_keys_name_operations_per_subject_and_scope() -> TestResult {
         serde_json::from_slice(call(&bare).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
     assert_eq!(bare_req.key, req.key);
     assert_eq!(bare_req.param_hash, req.param_hash, "the whole request is the payload when nothing is bound");
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let step = m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
     assert!(step.effects.contains(&Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, req.key.to_string())));
     Ok(())
@@ -827,14 +796,14 @@ fn programs_get_the_drafts_answers_as_problems() -> TestResult {
     ];
     for (a, http, kind, retry_after) in cases {
         let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[])?)?;
-        let step = m.on_callout(&answer(200, a.clone()), &mut FixedEnv { now: 999 })?;
+        let step = m.on_callout(&answer(200, a.clone()), &mut FixedEnv::at(999, NONCE))?;
         let (status, t, retry) = problem_of(&step)?;
         assert_eq!((status, t.ends_with(kind), retry.is_some()), (http, true, retry_after), "{a}: {t}");
     }
     // A completed operation is its original answer, byte for byte.
     let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[])?)?;
     let done = json!({"outcome": "DONE", "result": {"status": 201, "headers": [["content-type", "application/json"]], "body_b64": encode_body(br#"{"id":"ch_1"}"#)}});
-    let step = m.on_callout(&answer(200, done), &mut FixedEnv { now: 999 })?;
+    let step = m.on_callout(&answer(200, done), &mut FixedEnv::at(999, NONCE))?;
     let r = step.reply().ok_or("no replay")?;
     assert_eq!((r.http_status, r.body.as_slice()), (201, br#"{"id":"ch_1"}"#.as_slice()));
     Ok(())
@@ -843,7 +812,7 @@ fn programs_get_the_drafts_answers_as_problems() -> TestResult {
 #[test]
 fn agents_on_a_client_key_route_get_the_envelope_and_202() -> TestResult {
     let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[("callers", "agents")])?)?;
-    let step = m.on_callout(&answer(200, json!({"outcome": "IN_FLIGHT"})), &mut FixedEnv { now: 999 })?;
+    let step = m.on_callout(&answer(200, json!({"outcome": "IN_FLIGHT"})), &mut FixedEnv::at(999, NONCE))?;
     assert_eq!(reply_status(&step)?, (202, "in_progress".into()));
     Ok(())
 }
@@ -857,7 +826,7 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
         Ok(Ctx { policy: Rc::new(p), ..base })
     };
     // A fingerprint caller: verified as always.
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let (mut m, _) = Machine::start(c()?, &head(Some(token(1000)?)), false, &mut env);
     let step = m.on_request_body(&body(json!(10)), &mut env)?;
     let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
@@ -872,7 +841,7 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
     // Neither: the agent's way is the one to name.
     let (mut m, _) = Machine::start(c()?, &head(None), false, &mut env);
     assert_eq!(reply_status(&m.on_request_body(&body(json!(10)), &mut env)?)?, (428, "fingerprint_missing".into()));
-    // Neither, on a route whose callers are programs: the key they can send (the README's table).
+    // Neither, on a route whose callers are programs: the key they can send (docs/programs.md's table).
     let programs = || -> Result<Ctx, Box<dyn std::error::Error>> {
         let base = c()?;
         let mut p = (*base.policy).clone();
@@ -893,9 +862,7 @@ const TOOLS: &str = r#"{"quote_transfer":{"role":"preview","scope":"pay","bind":
 
 fn mcp_ctx() -> Result<Ctx, Box<dyn std::error::Error>> {
     let leaves = [("role", "mcp"), ("tools", TOOLS)];
-    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
-    let p = parse_route_policy(&get, &RouteDefaults::default())?.ok_or("no policy")?;
-    Ok(Ctx { config: config()?, policy: Rc::new(p), trace_id: "trace-1".into() })
+    Ok(testing::ctx(&config()?, &testing::route(&leaves)?, "trace-1"))
 }
 
 fn rpc(id: Value, method: &str, params: Value) -> Vec<u8> {
@@ -921,7 +888,7 @@ fn rpc_result(step: &Step) -> Result<Value, Box<dyn std::error::Error>> {
 
 #[test]
 fn mcp_passes_what_is_not_a_guarded_tool_call() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     // Only a request without a body that is not a POST passes unread (a GET's event stream).
     let h = RequestHead { method: "GET".into(), ..head(None) };
     let (m, step) = Machine::start(mcp_ctx()?, &h, true, &mut env);
@@ -959,7 +926,7 @@ fn mcp_passes_what_is_not_a_guarded_tool_call() -> TestResult {
 #[test]
 fn mcp_preview_mints_into_the_tool_result() -> TestResult {
     for sse in [false, true] {
-        let mut env = FixedEnv { now: 100 };
+        let mut env = FixedEnv::at(100, NONCE);
         let (mut m, step) =
             mcp_start(&call_tool(json!(7), "quote_transfer", json!({"amount": "10.00", "currency": "EUR"})), &mut env)?;
         assert_eq!(step.flow, Flow::Continue, "a preview is forwarded at once");
@@ -1009,7 +976,7 @@ fn mcp_preview_mints_into_the_tool_result() -> TestResult {
 
 #[test]
 fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let args = json!({"amount": "10.00", "currency": "EUR", "fingerprint": token(1000)?, "memo": "asap"});
     let (mut m, step) = mcp_start(&call_tool(json!(3), "execute_transfer", args.clone()), &mut env)?;
     assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/acquire"));
@@ -1063,7 +1030,7 @@ fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestRes
 /// TypeScript SDK checks structuredContent against the output schema even on errors.
 #[test]
 fn mcp_replay_of_a_failure_is_an_error_without_structured_content() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let args = json!({"amount": "10.00", "currency": "EUR", "fingerprint": token(1000)?});
     let (mut m, _) = mcp_start(&call_tool(json!(3), "execute_transfer", args), &mut env)?;
     let failed =
@@ -1083,7 +1050,7 @@ fn mcp_replay_of_a_failure_is_an_error_without_structured_content() -> TestResul
 /// HTTP 400, and nothing is forwarded, whatever the body asks for.
 #[test]
 fn mcp_headers_that_contradict_the_body_are_refused_before_anything_is_forwarded() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let transfer = call_tool(json!(7), "execute_transfer", json!({"amount": "9999.00", "currency": "EUR"}));
     for (method, name) in [
         (Some("tools/list"), None),
@@ -1113,7 +1080,7 @@ fn mcp_headers_that_contradict_the_body_are_refused_before_anything_is_forwarded
 /// near-spellings, notifications, ids that are not ids, task-augmented calls, repeated headers.
 #[test]
 fn mcp_what_could_reach_a_listed_tool_is_answered_never_passed() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let args = json!({"amount": "1.00", "currency": "EUR"});
     let cases: Vec<(Vec<u8>, i64)> = vec![
         (rpc(json!(1), "Tools/Call", json!({"name": "execute_transfer", "arguments": args})), -32601),
@@ -1154,7 +1121,7 @@ fn mcp_what_could_reach_a_listed_tool_is_answered_never_passed() -> TestResult {
 
 #[test]
 fn mcp_refusals_and_tool_errors() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     // Tampered amount: a tool result with isError and the envelope, nothing called.
     let tampered = json!({"amount": "10.01", "currency": "EUR", "fingerprint": token(1000)?});
     let (_, step) = mcp_start(&call_tool(json!(4), "execute_transfer", tampered), &mut env)?;
@@ -1311,7 +1278,7 @@ fn the_head_is_read_from_every_header_entry_and_repeats_are_noted() {
         Some("x-agent-subject"),
     );
     assert_eq!(
-        (h.method.as_str(), h.path.as_str(), h.subject.as_deref(), h.fingerprint.as_deref(), h.trace_id.as_str()),
+        (h.method.as_str(), h.path.as_str(), h.subject.as_deref(), h.fingerprint.as_deref(), h.trace.id.as_str()),
         ("POST", "/v1/transfers", Some("alice"), Some("fp"), "rid-1")
     );
     assert_eq!((h.content_length, h.repeated), (Some(12), None));
@@ -1337,7 +1304,7 @@ fn the_head_is_read_from_every_header_entry_and_repeats_are_noted() {
 
 #[test]
 fn a_repeated_header_is_a_400_before_anything_is_read_or_forwarded() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     for (label, status) in [
         (FINGERPRINT_HEADER, "fingerprint_invalid"),
         (IDEMPOTENCY_KEY_HEADER, "idempotency_key_invalid"),
@@ -1351,7 +1318,7 @@ fn a_repeated_header_is_a_400_before_anything_is_read_or_forwarded() -> TestResu
         assert!(v["detail"].as_str().is_some_and(|d| d.contains(label)), "{v}");
         assert!(matches!(m, Machine::Pass) && counted(&step, Counter::RejectedHeader));
     }
-    // Programs get the README's problem.
+    // Programs get docs/programs.md's problem.
     let h = RequestHead { repeated: Some(IDEMPOTENCY_KEY_HEADER), ..head(None) };
     let (_, step) = Machine::start(idempotent_ctx(&[("callers", "programs")])?, &h, false, &mut env);
     let (status, kind, _) = problem_of(&step)?;
@@ -1361,7 +1328,7 @@ fn a_repeated_header_is_a_400_before_anything_is_read_or_forwarded() -> TestResu
 
 #[test]
 fn a_fingerprint_in_the_header_and_another_in_the_body_is_no_fingerprint() -> TestResult {
-    let mut env = FixedEnv { now: 999 };
+    let mut env = FixedEnv::at(999, NONCE);
     let fp = token(1000)?;
     let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(fp.clone())), false, &mut env);
     let body = json!({"amount": 10, "currency": "EUR", "fingerprint": format!("{fp}x")});

@@ -357,9 +357,14 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
         ReplyKind::NeedsReview => {
             (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
         }
-        ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => {
+        ReplyKind::StatusUnavailable => {
             (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
         }
+        ReplyKind::NotExecuted => (
+            503,
+            "not-executed",
+            "The request was not executed (the upstream refused it or could not be reached); retry with the same Idempotency-Key",
+        ),
         ReplyKind::SubjectMissing => (401, "unauthenticated", "The caller could not be identified"),
         ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
         ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
@@ -390,7 +395,7 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
 }
 
 /// The `type` URIs of [`problem`] (`urn:agent-idempotency:problem:idempotency-key-reused`
-/// and so on), documented in the README. RFC 9457 allows a URI that does not
+/// and so on), documented in docs/programs.md. RFC 9457 allows a URI that does not
 /// resolve; a URN says so plainly.
 pub const PROBLEM_BASE: &str = "urn:agent-idempotency:problem:";
 

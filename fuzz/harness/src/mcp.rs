@@ -27,11 +27,12 @@ use arbitrary::Unstructured;
 use idem_core::canonical::{self, BodyError};
 use idem_core::fingerprint::{self as fp, Claims, Expect};
 use idem_core::machine::{
-    CalloutAnswer, Ctx, Effect, Env, Flow, Machine, RequestHead, ResponseHead, Step, FINGERPRINT_HEADER,
+    CalloutAnswer, Ctx, Effect, Flow, Machine, RequestHead, ResponseHead, Step, FINGERPRINT_HEADER,
 };
-use idem_core::policy::{self, LeafValue, PluginConfig, Role, RouteDefaults, RoutePolicy};
+use idem_core::policy::{PluginConfig, Role, RoutePolicy};
 use idem_core::protocol;
 use idem_core::reply::Reply;
+use idem_core::testing::{self, FixedEnv};
 use serde_json::{json, Map, Value};
 use std::rc::Rc;
 
@@ -71,29 +72,24 @@ thread_local! {
 
 fn setup() -> Setup {
     // "Z" is 0x5a: the same secret as the harness's `keyring("k1")`.
-    let text = format!(
-        r#"{{"sidecar_cluster":"idemd","keys":[{{"kid":"k1","secret":"{}"}}],"active_kid":"k1","subject":{{"header":"x-agent-subject"}},"max_body_bytes":{MAX_BODY_BYTES},"max_response_bytes":{MAX_RESPONSE_BYTES}}}"#,
-        "Z".repeat(32)
-    );
-    let config = match policy::parse_plugin_config(text.as_bytes(), &|_| None) {
+    let extra = format!(r#""max_body_bytes":{MAX_BODY_BYTES},"max_response_bytes":{MAX_RESPONSE_BYTES}"#);
+    let config = match testing::plugin_config(&"Z".repeat(32), &extra) {
         Ok(c) => c,
         Err(e) => panic!("the fixed plugin configuration is valid: {e}"),
     };
-    let leaves = [("role", "mcp".to_string()), ("tools", TOOLS.to_string())];
-    let get = |k: &str| leaves.iter().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str(v.clone()));
-    let policy = match policy::parse_route_policy(&get, &RouteDefaults::default()) {
-        Ok(Some(p)) => p,
-        other => panic!("the fixed MCP route is valid: {other:?}"),
+    let policy = match testing::route(&[("role", "mcp"), ("tools", TOOLS)]) {
+        Ok(p) => p,
+        Err(e) => panic!("the fixed MCP route is valid: {e}"),
     };
     assert_eq!(policy.role, Role::Mcp);
     for (name, role) in [(PREVIEW_TOOL, Role::Preview), (CONFIRM_TOOL, Role::Confirm), (STATUS_TOOL, Role::Status)] {
         assert_eq!(policy.tool(name).map(|t| t.role), Some(role), "{name}");
     }
-    Setup { config: Rc::new(config), policy: Rc::new(policy) }
+    Setup { config, policy }
 }
 
 fn ctx() -> Ctx {
-    SETUP.with(|s| Ctx { config: Rc::clone(&s.config), policy: Rc::clone(&s.policy), trace_id: "trace-mcp".into() })
+    SETUP.with(|s| testing::ctx(&s.config, &s.policy, "trace-mcp"))
 }
 
 fn tool(name: &str) -> Option<Rc<RoutePolicy>> {
@@ -106,19 +102,6 @@ fn verify(token: &str, expect: &Expect) -> Result<Claims, fp::VerifyError> {
 
 fn mint(exp: u64, subject: &str, scope: &str, param_hash: &str) -> String {
     SETUP.with(|s| fp::mint(&s.config.keyring, NONCE, exp, &fp::subject_hash(subject), scope, param_hash))
-}
-
-struct FixedEnv {
-    random: Option<[u8; 16]>,
-}
-
-impl Env for FixedEnv {
-    fn now_s(&self) -> u64 {
-        NOW
-    }
-    fn random16(&mut self) -> Option<[u8; 16]> {
-        self.random
-    }
 }
 
 /// The target body: the bytes raw, then as `arbitrary`'s choices.
@@ -139,7 +122,7 @@ struct Request {
 
 fn head(mcp_method: Option<String>, mcp_name: Option<String>) -> RequestHead {
     RequestHead {
-        trace_id: "trace-mcp".into(),
+        trace: idem_core::trace::Trace::of(Some("trace-mcp"), None, None),
         subject: Some(SUBJECT.into()),
         content_length: None,
         fingerprint: None,
@@ -823,7 +806,7 @@ fn raw(data: &[u8]) {
     let mut h = head(mcp_method, mcp_name);
     h.content_length = Some(body.len() as u64);
     let req = Request { head: h, body, end_of_stream: false };
-    let mut env = FixedEnv { random: Some(NONCE) };
+    let mut env = FixedEnv { now: NOW, random: Some(NONCE) };
     let (mut machine, trace) = send(&req, &mut env);
     let (want, sent) = check_request(&req, &machine, &trace);
     let id = if let Want::Tool { id, .. } = &want { id.clone() } else { Value::Null };
@@ -852,7 +835,7 @@ fn raw(data: &[u8]) {
 }
 
 fn fixed_answer(tool_name: &str, up: &Upstream) {
-    let mut env = FixedEnv { random: Some(NONCE) };
+    let mut env = FixedEnv { now: NOW, random: Some(NONCE) };
     let mut h = head(None, None);
     let body = fixed_call(tool_name);
     h.content_length = Some(body.len() as u64);
@@ -1117,7 +1100,7 @@ fn any_upstream(u: &mut Unstructured, id: &Value) -> arbitrary::Result<Upstream>
 
 fn structured(u: &mut Unstructured) -> arbitrary::Result<()> {
     let req = any_request(u)?;
-    let mut env = FixedEnv { random: if u.ratio(1, 16)? { None } else { Some(u.arbitrary()?) } };
+    let mut env = FixedEnv { now: NOW, random: if u.ratio(1, 16)? { None } else { Some(u.arbitrary()?) } };
     let (mut machine, trace) = send(&req, &mut env);
     let (want, sent) = check_request(&req, &machine, &trace);
     let id = if let Want::Tool { id, .. } = &want { id.clone() } else { Value::Null };
@@ -1156,7 +1139,7 @@ mod tests {
         assert!(!data.is_empty(), "{}", path.display());
         let (mcp_method, mcp_name, body, _) = split_raw(&data);
         let req = Request { head: head(mcp_method, mcp_name), body: fill_placeholders(body), end_of_stream: false };
-        let (machine, trace) = send(&req, &mut FixedEnv { random: Some(NONCE) });
+        let (machine, trace) = send(&req, &mut FixedEnv { now: NOW, random: Some(NONCE) });
         let (want, sent) = check_request(&req, &machine, &trace);
         match (want, sent) {
             (Want::Tool { .. }, sent) => format!("{sent:?}").split([' ', '{']).next().unwrap_or_default().to_string(),
@@ -1190,7 +1173,7 @@ mod tests {
         for sse in [false, true] {
             let framed = if sse { [b"data: ".as_slice(), answer, b"\n\n"].concat() } else { answer.to_vec() };
             let up = Upstream::ok(sse, &framed);
-            let mut env = FixedEnv { random: Some(NONCE) };
+            let mut env = FixedEnv { now: NOW, random: Some(NONCE) };
             let req = Request { head: head(None, None), body: fixed_call(CONFIRM_TOOL), end_of_stream: false };
             let (mut m, trace) = send(&req, &mut env);
             let Sent::Acquiring { claims } = check_request(&req, &m, &trace).1 else { panic!("not acquiring") };

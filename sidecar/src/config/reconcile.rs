@@ -12,6 +12,7 @@ use clap::Args;
 
 use super::TtlArgs;
 use crate::reconcile::decide::Reading;
+use crate::reconcile::target::{StatusEndpoints, KEY_PLACEHOLDER, REF_PLACEHOLDER};
 
 #[derive(Debug, Clone, Args)]
 pub struct ReconcileArgs {
@@ -75,12 +76,6 @@ pub struct ReconcileArgs {
     #[arg(long, env = "IDEM_INSTANCE_ID")]
     pub instance_id: Option<String>,
 }
-
-/// Scope → URL template (with `{key}`, `{ref}` or both), validated.
-pub type StatusEndpoints = BTreeMap<String, String>;
-
-pub const KEY_PLACEHOLDER: &str = "{key}";
-pub const REF_PLACEHOLDER: &str = "{ref}";
 
 impl ReconcileArgs {
     /// Every broken rule, each naming the setting; the endpoints when none is.

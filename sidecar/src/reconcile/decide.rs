@@ -58,9 +58,6 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// Every `decision` label, so each series exists before its first decision.
-    pub const METRICS: [&'static str; 6] = ["done", "failed", "released", "needs_review", "retry", "skipped_grace"];
-
     /// The `decision` label of `idem_reconcile_total`.
     pub fn metric(&self) -> &'static str {
         match self {
@@ -297,7 +294,7 @@ mod tests {
             Decision::Retry,
             Decision::SkipGrace,
         ];
-        assert_eq!(all.map(|d| d.metric()), Decision::METRICS);
+        assert_eq!(all.map(|d| d.metric()), crate::metrics::RECONCILE_DECISIONS);
         let answers = [
             StatusAnswer::Found { content_type: None, body: vec![] },
             StatusAnswer::NotFound,

@@ -10,10 +10,11 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::decide::StatusAnswer;
-use crate::config::reconcile::StatusEndpoints;
+use super::target::StatusEndpoints;
+use crate::store::record::MAX_RESULT_BYTES;
 
 /// The largest record accepted: the same bound as a stored result.
-const MAX_RECORD_BYTES: usize = crate::api::MAX_BODY_BYTES;
+const MAX_RECORD_BYTES: usize = MAX_RESULT_BYTES;
 
 pub struct StatusClient {
     http: reqwest::Client,

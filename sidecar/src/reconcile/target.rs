@@ -12,8 +12,16 @@
 //!   the request still names the same resource); on a `{ref}`-only template
 //!   it cannot be asked.
 
-use crate::config::reconcile::{KEY_PLACEHOLDER, REF_PLACEHOLDER};
+use std::collections::BTreeMap;
+
 use crate::store::record::Record;
+
+/// Scope → URL template (with `{key}`, `{ref}` or both), validated by `idemd serve`'s
+/// configuration.
+pub type StatusEndpoints = BTreeMap<String, String>;
+
+pub const KEY_PLACEHOLDER: &str = "{key}";
+pub const REF_PLACEHOLDER: &str = "{ref}";
 
 /// What a lookup is keyed by, for the evidence in the audit line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

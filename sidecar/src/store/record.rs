@@ -4,6 +4,11 @@
 
 use idem_core::protocol::{OpState, StoredResult};
 
+/// The most one stored result (or a status record read in its place) may be: replayed bodies
+/// travel base64 inside JSON, and this bounds what one costs in Redis and SQL. The API's body
+/// limit is the same bound.
+pub const MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
+
 /// One row of `idem_record`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {

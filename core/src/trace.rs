@@ -1,0 +1,237 @@
+//! A request's trace, as its replies name it and as its callouts carry it (DESIGN §8).
+//!
+//! The filter makes no spans of its own: idemd's span for a callout is a child of the span the
+//! request is in. Envoy's connection manager does not write its span into the request's headers
+//! before the filter chain (its router does, for the upstream, after every filter), so:
+//!
+//! * the native module asks Envoy for the stream's active span (the dynamic-module ABI has it):
+//!   idemd's spans are children of Envoy's;
+//! * the `.wasm` cannot (proxy-wasm has no span access, envoy#22028): the request's own
+//!   `traceparent` is continued, so idemd's spans share Envoy's trace id and are siblings of
+//!   Envoy's span under the caller's;
+//! * when nobody traces, the callouts start a trace whose id is the one the replies carry, so an
+//!   operator who reads `trace_id` in an answer finds the same id in idemd's spans.
+
+use sha2::{Digest, Sha256};
+
+/// Longest `tracestate` passed on (W3C: 32 members of at most 256 bytes, plus commas); a longer
+/// one is dropped whole, as the spec allows, rather than cut mid-member.
+const TRACESTATE_MAX: usize = 32 * 257;
+
+/// Longest trace id a reply or log line carries.
+const TRACE_ID_MAX: usize = 128;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trace {
+    /// What replies and log lines call `trace_id`: `x-request-id`, else the trace id of the
+    /// request's `traceparent`.
+    pub id: String,
+    /// The request's `traceparent`, valid or not (checked when a callout needs it: a preview
+    /// makes none and pays nothing).
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+    /// The span the host says the request is in (Envoy's, on the native module).
+    span: Option<HostSpan>,
+}
+
+/// A span of the host's tracer, as its ids read: hex, a trace id of 32 digits (or 16, Zipkin's
+/// short form) and a span id of 16.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpan {
+    pub trace_id: String,
+    pub span_id: String,
+}
+
+impl Trace {
+    pub fn of(x_request_id: Option<&str>, traceparent: Option<&str>, tracestate: Option<&str>) -> Trace {
+        let id = match x_request_id.filter(|id| !id.is_empty()) {
+            Some(id) => clip(id, TRACE_ID_MAX),
+            None => traceparent.and_then(|tp| tp.split('-').nth(1)).map_or("", |id| clip(id, TRACE_ID_MAX)),
+        };
+        Trace {
+            id: id.to_string(),
+            traceparent: traceparent.map(str::to_string),
+            tracestate: tracestate.filter(|s| !s.is_empty() && s.len() <= TRACESTATE_MAX).map(str::to_string),
+            span: None,
+        }
+    }
+
+    /// The request is in the host's `span`: callouts become its children. A span whose ids are
+    /// not W3C ids is ignored.
+    pub fn within(mut self, span: Option<HostSpan>) -> Trace {
+        self.span = span.and_then(|s| {
+            let trace_id = if s.trace_id.len() == 16 { format!("{:0>32}", s.trace_id) } else { s.trace_id };
+            let tp = valid_traceparent(&format!(
+                "00-{}-{}-01",
+                trace_id.to_ascii_lowercase(),
+                s.span_id.to_ascii_lowercase()
+            ))?;
+            let mut parts = tp.split('-').skip(1);
+            Some(HostSpan { trace_id: parts.next()?.to_string(), span_id: parts.next()?.to_string() })
+        });
+        self
+    }
+
+    /// The headers every callout of this request carries: `x-request-id` (idemd's log lines),
+    /// `traceparent` (a child of the host's span; else the request's own when it is valid; else a
+    /// new trace named after `id`) and the request's `tracestate` when its `traceparent` is one
+    /// to continue. None when the request has no id at all (a host's own calls: renewals).
+    pub fn callout_headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::with_capacity(3);
+        if !self.id.is_empty() {
+            headers.push(("x-request-id", self.id.clone()));
+        }
+        let request = self.traceparent.as_deref().and_then(valid_traceparent);
+        let traceparent = match (&self.span, &request) {
+            (Some(span), _) => {
+                // The request's sampling decision, when Envoy continued the request's trace.
+                let flags = request
+                    .as_deref()
+                    .filter(|tp| tp.get(3..35) == Some(span.trace_id.as_str()))
+                    .and_then(|tp| tp.get(53..55))
+                    .unwrap_or("01");
+                Some(format!("00-{}-{}-{flags}", span.trace_id, span.span_id))
+            }
+            (None, Some(tp)) => Some(tp.clone()),
+            (None, None) => (!self.id.is_empty()).then(|| new_traceparent(&self.id)),
+        };
+        if let Some(tp) = traceparent {
+            headers.push(("traceparent", tp));
+        }
+        if let (Some(_), Some(ts)) = (&request, &self.tracestate) {
+            headers.push(("tracestate", ts.clone()));
+        }
+        headers
+    }
+}
+
+/// The request's `traceparent` as version 00 when it is one the W3C spec says to continue: a
+/// known layout, lowercase hex, neither id all zeros, not version `ff`. A later version is read
+/// by its version-00 fields, as the spec says, and passed on as 00.
+fn valid_traceparent(tp: &str) -> Option<String> {
+    let mut parts = tp.trim().splitn(5, '-');
+    let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let later_fields = parts.next();
+    let hex =
+        |s: &str, len: usize| s.len() == len && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+    let zero = |s: &str| s.bytes().all(|c| c == b'0');
+    let fields_ok = hex(version, 2) && hex(trace, 32) && hex(parent, 16) && hex(flags, 2);
+    let version_ok = version != "ff" && (version != "00" || later_fields.is_none());
+    (fields_ok && version_ok && !zero(trace) && !zero(parent)).then(|| format!("00-{trace}-{parent}-{flags}"))
+}
+
+/// A new, sampled trace for a request nobody traces: its trace id is `id` itself when that is
+/// one (a UUID `x-request-id` without its dashes), else a digest of it; the parent id (there is
+/// no parent span) is a digest too, so retries of one request id name one trace.
+fn new_traceparent(id: &str) -> String {
+    let digest = Sha256::digest(id.as_bytes());
+    let undashed = id.replace('-', "").to_ascii_lowercase();
+    let is_trace_id =
+        undashed.len() == 32 && undashed.bytes().all(|c| c.is_ascii_hexdigit()) && !undashed.bytes().all(|c| c == b'0');
+    let trace = if is_trace_id { undashed } else { hex::encode(digest.iter().take(16).copied().collect::<Vec<u8>>()) };
+    let mut parent: Vec<u8> = digest.iter().skip(16).take(8).copied().collect();
+    if parent.iter().all(|b| *b == 0) {
+        parent = vec![0, 0, 0, 0, 0, 0, 0, 1];
+    }
+    format!("00-{trace}-{}-01", hex::encode(parent))
+}
+
+/// At most `max` bytes, on a character boundary.
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    s.get(..end).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn header<'a>(h: &'a [(&'static str, String)], name: &str) -> Option<&'a str> {
+        h.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn the_id_is_the_request_id_else_the_traceparents_trace() {
+        assert_eq!(Trace::of(Some("abc"), Some(TP), None).id, "abc");
+        assert_eq!(Trace::of(None, Some(TP), None).id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(Trace::of(Some(""), None, None).id, "");
+        assert_eq!(Trace::of(Some(&"é".repeat(100)), None, None).id.len(), 128);
+    }
+
+    #[test]
+    fn a_valid_traceparent_is_continued_with_its_tracestate() {
+        let h = Trace::of(Some("rid"), Some(TP), Some("vendor=x")).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some(TP));
+        assert_eq!(header(&h, "tracestate"), Some("vendor=x"));
+        assert_eq!(header(&h, "x-request-id"), Some("rid"));
+        // A later version is read by its 00 prefix and passed on as 00.
+        let later = format!("cc{}-extra", &TP[2..]);
+        let h = Trace::of(Some("rid"), Some(&later), None).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some(TP));
+    }
+
+    #[test]
+    fn an_invalid_traceparent_starts_a_trace_named_after_the_request_id() {
+        let rid = "0AF7651916CD43DD-8448-EB211C80319C"; // not a UUID layout, but 32 hex undashed
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "garbage",
+        ] {
+            let h = Trace::of(Some(rid), Some(bad), Some("vendor=x")).callout_headers();
+            let tp = header(&h, "traceparent").unwrap_or_default();
+            assert!(tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-"), "{bad} → {tp}");
+            assert!(valid_traceparent(tp).is_some(), "{tp}");
+            assert_eq!(header(&h, "tracestate"), None, "a tracestate without its traceparent is dropped");
+        }
+    }
+
+    #[test]
+    fn a_request_id_that_is_no_trace_id_names_one_by_digest() {
+        let a = Trace::of(Some("req-1"), None, None).callout_headers();
+        let b = Trace::of(Some("req-1"), None, None).callout_headers();
+        let c = Trace::of(Some("req-2"), None, None).callout_headers();
+        let tp = header(&a, "traceparent").unwrap_or_default();
+        assert!(valid_traceparent(tp).is_some(), "{tp}");
+        assert!(tp.ends_with("-01"), "a new trace is sampled: {tp}");
+        assert_eq!(header(&a, "traceparent"), header(&b, "traceparent"), "one request id, one trace");
+        assert_ne!(header(&a, "traceparent"), header(&c, "traceparent"));
+    }
+
+    #[test]
+    fn inside_the_hosts_span_callouts_are_its_children() {
+        let envoy =
+            HostSpan { trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(), span_id: "aaaabbbbccccdddd".into() };
+        // Envoy continued the caller's trace: the caller's sampling decision and tracestate stay.
+        let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        let h = Trace::of(Some("rid"), Some(unsampled), Some("vendor=x")).within(Some(envoy.clone())).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-aaaabbbbccccdddd-00"));
+        assert_eq!(header(&h, "tracestate"), Some("vendor=x"));
+        // Envoy started the trace: sampled, and no tracestate without a traceparent to go with it.
+        let h = Trace::of(Some("rid"), None, Some("vendor=x")).within(Some(envoy)).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-aaaabbbbccccdddd-01"));
+        assert_eq!(header(&h, "tracestate"), None);
+        // Zipkin's 64-bit trace ids are padded; ids that are not hex are no span at all.
+        let short = HostSpan { trace_id: "00f067aa0ba902b7".into(), span_id: "AAAABBBBCCCCDDDD".into() };
+        let h = Trace::of(Some("rid"), None, None).within(Some(short)).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some("00-000000000000000000f067aa0ba902b7-aaaabbbbccccdddd-01"));
+        let bogus = HostSpan { trace_id: "nothex".into(), span_id: "x".into() };
+        let h = Trace::of(Some("rid"), Some(TP), None).within(Some(bogus)).callout_headers();
+        assert_eq!(header(&h, "traceparent"), Some(TP));
+    }
+
+    #[test]
+    fn no_id_no_headers() {
+        assert!(Trace::default().callout_headers().is_empty());
+        assert!(Trace::of(None, Some("garbage"), None).callout_headers().iter().all(|(n, _)| *n != "traceparent"));
+    }
+}
