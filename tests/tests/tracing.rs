@@ -139,6 +139,9 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd() -> Tes
     let parent = callout_parent(envoy, &agent)?;
     let acquire = idemd_span(&spans, "idemd acquire", &agent, parent)?;
     assert_eq!(acquire.kind, 2, "idemd's API span is a server span");
+    // The request id joins them too (docs/operations.md, "Traces"): Envoy's tag, idemd's `trace_id`.
+    let request_id = envoy.attribute("guid:x-request-id");
+    assert!(request_id.is_some() && request_id == acquire.attribute("trace_id"), "{envoy:?}\n{acquire:?}");
     idemd_span(&spans, "idemd complete", &agent, parent)?;
 
     // A replay from the filter's cache: Envoy's span, no callout, so no idemd span in its trace.
