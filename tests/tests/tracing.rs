@@ -185,3 +185,41 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd() -> Tes
     assert_eq!(counts(&stack).await?.0, 1, "one execution");
     Ok(())
 }
+
+/// An agent that sends no `traceparent`: Envoy starts the trace. With the native module idemd's spans are still
+/// children of Envoy's; the `.wasm` cannot see Envoy's span, so its callouts start a trace named after the
+/// request id the replies carry (`x-request-id` without its dashes), which Envoy's span names in its tag.
+#[tokio::test]
+async fn without_a_traceparent_the_request_id_names_idemds_trace() -> TestResult {
+    let receiver = OtlpReceiver::start().await?;
+    let stack = traced_stack(&receiver).await?;
+    let (_, fp) = stack.preview(json!("71.00")).await?;
+    let confirm =
+        stack.post("/v1/transfers", SUBJECT, &transfer(json!("71.00"), "m"), &[("agent-fingerprint", &fp)]).await?;
+    assert_eq!(confirm.status, 201, "{confirm:?}");
+    let spans = receiver
+        .wait_for(WITHIN, "idemd's acquire and Envoy's span of the same request id", |s| {
+            s.iter().filter(|a| a.name == "idemd acquire").any(|a| {
+                s.iter()
+                    .any(|e| e.service == ENVOY_SERVICE && e.attribute("guid:x-request-id") == a.attribute("trace_id"))
+            })
+        })
+        .await?;
+    let acquire = spans.iter().find(|s| s.name == "idemd acquire").ok_or("no acquire span")?;
+    let request_id = acquire.attribute("trace_id").ok_or("no trace_id attribute")?;
+    let envoy = spans
+        .iter()
+        .find(|e| e.service == ENVOY_SERVICE && e.attribute("guid:x-request-id") == Some(request_id))
+        .ok_or("no Envoy span of the request")?;
+    assert_eq!(envoy.parent, "", "Envoy started the trace: {envoy:?}");
+    if FilterHost::current()?.is_native() {
+        assert_eq!(
+            (acquire.trace_id.as_str(), acquire.parent.as_str()),
+            (envoy.trace_id.as_str(), envoy.span_id.as_str())
+        );
+    } else {
+        assert_eq!(acquire.trace_id, request_id.replace('-', ""), "the trace is named after the request id");
+        assert_ne!(acquire.trace_id, envoy.trace_id, "Envoy's own trace id is its tracer's");
+    }
+    Ok(())
+}
