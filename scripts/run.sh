@@ -3,7 +3,7 @@
 # `scripts/run.sh --walkthrough` (after `make build`) runs every step of the walkthrough itself, prints what
 # each answered, and stops the three.
 # Embedded default: idemd on SQLite under ./data, no Redis. Set IDEM_REDIS_URL
-# and/or IDEM_DATABASE_URL to use real stores (see README). IDEM_HOST=native runs the
+# and/or IDEM_DATABASE_URL to use real stores (docs/configuration.md). IDEM_HOST=native runs the
 # native dynamic module (envoy/native.yaml) instead of the .wasm.
 set -euo pipefail
 mode=show

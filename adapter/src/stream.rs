@@ -105,6 +105,7 @@ impl<H: Host> Stream<H> {
                 // A guarded route with a broken annotation must not run unprotected.
                 let trace = self.read_trace_id();
                 let reply = machine::misconfigured(cfg, &trace);
+                self.host.count(Counter::RejectedMisconfigured);
                 self.host.send_reply(reply.http_status, &reply.headers, &reply.body);
                 return Action::Pause;
             }

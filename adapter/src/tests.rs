@@ -496,6 +496,7 @@ fn a_broken_annotation_never_runs_unguarded() -> TestResult {
     let mut s = Stream::new(shared()?, fake);
     assert_eq!(s.on_request_headers(false), Action::Pause);
     assert_eq!(s.host().replies.first().map(|r| r.0), Some(503));
+    assert_eq!(s.host().counters, vec![Counter::RejectedMisconfigured], "an operator sees it (IdemRouteMisconfigured)");
     Ok(())
 }
 

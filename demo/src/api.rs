@@ -1,9 +1,9 @@
 //! HTTP endpoints of the transfers service, including the fault injection
 //! the end-to-end tests use to make it misbehave on purpose.
 
-use crate::mcp;
+use crate::app::App;
 use crate::server::Hangup;
-use crate::store::{Inserted, NewRecord, Store};
+use crate::store::{Inserted, NewRecord};
 use crate::transfer::{self, TransferRequest};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -12,47 +12,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
-pub struct Config {
-    /// Deduplicate confirms on `Idempotency-Key` (off: `--no-dedup`).
-    pub dedup: bool,
-    /// Read `Idempotency-Key` at all (off: `--no-keys`, a downstream without key support: every
-    /// confirm executes, found again only by its `client_ref`).
-    pub keys: bool,
-    /// Honour the `x-demo-*` fault headers (`--faults`).
-    pub faults: bool,
-    /// Where `x-demo-hold-after-commit` writes and waits for its files (`--fault-dir`).
-    pub fault_dir: PathBuf,
-    /// Serve the MCP endpoints (`crate::mcp`; off: `--no-mcp`).
-    pub mcp: bool,
-}
-
-/// What every handler, REST or MCP, works on.
-#[derive(Clone)]
-pub(crate) struct App {
-    pub(crate) store: Store,
-    pub(crate) config: Arc<Config>,
-}
-
-pub fn router(store: Store, config: Config) -> Router {
-    let app = App { store, config: Arc::new(config) };
-    let rest = Router::new()
+/// The REST routes; `crate::router` adds the MCP endpoints beside them.
+pub fn router(app: App) -> Router {
+    Router::new()
         .route("/healthz", get(|| async { Json(json!({ "ok": true })) }))
         .route("/v1/transfers/preview", post(preview))
         .route("/v1/transfers", post(confirm))
         .route("/v1/transfers/by-key/{idempotency_key}", get(by_key))
         .route("/v1/transfers/by-ref/{client_ref}", get(by_ref))
         .route("/v1/executions", get(executions))
-        .with_state(app.clone());
-    if app.config.mcp {
-        rest.merge(mcp::router(app))
-    } else {
-        rest
-    }
+        .with_state(app)
 }
 
 async fn preview(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {

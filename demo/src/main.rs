@@ -1,8 +1,11 @@
 //! `demo`: the stand-in business service (transfers) behind Envoy in the
-//! walkthrough and the end-to-end tests. See `api` for the endpoints.
+//! walkthrough and the end-to-end tests. See `api` for the endpoints,
+//! `mcp` for the MCP server and `router` for how they are served together.
 
 mod api;
+mod app;
 mod mcp;
+mod router;
 mod server;
 mod store;
 mod transfer;
@@ -59,9 +62,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
 
     let store = store::Store::open(&cli.db).await?;
-    let router = api::router(
+    let router = router::router(
         store,
-        api::Config {
+        app::Config {
             dedup: !cli.no_dedup,
             keys: !cli.no_keys,
             faults: cli.faults,

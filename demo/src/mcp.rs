@@ -20,7 +20,8 @@
 //! no `structuredContent` (it would not conform to the tool's `outputSchema`).
 //! See `demo/MCP-WIRE.md` for the bytes on the wire.
 
-use crate::api::{self, App, Confirmed, Faults};
+use crate::api::{self, Confirmed, Faults};
+use crate::app::App;
 use crate::server::Hangup;
 use crate::transfer::TransferRequest;
 use axum::body::{Body, Bytes};

@@ -64,7 +64,7 @@ pub struct ServeArgs {
 
     /// How often idemd asks both stores and the backlog, traffic or not, for
     /// the gauges alerts read (`idem_sql_up`, `idem_redis_up`, `idem_in_flight`,
-    /// `idem_in_flight_overdue_seconds`, `idem_needs_review`).
+    /// `idem_in_flight_overdue_seconds`, `idem_needs_review_backlog`).
     #[arg(long, env = "IDEM_PROBE_INTERVAL_MS", default_value_t = 5_000)]
     pub probe_interval_ms: u64,
 

@@ -3,7 +3,7 @@
 //! Every outcome is counted, not only errors: a rising IN_FLIGHT or
 //! PARAM_MISMATCH share is what an operator alerts on, and the fallback
 //! counter plus the two `_up` gauges say which store is carrying the load.
-//! `idem_needs_review` is the backlog a person has to work through: alert
+//! `idem_needs_review_backlog` is the backlog a person has to work through: alert
 //! when it is not zero. `idem_security_events_total{kind}` counts tampering,
 //! another subject's fingerprints and forgeries: alert when it rises.
 //! `idem_in_flight_overdue_seconds` says how long ago the lease of the
@@ -185,7 +185,7 @@ impl Metrics {
             lookups.clone(),
         );
         registry.register(
-            "idem_needs_review",
+            "idem_needs_review_backlog",
             "Operations waiting for a person (NEEDS_REVIEW rows), as of the last store probe or reconciler pass",
             needs_review.clone(),
         );

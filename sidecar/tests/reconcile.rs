@@ -296,7 +296,7 @@ async fn lookup_failures_retry_then_need_review(fx: &Fixture) {
     assert!(history[3].why.contains("after 3 attempts") && history[3].why.contains("answered 500"), "{history:?}");
     let slow_why = &store.sql().history(slow).await.expect("history")[3].why;
     assert!(slow_why.contains("no answer within 300 ms"), "{slow_why}");
-    assert!(metric(&store, "idem_needs_review 2"), "{}", store.metrics().encode());
+    assert!(metric(&store, "idem_needs_review_backlog 2"), "{}", store.metrics().encode());
     // Each lookup counted by its scope and result (the alert on failing lookups reads these).
     let lookups = |result: &str| format!("idem_reconcile_lookups_total{{scope=\"{SCOPE}\",result=\"{result}\"}}");
     assert!(metric(&store, &format!("{} 6", lookups("failed"))), "{}", store.metrics().encode());
@@ -329,7 +329,7 @@ async fn the_probe_reports_the_backlog_without_a_reconciler(fx: &Fixture) {
     let backlog = backlog.expect("the backlog");
     assert_eq!((backlog.in_flight, backlog.overdue_ms, backlog.needs_review), (1, 0, 2), "{rows:?}");
     assert!(metric(&store, "idem_in_flight 1") && metric(&store, "idem_in_flight_overdue_seconds 0"));
-    assert!(metric(&store, "idem_needs_review 2"), "{}", store.metrics().encode());
+    assert!(metric(&store, "idem_needs_review_backlog 2"), "{}", store.metrics().encode());
 }
 
 /// An upstream with its own schema, declared per scope: `{"state":"SETTLED"}`

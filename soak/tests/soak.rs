@@ -3,7 +3,7 @@
 
 use idem_e2e::{validate_envoy_config, TestResult};
 
-/// The seed of the run `make test` does (any seed must pass; this one is printed in the README's figures).
+/// The seed of the run `make test` does (any seed must pass; this one is printed in docs/soak.md's figures).
 const SEED: u64 = 20_261_130;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,7 @@ pub mod bypass;
 pub mod filter_host;
 pub mod http2;
 pub mod istio;
+pub mod markdown;
 pub mod prometheus;
 pub mod wire;
 pub use filter_host::FilterHost;

@@ -64,20 +64,6 @@ fn alert_rules() -> Result<Vec<Yaml>, BoxError> {
     Ok(seq(&rules, "groups").iter().flat_map(|g| seq(g, "rules")).filter(|r| r.get("alert").is_some()).collect())
 }
 
-/// GitHub's anchor of a Markdown heading: lower case, spaces to hyphens, other punctuation dropped.
-fn anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter_map(|c| match c {
-            ' ' => Some('-'),
-            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
-            _ => None,
-        })
-        .collect()
-}
-
 fn run(cmd: &mut Command) -> Result<String, BoxError> {
     let out = cmd.output()?;
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -103,8 +89,7 @@ fn promtool_checks_the_rules_and_runs_their_unit_tests() -> TestResult {
 #[test]
 fn every_alert_has_its_runbook_entry_and_a_firing_and_a_quiet_unit_test() -> TestResult {
     let runbook = std::fs::read_to_string(repo_root().join("docs/operations.md"))?;
-    let anchors: Vec<String> =
-        runbook.lines().filter_map(|l| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect();
+    let anchors = idem_e2e::markdown::anchors(&runbook);
     let tests = yaml(&observability("alerts.test.yaml"))?;
     let cases: Vec<Yaml> = seq(&tests, "tests").iter().flat_map(|t| seq(t, "alert_rule_test")).collect();
     let rules = alert_rules()?;
@@ -117,7 +102,7 @@ fn every_alert_has_its_runbook_entry_and_a_firing_and_a_quiet_unit_test() -> Tes
         }
         let url = text(rule, &["annotations", "runbook_url"]);
         let target = url.strip_prefix("docs/operations.md#").ok_or_else(|| format!("{name}: runbook_url {url:?}"))?;
-        assert!(anchors.iter().any(|a| a == target), "{name}: docs/operations.md has no heading for #{target}");
+        assert!(anchors.contains(target), "{name}: docs/operations.md has no heading for #{target}");
         assert!(runbook.contains(&format!("`{name}`")) || runbook.contains(name), "{name}: not in the runbook");
         let of_this: Vec<&Yaml> = cases.iter().filter(|c| text(c, &["alertname"]) == name).collect();
         assert!(of_this.iter().any(|c| !seq(c, "exp_alerts").is_empty()), "{name}: no unit test where it fires");

@@ -247,10 +247,12 @@ pub enum Counter {
     SecurityUnknownKid,
     LeaseRenewals,
     LeasesLost,
+    /// A guarded route whose annotation does not parse: every call refused (503), none forwarded.
+    RejectedMisconfigured,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 30] = [
         Counter::Minted,
         Counter::Verified,
         Counter::RejectedMissing,
@@ -280,6 +282,7 @@ impl Counter {
         Counter::SecurityUnknownKid,
         Counter::LeaseRenewals,
         Counter::LeasesLost,
+        Counter::RejectedMisconfigured,
     ];
 
     pub fn name(self) -> &'static str {
@@ -313,6 +316,7 @@ impl Counter {
             Counter::SecurityUnknownKid => "idem.security.unknown_kid",
             Counter::LeaseRenewals => "idem.lease_renewals",
             Counter::LeasesLost => "idem.leases_lost",
+            Counter::RejectedMisconfigured => "idem.rejected.misconfigured_route",
         }
     }
 }

@@ -65,7 +65,7 @@ pub(crate) struct Opts {
     pub(crate) conns: usize,
     pub(crate) warmup: f64,
     /// Only the cases without idemd (unannotated, preview), on the SQLite stack: a quick look
-    /// while changing the filter's hot paths. The README's figures come from full runs.
+    /// while changing the filter's hot paths. The figures in docs/performance.md come from full runs.
     pub(crate) proxy_only: bool,
 }
 
