@@ -36,8 +36,9 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -79,7 +80,9 @@ pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
         .route("/v1/renew", post(renew))
         .route("/v1/operations/{key}", get(operation))
         .route("/v1/security-events", post(security_event))
-        .route_layer(axum::middleware::from_fn_with_state(auth, require_token));
+        .route_layer(axum::middleware::from_fn_with_state(auth, require_token))
+        // Outermost: a refused call is traced too.
+        .route_layer(axum::middleware::from_fn(traced));
     Router::new()
         .merge(guarded)
         .route("/healthz", get(healthz))
@@ -88,7 +91,7 @@ pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
         .with_state(store)
 }
 
-async fn acquire(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn acquire(State(store): State<Arc<Store>>, body: Bytes) -> Response {
     let req: AcquireRequest = match parse(&body) {
         Ok(r) => r,
         Err(why) => return bad_request(why),
@@ -96,7 +99,7 @@ async fn acquire(State(store): State<Arc<Store>>, headers: HeaderMap, body: Byte
     if let Err(why) = check_acquire(&req) {
         return bad_request(why);
     }
-    let answer = store.acquire(&req).instrument(request_span("acquire", &headers)).await;
+    let answer = store.acquire(&req).await;
     let status = match answer.outcome {
         AcquireOutcome::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
@@ -104,27 +107,27 @@ async fn acquire(State(store): State<Arc<Store>>, headers: HeaderMap, body: Byte
     (status, Json(answer)).into_response()
 }
 
-async fn complete(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn complete(State(store): State<Arc<Store>>, body: Bytes) -> Response {
     let req: CompleteRequest = match parse(&body) {
         Ok(r) => r,
         Err(why) => return bad_request(why),
     };
     // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
-    let answer = store.complete(&req).instrument(request_span("complete", &headers)).await;
+    let answer = store.complete(&req).await;
     (ack_status(answer.outcome), Json(answer)).into_response()
 }
 
-async fn release(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn release(State(store): State<Arc<Store>>, body: Bytes) -> Response {
     let req: ReleaseRequest = match parse(&body) {
         Ok(r) => r,
         Err(why) => return bad_request(why),
     };
     // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
-    let answer = store.release(&req).instrument(request_span("release", &headers)).await;
+    let answer = store.release(&req).await;
     (ack_status(answer.outcome), Json(answer)).into_response()
 }
 
-async fn renew(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn renew(State(store): State<Arc<Store>>, body: Bytes) -> Response {
     let req: RenewRequest = match parse(&body) {
         Ok(r) => r,
         Err(why) => return bad_request(why),
@@ -135,7 +138,7 @@ async fn renew(State(store): State<Arc<Store>>, headers: HeaderMap, body: Bytes)
     if req.leases.len() > MAX_RENEWALS {
         return bad_request(format!("at most {MAX_RENEWALS} leases per renewal"));
     }
-    match store.renew(&req).instrument(request_span("renew", &headers)).await {
+    match store.renew(&req).await {
         Ok(answer) => (StatusCode::OK, Json(answer)).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "SQL renew failed: STORE_UNAVAILABLE");
@@ -252,12 +255,46 @@ fn bad_request(detail: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({"error": "bad_request", "detail": detail}))).into_response()
 }
 
-/// The filter's trace id, so a PARAM_MISMATCH warning can be found next to
-/// the Envoy access log line.
-fn request_span(op: &'static str, headers: &HeaderMap) -> tracing::Span {
+/// Every `/v1/*` call in one span (DESIGN §8): a child of the caller's trace
+/// context (the filter's `traceparent`) when traces are exported, the parent
+/// of each store call's span, and around every log line of the call with the
+/// filter's trace id, so a PARAM_MISMATCH warning can be found next to the
+/// Envoy access log line.
+async fn traced(path: Option<MatchedPath>, request: Request, next: Next) -> Response {
+    let span = request_span(path.as_ref().map_or("", MatchedPath::as_str), request.headers());
+    let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    response
+}
+
+fn request_span(route: &str, headers: &HeaderMap) -> tracing::Span {
+    let (op, name) = match route {
+        "/v1/acquire" => ("acquire", "idemd acquire"),
+        "/v1/complete" => ("complete", "idemd complete"),
+        "/v1/release" => ("release", "idemd release"),
+        "/v1/renew" => ("renew", "idemd renew"),
+        "/v1/operations/{key}" => ("operation", "idemd operation"),
+        "/v1/security-events" => ("security_event", "idemd security-event"),
+        _ => ("other", "idemd"),
+    };
     let trace_id =
         headers.get("x-request-id").or_else(|| headers.get("traceparent")).and_then(|v| v.to_str().ok()).unwrap_or("-");
-    tracing::info_span!("request", op, trace_id)
+    let span = tracing::info_span!(
+        "request",
+        op,
+        trace_id,
+        otel.name = name,
+        otel.kind = "server",
+        http.route = route,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::continue_trace(&span, headers);
+    span
 }
 
 /// Nonces and owner tokens: 128 bits as 32 lowercase hex chars.

@@ -68,6 +68,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_PROBE_INTERVAL_MS", default_value_t = 5_000)]
     pub probe_interval_ms: u64,
 
+    /// Export traces (OpenTelemetry, OTLP over HTTP/protobuf) to this collector: its base URL
+    /// (`http://collector:4318`, `/v1/traces` is appended) or its full traces URL. Each API call
+    /// continues the caller's W3C trace context (the filter's `traceparent`). Unset: no tracing.
+    #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     #[command(flatten)]
     pub stores: StoreArgs,
 

@@ -7,7 +7,8 @@
 //! `api` is the HTTP face; `config` the command line. In the background,
 //! `reconcile` decides operations whose executor went silent and `reaper`
 //! deletes terminal rows past the retention, and `probe` keeps the health and
-//! backlog gauges current; `ops` is the operator's CLI; `tools` generates agents'
+//! backlog gauges current; `telemetry` the logs and the optional
+//! OpenTelemetry trace export; `ops` is the operator's CLI; `tools` generates agents'
 //! tool definitions from the route annotations; `check` refuses Envoy configurations that leave a path
 //! around them.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
@@ -24,4 +25,5 @@ pub mod reconcile;
 pub mod redact;
 pub mod serve;
 pub mod store;
+pub mod telemetry;
 pub mod tools;

@@ -20,14 +20,13 @@ fn main() -> ExitCode {
                 }
                 return ExitCode::from(2);
             }
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            let telemetry = match idemd::telemetry::Telemetry::init(args.otlp_endpoint.as_deref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("idemd: refusing to start: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {
@@ -35,13 +34,18 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            match runtime.block_on(idemd::serve::run(args)) {
+            let code = match runtime.block_on(idemd::serve::run(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(failure) => {
                     eprintln!("idemd: {failure}");
                     ExitCode::from(failure.exit_code())
                 }
-            }
+            };
+            // The server has stopped: end the background tasks (their open spans end with them), then export
+            // every span still queued before exiting.
+            runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+            telemetry.shutdown();
+            code
         }
     }
 }

@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::decide::StatusAnswer;
 use super::target::StatusEndpoints;
 use crate::store::record::MAX_RESULT_BYTES;
@@ -42,15 +44,32 @@ impl StatusClient {
     }
 
     /// `url`: the scope's template filled in for this row (`target::target`).
+    /// In a span of its own (DESIGN §8) whose trace context the request carries (`traceparent`), so the
+    /// upstream's trace of the lookup joins the reconciler's.
     pub async fn lookup(&self, url: &str, key: &str) -> StatusAnswer {
-        match tokio::time::timeout(self.timeout, self.fetch(url, key)).await {
-            Ok(l) => l,
-            Err(_) => StatusAnswer::Failed(format!("no answer within {} ms", self.timeout.as_millis())),
+        let span = tracing::debug_span!(
+            "status_lookup",
+            otel.name = "reconciler status lookup",
+            otel.kind = "client",
+            answer = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let answer =
+            match tokio::time::timeout(self.timeout, self.fetch(url, key, &span)).instrument(span.clone()).await {
+                Ok(l) => l,
+                Err(_) => StatusAnswer::Failed(format!("no answer within {} ms", self.timeout.as_millis())),
+            };
+        span.record("answer", answer.metric());
+        if matches!(answer, StatusAnswer::Failed(_)) {
+            span.record("otel.status_code", "ERROR");
         }
+        answer
     }
 
-    async fn fetch(&self, url: &str, key: &str) -> StatusAnswer {
-        let mut resp = match self.http.get(url).header("idempotency-key", key).send().await {
+    async fn fetch(&self, url: &str, key: &str, span: &tracing::Span) -> StatusAnswer {
+        let mut context = reqwest::header::HeaderMap::new();
+        crate::telemetry::propagate(span, &mut context);
+        let mut resp = match self.http.get(url).header("idempotency-key", key).headers(context).send().await {
             Ok(r) => r,
             Err(e) => return StatusAnswer::Failed(format!("request failed: {}", without_url(&e))),
         };

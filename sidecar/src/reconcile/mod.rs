@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use idem_core::protocol::{OpState, TerminalState};
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use self::decide::{decide, Asked, Decision, Rules};
 use self::lookup::StatusClient;
@@ -141,7 +141,15 @@ impl Reconciler {
             while running.len() < CONCURRENCY {
                 let Some(rec) = rows.next() else { break };
                 let me = Arc::clone(self);
-                running.spawn(async move { me.settle(rec).await });
+                // One trace per row (DESIGN §8): the status lookup and the store calls are its children.
+                let span = tracing::debug_span!(
+                    "reconcile",
+                    otel.name = "idemd reconcile",
+                    key = %rec.key,
+                    scope = %rec.scope,
+                    decision = tracing::field::Empty,
+                );
+                running.spawn(async move { me.settle(rec).await }.instrument(span));
             }
             match running.join_next().await {
                 Some(Ok(outcome)) => report.count(outcome),
@@ -182,6 +190,7 @@ impl Reconciler {
             }
         };
         let (decision, why) = decide(&rec, &asked, now_ms(), &self.settings.rules);
+        tracing::Span::current().record("decision", decision.metric());
         match self.apply(&rec, &token, &decision, clip(&why, MAX_WHY)).await {
             Ok(true) => {
                 self.store.metrics().reconciled(decision.metric());

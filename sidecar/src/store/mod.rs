@@ -47,7 +47,7 @@ use idem_core::protocol::{
     OwnerToken, ReleaseRequest, RenewRequest, RenewResponse, SecurityKind, StoredResult,
 };
 use tokio::sync::Semaphore;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use self::audit::{Audit, SecurityEvent};
 use self::record::Record;
@@ -585,8 +585,13 @@ impl Store {
 
     /// One Redis call, timed and judged: its value, or `None` when SQL must answer alone.
     async fn redis_timed<T>(&self, op: &'static str, call: impl Future<Output = Result<T, RedisDown>>) -> Option<T> {
+        let span = store_span("redis", op);
         let started = Instant::now();
-        match call.await {
+        let r = call.instrument(span.clone()).await;
+        if r.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
+        match r {
             Ok(v) => {
                 self.metrics.observe("redis", op, started);
                 self.metrics.set_redis_up(true);
@@ -613,8 +618,12 @@ impl Store {
         op: &'static str,
         call: impl Future<Output = Result<T, SqlError>>,
     ) -> Result<T, SqlError> {
+        let span = store_span(self.sql.backend().name(), op);
         let started = Instant::now();
-        let r = call.await;
+        let r = call.instrument(span.clone()).await;
+        if r.is_err() {
+            span.record("otel.status_code", "ERROR");
+        }
         self.metrics.observe("sql", op, started);
         match &r {
             Ok(_) => self.metrics.set_sql_up(true),
@@ -624,6 +633,24 @@ impl Store {
         }
         r
     }
+}
+
+/// One store call's span (DESIGN §8), a child of the API call's (or the
+/// reconciler's row): `debug`, so it costs a disabled callsite unless traces are
+/// exported. Outside any span (the health probe's pings) there is none: a root
+/// trace per ping would bury the requests' traces.
+fn store_span(system: &'static str, op: &'static str) -> tracing::Span {
+    if tracing::Span::current().is_none() {
+        return tracing::Span::none();
+    }
+    tracing::debug_span!(
+        "store",
+        otel.name = %format_args!("{system} {op}"),
+        otel.kind = "client",
+        db.system.name = system,
+        db.operation.name = op,
+        otel.status_code = tracing::field::Empty,
+    )
 }
 
 fn unavailable() -> AcquireResponse {

@@ -1,0 +1,225 @@
+//! One trace across Envoy and idemd (DESIGN §8), on the committed example
+//! configuration (`envoy/envoy.yaml`, converted to the native module with
+//! `IDEM_E2E_HOST=native`): Envoy's own OpenTelemetry tracer and idemd
+//! (`--otlp-endpoint`) export to an OTLP/HTTP receiver in the test
+//! (`idem_testkit::otlp`, the real protobuf wire format).
+//!
+//! The agent sends a `traceparent` (a traced agent framework does). Envoy's
+//! span is a child of it; the filter sends the trace context on its callouts,
+//! so idemd's API spans are in the same trace: children of Envoy's span where
+//! the host gives the filter that span (the native module), of the span the
+//! request carried where it does not (the `.wasm`: proxy-wasm has no span
+//! access; Envoy's HCM does not write its span into the request's headers
+//! before the filter chain). Store calls are children of the API span.
+//!
+//! A replay is normally served from the filter's replay cache in Envoy: then
+//! there is Envoy's span and no idemd span at all, and the cache's counter
+//! says so. After an Envoy restart (an empty cache) the replay is idemd's
+//! again, and its span is in the replay's trace.
+
+use idem_e2e::*;
+use idem_testkit::otlp::{OtlpReceiver, ReceivedSpan};
+use serde_json::json;
+use std::time::Duration;
+
+/// Envoy's `service_name` in envoy/envoy.yaml and envoy/native.yaml.
+const ENVOY_SERVICE: &str = "envoy-agents";
+/// Spans of one request are all in within this (both exporters flush within 100 ms here).
+const WITHIN: Duration = Duration::from_secs(15);
+
+/// The agent's span of one call: a trace of its own per call, so each call's spans are told apart.
+struct AgentSpan {
+    trace_id: String,
+    span_id: String,
+}
+
+impl AgentSpan {
+    fn new(n: u8) -> AgentSpan {
+        let mut b = [0u8; 24];
+        getrandom::fill(&mut b).expect("random");
+        b[0] = n; // never all zero
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        AgentSpan { trace_id: hex[..32].to_string(), span_id: hex[32..].to_string() }
+    }
+
+    fn traceparent(&self) -> String {
+        format!("00-{}-{}-01", self.trace_id, self.span_id)
+    }
+}
+
+fn in_trace<'a>(spans: &'a [ReceivedSpan], trace_id: &str, service: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|s| s.trace_id == trace_id && s.service == service).collect()
+}
+
+/// Envoy's one span of the agent's call: a child of the agent's span.
+fn envoy_span<'a>(spans: &'a [ReceivedSpan], agent: &AgentSpan) -> &'a ReceivedSpan {
+    let envoy = in_trace(spans, &agent.trace_id, ENVOY_SERVICE);
+    assert_eq!(envoy.len(), 1, "one Envoy span in the call's trace: {spans:#?}");
+    assert_eq!(envoy[0].parent, agent.span_id, "Envoy's span is a child of the agent's: {:?}", envoy[0]);
+    envoy[0]
+}
+
+/// The parent idemd's API spans must have: Envoy's span where the filter can see it, else the agent's.
+fn callout_parent<'a>(envoy: &'a ReceivedSpan, agent: &'a AgentSpan) -> Result<&'a str, BoxError> {
+    Ok(if FilterHost::current()?.is_native() { &envoy.span_id } else { &agent.span_id })
+}
+
+/// idemd's `name` span in the agent's call trace, with its parent checked and its store calls as children.
+fn idemd_span<'a>(
+    spans: &'a [ReceivedSpan],
+    name: &str,
+    agent: &AgentSpan,
+    parent: &str,
+) -> Result<&'a ReceivedSpan, BoxError> {
+    let api: Vec<&ReceivedSpan> =
+        in_trace(spans, &agent.trace_id, "idemd").into_iter().filter(|s| s.name == name).collect();
+    assert_eq!(api.len(), 1, "one {name:?} span in the call's trace: {spans:#?}");
+    let api = api[0];
+    assert_eq!(api.parent, parent, "{name}'s parent (the callout's traceparent): {api:?}");
+    let store: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.parent == api.span_id).collect();
+    assert!(!store.is_empty(), "{name} has store calls as children: {spans:#?}");
+    for s in &store {
+        assert_eq!(s.trace_id, agent.trace_id, "{s:?}");
+        assert!(s.attribute("db.operation.name").is_some(), "a store call's span: {s:?}");
+    }
+    Ok(api)
+}
+
+async fn traced_stack(receiver: &OtlpReceiver) -> Result<Stack, BoxError> {
+    // idemd's batch exporter: every 100 ms here (the default is 5 s). Inherited by the idemd the stack starts.
+    std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "100");
+    let redis = backends::available("redis", &backends::redis_url())?.then(backends::redis_url);
+    let opts = StackOpts {
+        envoy_config: "envoy.yaml",
+        demo: DemoOpts { no_dedup: true, ..Default::default() },
+        sidecar: SidecarOpts {
+            redis_url: redis,
+            extra_args: vec!["--otlp-endpoint".into(), receiver.base_url()],
+            ..Default::default()
+        },
+        envoy_edits: vec![
+            // The example's collector is this test's receiver.
+            ("port_value: 4318".into(), format!("port_value: {}", receiver.port())),
+            // Envoy exports each span as it ends, not every 5 s or 5 spans.
+            (
+                "\nadmin:\n".into(),
+                "\nlayered_runtime:\n  layers:\n  - name: trace_flush\n    static_layer: \
+                 { tracing.opentelemetry.min_flush_spans: 1, tracing.opentelemetry.flush_interval_ms: 100 }\nadmin:\n"
+                    .into(),
+            ),
+            // The suite runs many stacks at once on two cores (as envoy/e2e.yaml).
+            ("\"sidecar_timeout_ms\": 2000,".into(), "\"sidecar_timeout_ms\": 5000,".into()),
+        ],
+    };
+    Stack::start(opts).await
+}
+
+#[tokio::test]
+async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd() -> TestResult {
+    let receiver = OtlpReceiver::start().await?;
+    let mut stack = traced_stack(&receiver).await?;
+    let (_, fp) = stack.preview(json!("70.00")).await?;
+    let body = transfer(json!("70.00"), "traced");
+
+    // A fresh confirm: acquire and complete, both in the agent's trace.
+    let agent = AgentSpan::new(1);
+    let tp = agent.traceparent();
+    let first =
+        stack.post("/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("traceparent", &tp)]).await?;
+    assert_eq!(first.status, 201, "{first:?}");
+    let spans = receiver
+        .wait_for(WITHIN, "Envoy's span and idemd's acquire and complete of the confirm", |s| {
+            let idemd = in_trace(s, &agent.trace_id, "idemd");
+            !in_trace(s, &agent.trace_id, ENVOY_SERVICE).is_empty()
+                && ["idemd acquire", "idemd complete"].iter().all(|n| idemd.iter().any(|s| s.name == *n))
+        })
+        .await?;
+    assert!(receiver.refused().is_empty(), "{:?}", receiver.refused());
+    let envoy = envoy_span(&spans, &agent);
+    let parent = callout_parent(envoy, &agent)?;
+    let acquire = idemd_span(&spans, "idemd acquire", &agent, parent)?;
+    assert_eq!(acquire.kind, 2, "idemd's API span is a server span");
+    // The request id joins them too (docs/operations.md, "Traces"): Envoy's tag, idemd's `trace_id`.
+    let request_id = envoy.attribute("guid:x-request-id");
+    assert!(request_id.is_some() && request_id == acquire.attribute("trace_id"), "{envoy:?}\n{acquire:?}");
+    idemd_span(&spans, "idemd complete", &agent, parent)?;
+
+    // A replay from the filter's cache: Envoy's span, no callout, so no idemd span in its trace.
+    let replay = AgentSpan::new(2);
+    let tp = replay.traceparent();
+    let cached =
+        stack.post("/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("traceparent", &tp)]).await?;
+    cached.assert_prompt("already_completed");
+    assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 1, "the replay was the cache's");
+    let spans = receiver
+        .wait_for(WITHIN, "Envoy's span of the cached replay", |s| {
+            !in_trace(s, &replay.trace_id, ENVOY_SERVICE).is_empty()
+        })
+        .await?;
+    envoy_span(&spans, &replay);
+    // idemd exports within 100 ms; give it ten times that to show up if it were called.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idemd = in_trace(&receiver.spans(), &replay.trace_id, "idemd").len();
+    assert_eq!(idemd, 0, "a cached replay makes no callout: {:#?}", receiver.spans());
+    let m = stack.idemd_metrics().await?;
+    assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "DONE")]).unwrap_or(0.0), 0.0, "{m}");
+
+    // A new Envoy has an empty cache: the replay is idemd's, in the replay's trace.
+    stack.restart_envoy().await?;
+    let through = AgentSpan::new(3);
+    let tp = through.traceparent();
+    let again =
+        stack.post("/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("traceparent", &tp)]).await?;
+    again.assert_prompt("already_completed");
+    assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 0, "the new Envoy's cache was empty");
+    let spans = receiver
+        .wait_for(WITHIN, "Envoy's span and idemd's acquire of the replay", |s| {
+            !in_trace(s, &through.trace_id, ENVOY_SERVICE).is_empty()
+                && in_trace(s, &through.trace_id, "idemd").iter().any(|s| s.name == "idemd acquire")
+        })
+        .await?;
+    let envoy = envoy_span(&spans, &through);
+    idemd_span(&spans, "idemd acquire", &through, callout_parent(envoy, &through)?)?;
+    let m = stack.idemd_metrics().await?;
+    assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "DONE")]), Some(1.0), "idemd answered the replay: {m}");
+    assert_eq!(counts(&stack).await?.0, 1, "one execution");
+    Ok(())
+}
+
+/// An agent that sends no `traceparent`: Envoy starts the trace. With the native module idemd's spans are still
+/// children of Envoy's; the `.wasm` cannot see Envoy's span, so its callouts start a trace named after the
+/// request id the replies carry (`x-request-id` without its dashes), which Envoy's span names in its tag.
+#[tokio::test]
+async fn without_a_traceparent_the_request_id_names_idemds_trace() -> TestResult {
+    let receiver = OtlpReceiver::start().await?;
+    let stack = traced_stack(&receiver).await?;
+    let (_, fp) = stack.preview(json!("71.00")).await?;
+    let confirm =
+        stack.post("/v1/transfers", SUBJECT, &transfer(json!("71.00"), "m"), &[("agent-fingerprint", &fp)]).await?;
+    assert_eq!(confirm.status, 201, "{confirm:?}");
+    let spans = receiver
+        .wait_for(WITHIN, "idemd's acquire and Envoy's span of the same request id", |s| {
+            s.iter().filter(|a| a.name == "idemd acquire").any(|a| {
+                s.iter()
+                    .any(|e| e.service == ENVOY_SERVICE && e.attribute("guid:x-request-id") == a.attribute("trace_id"))
+            })
+        })
+        .await?;
+    let acquire = spans.iter().find(|s| s.name == "idemd acquire").ok_or("no acquire span")?;
+    let request_id = acquire.attribute("trace_id").ok_or("no trace_id attribute")?;
+    let envoy = spans
+        .iter()
+        .find(|e| e.service == ENVOY_SERVICE && e.attribute("guid:x-request-id") == Some(request_id))
+        .ok_or("no Envoy span of the request")?;
+    assert_eq!(envoy.parent, "", "Envoy started the trace: {envoy:?}");
+    if FilterHost::current()?.is_native() {
+        assert_eq!(
+            (acquire.trace_id.as_str(), acquire.parent.as_str()),
+            (envoy.trace_id.as_str(), envoy.span_id.as_str())
+        );
+    } else {
+        assert_eq!(acquire.trace_id, request_id.replace('-', ""), "the trace is named after the request id");
+        assert_ne!(acquire.trace_id, envoy.trace_id, "Envoy's own trace id is its tracer's");
+    }
+    Ok(())
+}
