@@ -46,8 +46,13 @@ pub fn plugin_config(secret: &str, extra: &str) -> Result<Rc<PluginConfig>, Erro
 /// default route settings; a leaf given twice counts the last time. An unannotated route is an
 /// error here.
 pub fn route(leaves: &[(&str, &str)]) -> Result<Rc<RoutePolicy>, Error> {
+    route_with(leaves, &RouteDefaults::default())
+}
+
+/// [`route`] under a plugin configuration's route defaults (`PluginConfig::defaults`).
+pub fn route_with(leaves: &[(&str, &str)], defaults: &RouteDefaults) -> Result<Rc<RoutePolicy>, Error> {
     let get = |k: &str| leaves.iter().rev().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
-    Ok(Rc::new(parse_route_policy(&get, &RouteDefaults::default())?.ok_or("the leaves annotate no route")?))
+    Ok(Rc::new(parse_route_policy(&get, defaults)?.ok_or("the leaves annotate no route")?))
 }
 
 /// The machine's context for one stream.

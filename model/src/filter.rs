@@ -13,8 +13,9 @@ use idem_core::fingerprint::subject_hash;
 use idem_core::machine::{
     CalloutAnswer, Ctx, Effect, Env, Flow, Machine, RequestHead, ResponseHead, Step, FINGERPRINT_HEADER,
 };
-use idem_core::policy::{parse_plugin_config, parse_route_policy, LeafValue, PluginConfig, RoutePolicy};
+use idem_core::policy::{PluginConfig, RoutePolicy};
 use idem_core::protocol::LeaseRenewal;
+use idem_core::testing;
 
 use crate::config::{world, UpstreamKeys};
 
@@ -35,16 +36,13 @@ struct Policies {
 }
 
 fn policies() -> Result<Policies, String> {
-    let text = format!(
-        r#"{{"sidecar_cluster":"idemd","keys":[{{"kid":"k1","secret":"{SECRET}"}}],"active_kid":"k1",
-        "subject":{{"header":"x-agent-subject"}},
-        "defaults":{{"fingerprint_ttl_s":{},"lease_ms":{}}},
-        "replay_cache":{{"slots":4,"entry_bytes":4096,"ttl_s":{}}}}}"#,
+    let extra = format!(
+        r#""defaults":{{"fingerprint_ttl_s":{},"lease_ms":{}}},"replay_cache":{{"slots":4,"entry_bytes":4096,"ttl_s":{}}}"#,
         world::FINGERPRINT_TTL_S,
         world::LEASE_MS,
         world::RETENTION_MS / 1000
     );
-    let config = Rc::new(parse_plugin_config(text.as_bytes(), &|_| None).map_err(|e| e.to_string())?);
+    let config = testing::plugin_config(SECRET, &extra).map_err(|e| e.to_string())?;
     let defaults = config.defaults;
     let route = |leaves: &[(&str, &str)]| -> Result<Rc<RoutePolicy>, String> {
         let mut all = vec![
@@ -54,9 +52,7 @@ fn policies() -> Result<Policies, String> {
             ("result_ref", "/id"),
         ];
         all.extend_from_slice(leaves);
-        let get = |k: &str| all.iter().rev().find(|(key, _)| *key == k).map(|(_, v)| LeafValue::Str((*v).to_string()));
-        let p = parse_route_policy(&get, &defaults).map_err(|e| e.to_string())?;
-        p.map(Rc::new).ok_or_else(|| "no policy".to_string())
+        testing::route_with(&all, &defaults).map_err(|e| e.to_string())
     };
     Ok(Policies {
         preview: route(&[("role", "preview")])?,

@@ -6,6 +6,7 @@
 //! faults. [`report::check`] explores every reachable state and checks [`props`]; a
 //! [`config::Mutation`] breaks one rule so the check can show it notices.
 
+pub mod checker;
 pub mod config;
 pub mod filter;
 pub mod idemd;

@@ -6,7 +6,6 @@
 use idem_core::machine::replay_cache::{self, Entry};
 use idem_core::protocol::{encode_body, AcquireRequest, OpKey, StoredResult, TerminalState};
 use idemd::reconcile::decide::StatusAnswer;
-use stateright::Model;
 
 use crate::config::{world, Config, Mutation};
 use crate::filter::{self, Answer, Ev, Kind};
@@ -588,30 +587,4 @@ impl World {
 
 fn transfer(n: u8) -> Vec<u8> {
     format!(r#"{{"id":"T-{n}","amount":"10.00"}}"#).into_bytes()
-}
-
-impl Model for World {
-    type State = State;
-    type Action = Action;
-
-    fn init_states(&self) -> Vec<State> {
-        vec![self.initial()]
-    }
-
-    fn actions(&self, s: &State, out: &mut Vec<Action>) {
-        self.enabled(s, s.faults < self.cfg.faults, true, out);
-    }
-
-    fn next_state(&self, last: &State, action: Action) -> Option<State> {
-        self.step(last, action)
-    }
-
-    fn properties(&self) -> Vec<stateright::Property<Self>> {
-        crate::props::properties(&self.cfg)
-    }
-
-    fn format_step(&self, last: &State, action: Action) -> Option<String> {
-        let next = self.step(last, action)?;
-        Some(crate::report::describe(self, last, action, &next))
-    }
 }
