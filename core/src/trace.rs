@@ -61,13 +61,14 @@ impl Trace {
     pub fn within(mut self, span: Option<HostSpan>) -> Trace {
         self.span = span.and_then(|s| {
             let trace_id = if s.trace_id.len() == 16 { format!("{:0>32}", s.trace_id) } else { s.trace_id };
-            let tp = valid_traceparent(&format!(
-                "00-{}-{}-01",
-                trace_id.to_ascii_lowercase(),
-                s.span_id.to_ascii_lowercase()
-            ))?;
-            let mut parts = tp.split('-').skip(1);
-            Some(HostSpan { trace_id: parts.next()?.to_string(), span_id: parts.next()?.to_string() })
+            let ids = TraceParent::of_fields(
+                "00",
+                &trace_id.to_ascii_lowercase(),
+                &s.span_id.to_ascii_lowercase(),
+                "01",
+                None,
+            )?;
+            Some(HostSpan { trace_id: ids.trace_id, span_id: ids.parent_id })
         });
         self
     }
@@ -81,18 +82,15 @@ impl Trace {
         if !self.id.is_empty() {
             headers.push(("x-request-id", self.id.clone()));
         }
-        let request = self.traceparent.as_deref().and_then(valid_traceparent);
+        let request = self.traceparent.as_deref().and_then(TraceParent::parse);
         let traceparent = match (&self.span, &request) {
             (Some(span), _) => {
                 // The request's sampling decision, when Envoy continued the request's trace.
-                let flags = request
-                    .as_deref()
-                    .filter(|tp| tp.get(3..35) == Some(span.trace_id.as_str()))
-                    .and_then(|tp| tp.get(53..55))
-                    .unwrap_or("01");
+                let flags =
+                    request.as_ref().filter(|tp| tp.trace_id == span.trace_id).map_or("01", |tp| tp.flags.as_str());
                 Some(format!("00-{}-{}-{flags}", span.trace_id, span.span_id))
             }
-            (None, Some(tp)) => Some(tp.clone()),
+            (None, Some(tp)) => Some(tp.header()),
             (None, None) => (!self.id.is_empty()).then(|| new_traceparent(&self.id)),
         };
         if let Some(tp) = traceparent {
@@ -105,19 +103,40 @@ impl Trace {
     }
 }
 
-/// The request's `traceparent` as version 00 when it is one the W3C spec says to continue: a
-/// known layout, lowercase hex, neither id all zeros, not version `ff`. A later version is read
-/// by its version-00 fields, as the spec says, and passed on as 00.
-fn valid_traceparent(tp: &str) -> Option<String> {
-    let mut parts = tp.trim().splitn(5, '-');
-    let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let later_fields = parts.next();
-    let hex =
-        |s: &str, len: usize| s.len() == len && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
-    let zero = |s: &str| s.bytes().all(|c| c == b'0');
-    let fields_ok = hex(version, 2) && hex(trace, 32) && hex(parent, 16) && hex(flags, 2);
-    let version_ok = version != "ff" && (version != "00" || later_fields.is_none());
-    (fields_ok && version_ok && !zero(trace) && !zero(parent)).then(|| format!("00-{trace}-{parent}-{flags}"))
+/// A `traceparent` the W3C spec says to continue, by its version-00 fields: a known layout,
+/// lowercase hex, neither id all zeros, not version `ff`. A later version is read by its
+/// version-00 fields, as the spec says, and passed on as 00.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TraceParent {
+    trace_id: String,
+    parent_id: String,
+    flags: String,
+}
+
+impl TraceParent {
+    fn parse(tp: &str) -> Option<TraceParent> {
+        let mut parts = tp.trim().splitn(5, '-');
+        let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        TraceParent::of_fields(version, trace, parent, flags, parts.next())
+    }
+
+    fn of_fields(version: &str, trace: &str, parent: &str, flags: &str, later: Option<&str>) -> Option<TraceParent> {
+        let hex =
+            |s: &str, len: usize| s.len() == len && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+        let zero = |s: &str| s.bytes().all(|c| c == b'0');
+        let fields_ok = hex(version, 2) && hex(trace, 32) && hex(parent, 16) && hex(flags, 2);
+        let version_ok = version != "ff" && (version != "00" || later.is_none());
+        (fields_ok && version_ok && !zero(trace) && !zero(parent)).then(|| TraceParent {
+            trace_id: trace.to_string(),
+            parent_id: parent.to_string(),
+            flags: flags.to_string(),
+        })
+    }
+
+    /// As a version-00 header value.
+    fn header(&self) -> String {
+        format!("00-{}-{}-{}", self.trace_id, self.parent_id, self.flags)
+    }
 }
 
 /// A new, sampled trace for a request nobody traces: its trace id is `id` itself when that is
@@ -190,7 +209,7 @@ mod tests {
             let h = Trace::of(Some(rid), Some(bad), Some("vendor=x")).callout_headers();
             let tp = header(&h, "traceparent").unwrap_or_default();
             assert!(tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-"), "{bad} → {tp}");
-            assert!(valid_traceparent(tp).is_some(), "{tp}");
+            assert!(TraceParent::parse(tp).is_some(), "{tp}");
             assert_eq!(header(&h, "tracestate"), None, "a tracestate without its traceparent is dropped");
         }
     }
@@ -201,7 +220,7 @@ mod tests {
         let b = Trace::of(Some("req-1"), None, None).callout_headers();
         let c = Trace::of(Some("req-2"), None, None).callout_headers();
         let tp = header(&a, "traceparent").unwrap_or_default();
-        assert!(valid_traceparent(tp).is_some(), "{tp}");
+        assert!(TraceParent::parse(tp).is_some(), "{tp}");
         assert!(tp.ends_with("-01"), "a new trace is sampled: {tp}");
         assert_eq!(header(&a, "traceparent"), header(&b, "traceparent"), "one request id, one trace");
         assert_ne!(header(&a, "traceparent"), header(&c, "traceparent"));

@@ -84,7 +84,7 @@ impl envoy_buffer {
         if self.ptr.is_null() || self.len == 0 {
             return &[];
         }
-        // SAFETY: non-null, and the caller vouches for `len` readable bytes living for 'a.
+        // SAFETY: non-null, and the caller vouches for `len` readable bytes while the borrow lasts.
         unsafe { core::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
     }
 }

@@ -13,7 +13,8 @@ use crate::abi::{
     ResponseHeadersStatus, ResponseTrailersStatus,
 };
 use crate::config::{annotation_pairs, FilterConfig, RouteConfig};
-use crate::host::{resume, Direction, NativeHost};
+use crate::envoy_stream::{Direction, EnvoyStream};
+use crate::host::NativeHost;
 use crate::log::log;
 use idem_adapter::{Action, Stream};
 use idem_core::machine::{self, CalloutAnswer};
@@ -240,8 +241,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
             let Some(shared) = (unsafe { config.as_ref() }).and_then(FilterConfig::shared) else {
                 return std::ptr::null();
             };
-            // SAFETY: Envoy's pointer for this new stream; the host lives in the filter Envoy
-            // destroys with it, and is used only inside that stream's hooks.
+            // SAFETY: Envoy's pointer for this new stream; the handle lives in the filter Envoy
+            // destroys with the stream, and is used only inside that stream's hooks.
+            let envoy = unsafe { EnvoyStream::new(envoy) };
+            // SAFETY: `config` made this stream and outlives it.
             let stream = Stream::new(shared, unsafe { NativeHost::new(envoy, config) });
             Box::into_raw(Box::new(Filter { stream, failed: false, responding: false })).cast_const().cast()
         },
@@ -418,7 +421,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
             f.stream.host_mut().answer = None;
             // Last, and with `f` no longer used: Envoy re-enters this filter's hooks from inside the resume.
             if let Some(direction) = f.stream.host_mut().take_resume() {
-                resume(envoy, direction);
+                // SAFETY: the pointer Envoy handed to this hook of this live stream, used within it.
+                unsafe { EnvoyStream::new(envoy) }.resume(direction);
             }
         },
         || refuse(module),

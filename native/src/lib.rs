@@ -7,7 +7,11 @@
 //!   limited to what this module calls (see `ABI-NOTES.md`);
 //! - `hooks`: the `envoy_dynamic_module_on_*` functions Envoy calls, each
 //!   panic-safe, each handing its event to the adapter's `Stream`;
-//! - `host`: `idem_adapter::Host` implemented with the ABI's callbacks;
+//! - `envoy_stream`: Envoy's side of one stream, the one owner of its filter
+//!   pointer: every per-stream callback as a safe method, Envoy's bytes copied
+//!   before the callback returns;
+//! - `host`: `idem_adapter::Host` over an `EnvoyStream` (no `unsafe` of its own
+//!   but the configuration pointer);
 //! - `log`: Envoy's log, reachable from every other module without a circle;
 //! - `config`: the plugin configuration (the same JSON as the `.wasm`'s) and
 //!   the per-route configuration (the route annotation as JSON);
@@ -19,10 +23,12 @@
 //! takes Envoy down. So no hook lets a panic unwind into Envoy, the filter
 //! path keeps the workspace's no-unwrap/no-panic lints, and every `unsafe`
 //! block is a call into the ABI or a read of a buffer Envoy lent us for the
-//! duration of the callback.
+//! duration of the callback. A stream's pointer is vouched for once
+//! (`EnvoyStream::new`), not at every call.
 
 pub mod abi;
 mod config;
+mod envoy_stream;
 pub mod hooks;
 mod host;
 mod log;
