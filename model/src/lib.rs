@@ -12,4 +12,5 @@ pub mod filter;
 pub mod idemd;
 pub mod props;
 pub mod report;
+pub mod symmetry;
 pub mod world;
