@@ -270,7 +270,7 @@ thread_local! {
 
 /// [`rebuild`], remembered: what the host reads off the machine after `journal`.
 pub fn replayed(kind: Kind, fingerprint: &str, upstream: UpstreamKeys, journal: &[Ev]) -> Replayed {
-    let key = crate::symmetry::hash(&(kind, fingerprint, upstream, journal));
+    let key = crate::hash::hash(&(kind, fingerprint, upstream, journal));
     if let Some(r) = REPLAYS.with(|m| m.borrow().get(&key).cloned()) {
         return r;
     }

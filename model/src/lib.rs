@@ -9,6 +9,7 @@
 pub mod checker;
 pub mod config;
 pub mod filter;
+pub mod hash;
 pub mod idemd;
 pub mod props;
 pub mod report;

@@ -136,5 +136,5 @@ impl World {
 }
 
 fn hash(s: &State) -> u64 {
-    crate::symmetry::hash(s)
+    crate::hash::hash(s)
 }

@@ -4,8 +4,7 @@
 //! the filters or reordering those lists have the same futures up to that renaming, and every
 //! property quantifies over all agents and filters; the checker keeps one state of each class.
 
-use std::hash::Hash;
-
+use crate::hash::hash;
 use crate::world::State;
 
 /// The class's representative: of the (up to) four renamings, each with its streams and orphans
@@ -25,7 +24,8 @@ pub fn representative(s: &State) -> State {
     best.map_or_else(|| s.clone(), |(_, t)| t)
 }
 
-fn renamed(s: &State, swap_agents: bool, swap_filters: bool) -> State {
+/// `s` with the agents and/or the filters swapped, its streams and orphans in canonical order.
+pub fn renamed(s: &State, swap_agents: bool, swap_filters: bool) -> State {
     let mut t = s.clone();
     if swap_agents {
         t.agents.swap(0, 1);
@@ -44,11 +44,4 @@ fn renamed(s: &State, swap_agents: bool, swap_filters: bool) -> State {
     t.streams.sort_by_cached_key(hash);
     t.orphans.sort();
     t
-}
-
-/// A fast, fixed-seed hash (the same in every run): the representative's choice, the stream
-/// order and the model's memos. stateright fingerprints states with its own hasher.
-pub fn hash<T: Hash>(t: &T) -> u64 {
-    use std::hash::BuildHasher;
-    foldhash::fast::FixedState::with_seed(0x1de7_a0de).hash_one(t)
 }
