@@ -252,6 +252,40 @@ pub fn live_lease(r: &Rebuilt) -> Option<LeaseRenewal> {
     r.machine.live_lease()
 }
 
+/// What the host reads off a stream's rebuilt machine: the effects of its last event and the
+/// lease it holds.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    pub effects: Effects,
+    pub lease: Option<LeaseRenewal>,
+}
+
+/// Replays remembered per thread: the machine is deterministic in its journal, and the same
+/// journal recurs in many states of the world (docs/model.md, "Keeping the checker fast").
+const REPLAYS_KEPT: usize = 200_000;
+
+thread_local! {
+    static REPLAYS: RefCell<std::collections::HashMap<u64, Replayed>> = RefCell::new(Default::default());
+}
+
+/// [`rebuild`], remembered: what the host reads off the machine after `journal`.
+pub fn replayed(kind: Kind, fingerprint: &str, upstream: UpstreamKeys, journal: &[Ev]) -> Replayed {
+    let key = crate::hash::hash(&(kind, fingerprint, upstream, journal));
+    if let Some(r) = REPLAYS.with(|m| m.borrow().get(&key).cloned()) {
+        return r;
+    }
+    let rebuilt = rebuild(kind, fingerprint, upstream, journal);
+    let r = Replayed { effects: effects(&rebuilt.last), lease: live_lease(&rebuilt) };
+    REPLAYS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= REPLAYS_KEPT {
+            m.clear();
+        }
+        m.insert(key, r.clone());
+    });
+    r
+}
+
 /// The wire form of an answer the agent got, and what it says.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Answer {

@@ -9,7 +9,9 @@
 pub mod checker;
 pub mod config;
 pub mod filter;
+pub mod hash;
 pub mod idemd;
 pub mod props;
 pub mod report;
+pub mod symmetry;
 pub mod world;

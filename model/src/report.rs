@@ -39,12 +39,32 @@ impl std::fmt::Display for Outcome {
     }
 }
 
-/// Check `cfg` exhaustively (breadth first: counterexamples are shortest).
+/// Check `cfg` exhaustively: depth first, one state of each symmetry class
+/// ([`crate::symmetry`]; stateright reduces by symmetry only depth first, and depth first keeps
+/// only a fingerprint per state where breadth first also queues whole states).
 pub fn check(cfg: Config, threads: usize) -> Result<Outcome, String> {
+    check_telling(cfg, threads, None)
+}
+
+/// [`check`], printing the counts so far to stderr every `every` (the deep run's progress).
+pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Result<Outcome, String> {
     let world = World::new(cfg)?;
     let properties: Vec<&'static str> = world.properties().iter().map(|p| p.name).collect();
     let started = Instant::now();
-    let checker = world.checker().threads(threads).spawn_bfs().join();
+    let checker = world.checker().threads(threads).symmetry_fn(crate::symmetry::representative).spawn_dfs();
+    if let Some(every) = every {
+        while !checker.is_done() {
+            std::thread::sleep(every);
+            eprintln!(
+                "  {:.0} s: {} states explored, {} unique, max depth {}",
+                started.elapsed().as_secs_f64(),
+                checker.state_count(),
+                checker.unique_state_count(),
+                checker.max_depth()
+            );
+        }
+    }
+    let checker = checker.join();
     let took = started.elapsed();
     let mut violations: Vec<(&'static str, String)> = checker
         .discoveries()
@@ -88,7 +108,8 @@ pub fn trace(world: &World, path: &[(State, Option<Action>)]) -> String {
                 out.push_str(line);
                 out.push('\n');
             }
-            let last_told: Vec<_> = stuck.agents.iter().map(|a| a.told.last().map(|t| t.answer.kind.clone())).collect();
+            let last_told: Vec<_> =
+                stuck.agents.iter().map(|a| a.last.as_ref().map(|t| t.answer.kind.clone())).collect();
             out.push_str(&format!("     stopped unsettled at: {}, agents last told {last_told:?}\n", summary(&stuck)));
         }
     }
@@ -104,8 +125,9 @@ pub fn describe(world: &World, last: &State, action: Action, next: &State) -> St
     };
     let told = |agent: u8| {
         let a = usize::from(agent);
-        let before = last.agents.get(a).map_or(0, |x| x.told.len());
-        next.agents.get(a).and_then(|x| x.told.get(before)).map(|t| format!(" → agent {agent} told {:?}", t.answer))
+        let before = last.agents.get(a).map_or(0, |x| x.answers());
+        let now = next.agents.get(a)?;
+        (now.answers() > before).then(|| now.last.as_ref().map(|t| format!(" → agent {agent} told {:?}", t.answer)))?
     };
     let told_any = || (0..world.cfg.agents).filter_map(told).collect::<Vec<_>>().join("");
     let what = match action {

@@ -13,14 +13,14 @@ use crate::idemd::{Run, St, Stores};
 
 pub const FILTERS: u8 = 2;
 
-/// What one agent was told.
+/// What one agent was last told. Only the last answer is kept: the properties judge every
+/// answer when it is given (`Ghost`), and what comes next reads only the last one (docs/model.md,
+/// "Keeping the state small").
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Told {
     pub answer: Answer,
-    /// Model second it was said.
-    pub at_s: u64,
-    /// The upstream had executed the operation when this was said.
-    pub executed_then: bool,
+    /// Said in the current second (an unsettled agent asks again only after it).
+    pub fresh: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
@@ -28,7 +28,14 @@ pub struct Agent {
     pub confirms: u8,
     pub polls: u8,
     pub waiting: bool,
-    pub told: Vec<Told>,
+    pub last: Option<Told>,
+}
+
+impl Agent {
+    /// Answers this agent got so far: one per request it no longer waits on.
+    pub fn answers(&self) -> u8 {
+        self.confirms + self.polls - u8::from(self.waiting)
+    }
 }
 
 /// What a stream waits for.
@@ -74,6 +81,10 @@ pub struct Ghost {
     pub first_terminal: Option<(St, Option<String>)>,
     /// A terminal row was changed to another terminal state or result.
     pub overwritten: bool,
+    /// An agent was told nothing ran (`not_executed`, `fingerprint_expired`) after the upstream ran it.
+    pub told_nothing_ran_after_it_ran: bool,
+    /// An agent was given a result other than the first execution's.
+    pub told_another_result: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -88,8 +99,8 @@ pub struct State {
     pub faults: u8,
     /// Callouts the filter gave up on that may still reach idemd (method, path, body, until).
     pub orphans: Vec<(String, String, Vec<u8>, u64)>,
-    /// The model second of the reconciler's last pass (it runs once a second at most).
-    pub reconciled_s: Option<u64>,
+    /// The reconciler ran in the current second (it runs once a second at most).
+    pub reconciled: bool,
     pub ghost: Ghost,
 }
 
@@ -185,7 +196,7 @@ impl World {
             upstream: Upstream::default(),
             faults: 0,
             orphans: Vec::new(),
-            reconciled_s: None,
+            reconciled: false,
             ghost: Ghost::default(),
         }
     }
@@ -198,15 +209,11 @@ impl World {
             if a.waiting {
                 continue;
             }
-            // Symmetry: the first agent's first request goes to filter 0 (the filters are alike).
             for filter in 0..FILTERS {
-                if agent == 0 && a.confirms + a.polls == 0 && filter != 0 {
-                    continue;
-                }
                 if !budgets || a.confirms < cfg.confirms {
                     out.push(Action::Confirm { agent, filter });
                 }
-                if (!budgets || a.polls < cfg.polls) && !a.told.is_empty() {
+                if (!budgets || a.polls < cfg.polls) && a.last.is_some() {
                     out.push(Action::Poll { agent, filter });
                 }
             }
@@ -251,7 +258,7 @@ impl World {
             out.push(Action::Tick);
         }
         let reconcilable = s.stores.sql.as_ref().is_some_and(|r| r.state == St::InFlight) && !s.stores.sql_down;
-        if reconcilable && s.reconciled_s != Some(s.now_s) {
+        if reconcilable && !s.reconciled {
             out.push(Action::Reconcile { lookup_fails: false });
             if faults {
                 out.push(Action::Reconcile { lookup_fails: true });
@@ -295,8 +302,11 @@ impl World {
         let now = world::T0 + s.now_s;
         match action {
             Action::Confirm { agent, filter } => {
+                // The operation's first confirm carries the memo as previewed; every later one (a
+                // retry, the other agent's) was regenerated. A rule of the world, not of an agent, so
+                // that the agents stay alike (the symmetry reduction, docs/model.md).
+                let drifted = s.agents.iter().any(|a| a.confirms > 0);
                 let a = &mut s.agents[usize::from(agent)];
-                let drifted = a.confirms > 0 || agent > 0;
                 a.confirms += 1;
                 a.waiting = true;
                 if self.cfg.is(Mutation::ExpiryBeforeLookup) && now >= self.exp_s() {
@@ -367,10 +377,16 @@ impl World {
                     }
                 }
                 s.now_s += 1;
+                s.reconciled = false;
+                for a in &mut s.agents {
+                    if let Some(t) = &mut a.last {
+                        t.fresh = false;
+                    }
+                }
                 self.tick(&mut s);
             }
             Action::Reconcile { lookup_fails } => {
-                s.reconciled_s = Some(s.now_s);
+                s.reconciled = true;
                 let recorded = s.upstream.recorded;
                 let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
                 run.reconcile(|_| {
@@ -418,6 +434,10 @@ impl World {
             Action::SqlUp => s.stores.sql_down = false,
         }
         Self::judge(&mut s);
+        if s.faults >= self.cfg.faults {
+            // Only a failover (a fault) reads the write it would lose.
+            s.stores.redis_before = None;
+        }
         Some(s)
     }
 
@@ -453,9 +473,7 @@ impl World {
             let leases: Vec<_> = s
                 .streams
                 .iter()
-                .filter_map(|st| {
-                    filter::live_lease(&filter::rebuild(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal))
-                })
+                .filter_map(|st| filter::replayed(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal).lease)
                 .collect();
             for lease in leases {
                 let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
@@ -469,6 +487,16 @@ impl World {
             s.upstream.late_until = None;
         }
         s.orphans.retain(|o| s.now_s <= o.3);
+        // An expired replay-cache entry is a miss to every lookup (`replay_cache::lookup`), the
+        // only reader of the slot: drop it, so it no longer tells states apart.
+        let now = world::T0 + s.now_s;
+        for slot in &mut s.caches {
+            let expired =
+                slot.as_deref().and_then(|v| serde_json::from_slice::<Entry>(v).ok()).is_none_or(|e| now >= e.until);
+            if expired {
+                *slot = None;
+            }
+        }
     }
 
     fn start(&self, s: &mut State, agent: u8, filter: u8, kind: Kind) {
@@ -496,8 +524,7 @@ impl World {
         }
         s.streams[i].journal.push(ev);
         let st = &s.streams[i];
-        let rebuilt = filter::rebuild(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal);
-        let eff = filter::effects(&rebuilt.last);
+        let eff = filter::replayed(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal).effects;
         let f = usize::from(st.filter);
         if let Some(v) = eff.shared_set.clone() {
             s.caches[f] = Some(v);
@@ -538,6 +565,7 @@ impl World {
             self.tell(s, agent, held);
             return;
         }
+        let rebuilt = filter::rebuild(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal);
         panic!("stream left with nothing to wait for after {:?}", rebuilt.last);
     }
 
@@ -564,10 +592,15 @@ impl World {
     }
 
     fn tell(&self, s: &mut State, agent: u8, answer: Answer) {
-        let executed_then = s.upstream.executions > 0;
+        if answer.says_nothing_ran() && s.upstream.executions > 0 {
+            s.ghost.told_nothing_ran_after_it_ran = true;
+        }
+        if answer.is_result() && answer.execution != Some(1) {
+            s.ghost.told_another_result = true;
+        }
         let a = &mut s.agents[usize::from(agent)];
         a.waiting = false;
-        a.told.push(Told { answer, executed_then, at_s: s.now_s });
+        a.last = Some(Told { answer, fresh: true });
     }
 
     /// Update what the checker remembers about the history.

@@ -3,7 +3,7 @@
 //! `IDEM_MODEL_HORIZON`), printing the figures docs/model.md quotes.
 
 use idem_model::config::{Config, UpstreamKeys};
-use idem_model::report::check;
+use idem_model::report::check_telling;
 
 fn env(name: &str, default: u8) -> u8 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -21,7 +21,7 @@ fn main() -> std::process::ExitCode {
             ..Config::bounded(upstream)
         };
         println!("== upstream keys {upstream:?}: {cfg:?}");
-        match check(cfg, threads) {
+        match check_telling(cfg, threads, Some(std::time::Duration::from_secs(10))) {
             Ok(outcome) => {
                 failed |= !outcome.violations.is_empty();
                 println!("{outcome}");
