@@ -14,6 +14,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;
+pub mod approvals;
 pub mod auth;
 pub mod check;
 pub mod config;
