@@ -80,10 +80,17 @@ pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
 
 /// The API with the approval routes (`crate::approvals`) behind the approvers' own credentials.
 pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers) -> Router {
-    let approvals = ApprovalsState { approvers: Arc::new(approvers), store: Arc::clone(&store) };
+    let approvals = ApprovalsState {
+        approvers: Arc::new(approvers),
+        store: Arc::clone(&store),
+        csrf: Arc::new(approvals::CsrfKey::random()),
+    };
     let approving = Router::new()
         .route("/v1/approvals", get(approvals::pending))
         .route("/v1/approvals/{key}", post(approvals::decide))
+        .route("/approvals", get(crate::console::page))
+        .route("/approvals/{key}", post(crate::console::decide))
+        .route("/approvals/review/{key}", post(crate::console::resolve))
         .route_layer(axum::middleware::from_fn_with_state(approvals.clone(), approvals::require_approver))
         .route_layer(axum::middleware::from_fn(traced))
         .with_state(approvals);

@@ -23,8 +23,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use base64::Engine as _;
+use hmac::{Hmac, Mac};
 use idem_core::protocol::{ApprovalDecision, ApprovalState, OpKey};
 use serde_json::json;
+use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use crate::store::approval::{DecideError, MAX_REASON};
@@ -130,6 +132,37 @@ impl Approvers {
 pub struct ApprovalsState {
     pub approvers: Arc<Approvers>,
     pub store: Arc<Store>,
+    /// The console's CSRF tokens (`crate::console`).
+    pub csrf: Arc<CsrfKey>,
+}
+
+/// The CSRF secret: random per process (a restart only makes open forms stale).
+pub struct CsrfKey([u8; 32]);
+
+impl CsrfKey {
+    pub fn random() -> CsrfKey {
+        let mut k = [0u8; 32];
+        if getrandom::fill(&mut k).is_err() {
+            // Without OS randomness, a per-start token is still unguessable enough from outside
+            // only if mixed with time and pid; forms still need the approver's credential.
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            k[..16].copy_from_slice(&(t ^ u128::from(std::process::id())).to_le_bytes());
+        }
+        CsrfKey(k)
+    }
+
+    /// The token of `approver`'s forms.
+    pub fn token(&self, approver: &str) -> String {
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else { return String::new() };
+        mac.update(b"idemd-console-csrf:");
+        mac.update(approver.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    pub fn accepts(&self, approver: &str, presented: &str) -> bool {
+        let want = self.token(approver);
+        !want.is_empty() && bool::from(want.as_bytes().ct_eq(presented.as_bytes()))
+    }
 }
 
 /// The layer in front of the approval routes: 401 (with a Basic challenge, so a browser asks)

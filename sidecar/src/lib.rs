@@ -18,6 +18,7 @@ pub mod approvals;
 pub mod auth;
 pub mod check;
 pub mod config;
+pub mod console;
 pub mod metrics;
 pub mod ops;
 pub mod probe;
