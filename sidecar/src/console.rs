@@ -198,6 +198,22 @@ fn forbidden() -> Response {
         .into_response()
 }
 
+/// A posted form: its fields, if it carries this approver's CSRF token (else 403, nothing
+/// changes), and the operation it names.
+fn checked(
+    state: &ApprovalsState,
+    approver: &Approver,
+    body: &[u8],
+    key: &str,
+) -> Result<(std::collections::HashMap<String, String>, OpKey), Box<Response>> {
+    let f = form(body).ok_or_else(|| Box::new(forbidden()))?;
+    if !f.get("csrf").is_some_and(|t| state.csrf.accepts(&approver.0, t)) {
+        return Err(Box::new(forbidden()));
+    }
+    let key = OpKey::parse(key).map_err(|_| Box::new(back(Err("not an operation".into()))))?;
+    Ok((f, key))
+}
+
 /// `POST /approvals/{key}`: `decision`, `reason`, `csrf`.
 pub async fn decide(
     State(state): State<ApprovalsState>,
@@ -205,11 +221,10 @@ pub async fn decide(
     Path(key): Path<String>,
     body: Bytes,
 ) -> Response {
-    let Some(f) = form(&body) else { return forbidden() };
-    if !f.get("csrf").is_some_and(|t| state.csrf.accepts(&approver.0, t)) {
-        return forbidden();
-    }
-    let Ok(key) = OpKey::parse(&key) else { return back(Err("not an operation".into())) };
+    let (f, key) = match checked(&state, &approver, &body, &key) {
+        Ok(v) => v,
+        Err(refused) => return *refused,
+    };
     let decision = match f.get("decision").map(String::as_str) {
         Some("approve") => Decision::Approve,
         Some("reject") => Decision::Reject,
@@ -235,11 +250,10 @@ pub async fn resolve(
     Path(key): Path<String>,
     body: Bytes,
 ) -> Response {
-    let Some(f) = form(&body) else { return forbidden() };
-    if !f.get("csrf").is_some_and(|t| state.csrf.accepts(&approver.0, t)) {
-        return forbidden();
-    }
-    let Ok(key) = OpKey::parse(&key) else { return back(Err("not an operation".into())) };
+    let (f, key) = match checked(&state, &approver, &body, &key) {
+        Ok(v) => v,
+        Err(refused) => return *refused,
+    };
     let why = f.get("why").map(|w| w.trim()).unwrap_or("");
     if why.is_empty() || why.len() > crate::store::audit::MAX_WHY {
         return back(Err("why is required: it goes into the audit trail".into()));
