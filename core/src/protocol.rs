@@ -183,7 +183,91 @@ pub struct AcquireRequest {
     /// upstream stores), for the reconciler's lookup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub business_ref: Option<String>,
+    /// The route's `approval` rule says a person must approve this confirm first (DESIGN §4,
+    /// "Approval"): idemd records it AWAITING_APPROVAL, and only an approved operation acquires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalAsk>,
 }
+
+/// What an approver is shown of an operation: the canonical JSON of its bound fields (the
+/// fingerprint covers exactly these; never free text, never a secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalAsk {
+    pub fields: String,
+}
+
+/// Where an operation that needs a person stands (`idem_approval.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ApprovalState {
+    /// Recorded, nothing forwarded: a person has to decide before the fingerprint's `exp`.
+    AwaitingApproval,
+    /// A person approved: the next confirm with this fingerprint acquires (once).
+    Approved,
+    /// A person refused: terminal, replayed, nothing executed.
+    Rejected,
+    /// Nobody decided before `exp` (or the approved confirm came after it): nothing executed.
+    Lapsed,
+}
+
+wire_names!(ApprovalState {
+    AwaitingApproval => "AWAITING_APPROVAL",
+    Approved => "APPROVED",
+    Rejected => "REJECTED",
+    Lapsed => "LAPSED",
+});
+
+/// An approval record as idemd answers it (acquire, lookups, the decision route).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalView {
+    pub key: OpKey,
+    pub state: ApprovalState,
+    pub scope: String,
+    pub subject_hash: String,
+    /// The bound fields' canonical JSON.
+    pub fields: String,
+    pub created_at_ms: i64,
+    /// The fingerprint's `exp` in unix ms: past it the approval lapses.
+    pub expires_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at_ms: Option<i64>,
+    /// The approver's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Where a person approves (idemd's `--approval-console-url`), for the agent to tell the user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<String>,
+}
+
+impl ApprovalView {
+    /// The state as of `now_ms`: awaiting or approved (not yet executed) past `exp` is lapsed.
+    pub fn state_at(&self, now_ms: i64) -> ApprovalState {
+        match self.state {
+            ApprovalState::AwaitingApproval | ApprovalState::Approved if now_ms >= self.expires_at_ms => {
+                ApprovalState::Lapsed
+            }
+            s => s,
+        }
+    }
+}
+
+/// `POST /v1/approvals/{key}`: an approver's decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalDecision {
+    pub decision: Decision,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Approve,
+    Reject,
+}
+
+wire_names!(Decision { Approve => "approve", Reject => "reject" });
 
 /// The body of `GET /v1/operations/{key}?exp=…` when there is no row. `reaped_possible`: a row
 /// for a fingerprint with that `exp` could have existed and been deleted after the retention,
@@ -194,6 +278,17 @@ pub struct NotFoundView {
     pub error: String,
     #[serde(default)]
     pub reaped_possible: bool,
+}
+
+/// An answer with the operation's approval record beside it: the acquire's on AWAITING_APPROVAL,
+/// REJECTED and LAPSED, and a lookup's 404 (nothing executed yet, but a person is or was asked).
+/// A wrapper rather than one more field, so the answers without approval keep their shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WithApproval<T> {
+    #[serde(flatten)]
+    pub answer: T,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalView>,
 }
 
 /// How an operation was named: a server-issued fingerprint, or the caller's
@@ -234,6 +329,12 @@ pub enum AcquireOutcome {
     ParamMismatch,
     /// The SQL truth cannot be reached: nothing was recorded, nothing may run.
     StoreUnavailable,
+    /// A person must approve first: recorded, nothing forwarded (`approval` says what).
+    AwaitingApproval,
+    /// A person refused: nothing executed, ever (`approval.reason` says why).
+    Rejected,
+    /// Nobody approved before the fingerprint's `exp`: nothing executed.
+    Lapsed,
 }
 
 wire_names!(AcquireOutcome {
@@ -244,6 +345,9 @@ wire_names!(AcquireOutcome {
     NeedsReview => "NEEDS_REVIEW",
     ParamMismatch => "PARAM_MISMATCH",
     StoreUnavailable => "STORE_UNAVAILABLE",
+    AwaitingApproval => "AWAITING_APPROVAL",
+    Rejected => "REJECTED",
+    Lapsed => "LAPSED",
 });
 
 /// Answer to `POST /v1/acquire`.
@@ -470,6 +574,8 @@ mod tests {
         check(TerminalState::ALL)?;
         check(Ack::ALL)?;
         check(OpState::ALL)?;
+        check(ApprovalState::ALL)?;
+        check(Decision::ALL)?;
         assert!("done".parse::<OpState>().is_err());
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! | `GET /v1/operations/{key}`   | 200 `OperationView`; 404 `NotFoundView` (below); 503; 400       |
 //! | `POST /v1/security-events`   | 202 `OK` (written to the audit); 503 `STORE_UNAVAILABLE`; 400   |
 //! | any `/v1/*` without a token  | 401 `{"error":"unauthorized"}`; nothing read or changed         |
+//! | `/v1/approvals…`             | an approver's credential, not the filter's (`crate::approvals`) |
 //! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down; each store's state       |
 //! | `GET /metrics`               | Prometheus (OpenMetrics text)                                   |
 //!
@@ -44,12 +45,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_core::protocol::{
     Ack, AcquireOutcome, AcquireRequest, CompleteRequest, NotFoundView, ReleaseRequest, RenewRequest,
-    SecurityEventReport, SecurityKind,
+    SecurityEventReport, SecurityKind, WithApproval,
 };
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::Instrument;
 
+use crate::approvals::{self, ApprovalsState, Approvers};
 use crate::auth::{require_token, AuthState, Tokens};
 use crate::store::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
 use crate::store::{now_ms, retention, Store};
@@ -70,8 +72,28 @@ pub const MAX_EVENT_BYTES: usize = 4 * 1024;
 /// `exp` in i64 milliseconds.
 pub const MAX_EXP_S: u64 = 253_402_300_799;
 
-/// The API; `/v1/*` answers only callers with one of `tokens` (see `auth`).
+/// The API; `/v1/*` answers only callers with one of `tokens` (see `auth`). No approvers: the
+/// approval routes answer 401 to everyone.
 pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
+    router_with(store, tokens, Approvers::default())
+}
+
+/// The API with the approval routes (`crate::approvals`) behind the approvers' own credentials.
+pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers) -> Router {
+    let approvals = ApprovalsState {
+        approvers: Arc::new(approvers),
+        store: Arc::clone(&store),
+        csrf: Arc::new(approvals::CsrfKey::random()),
+    };
+    let approving = Router::new()
+        .route("/v1/approvals", get(approvals::pending))
+        .route("/v1/approvals/{key}", post(approvals::decide))
+        .route("/approvals", get(crate::console::page))
+        .route("/approvals/{key}", post(crate::console::decide))
+        .route("/approvals/review/{key}", post(crate::console::resolve))
+        .route_layer(axum::middleware::from_fn_with_state(approvals.clone(), approvals::require_approver))
+        .route_layer(axum::middleware::from_fn(traced))
+        .with_state(approvals);
     let auth = AuthState { tokens: Arc::new(tokens), store: Arc::clone(&store) };
     let guarded = Router::new()
         .route("/v1/acquire", post(acquire))
@@ -85,6 +107,7 @@ pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
         .route_layer(axum::middleware::from_fn(traced));
     Router::new()
         .merge(guarded)
+        .merge(approving)
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -99,8 +122,8 @@ async fn acquire(State(store): State<Arc<Store>>, body: Bytes) -> Response {
     if let Err(why) = check_acquire(&req) {
         return bad_request(why);
     }
-    let answer = store.acquire(&req).await;
-    let status = match answer.outcome {
+    let answer = store.acquire_answer(&req).await;
+    let status = match answer.answer.outcome {
         AcquireOutcome::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
     };
@@ -160,7 +183,15 @@ async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>, Raw
         Ok(None) => {
             let retention_ms = store.settings().terminal_retention_ms;
             let reaped_possible = exp.is_some_and(|exp| retention::reaped_possible(exp, now_ms(), retention_ms));
-            let body = NotFoundView { error: "not_found".into(), reaped_possible };
+            // Nothing executed; a person may be (or have been) asked about it.
+            let approval = match store.approval_view(&key).await {
+                Ok(a) => a,
+                Err(_) => {
+                    return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"})))
+                        .into_response()
+                }
+            };
+            let body = WithApproval { answer: NotFoundView { error: "not_found".into(), reaped_possible }, approval };
             (StatusCode::NOT_FOUND, Json(body)).into_response()
         }
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"}))).into_response(),
@@ -354,8 +385,20 @@ fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
     if let Some(r) = &req.business_ref {
         check_business_ref(r)?;
     }
+    if let Some(a) = &req.approval {
+        // An approval lapses at the fingerprint's exp: a client key has none.
+        if req.exp.is_none() {
+            return Err("approval needs the fingerprint's exp".into());
+        }
+        if a.fields.len() > MAX_APPROVAL_FIELDS || serde_json::from_str::<serde_json::Value>(&a.fields).is_err() {
+            return Err(format!("approval.fields must be JSON of at most {MAX_APPROVAL_FIELDS} bytes"));
+        }
+    }
     Ok(())
 }
+
+/// The canonical bound fields an approver sees: a few values, never a body.
+pub const MAX_APPROVAL_FIELDS: usize = 16 * 1024;
 
 /// What `idem_record.business_ref` holds (VARCHAR(256)). Any printable text: a client reference
 /// is the upstream's, not ours to restrict further; the reconciler percent-encodes it into a URL.
@@ -401,6 +444,7 @@ mod tests {
             exp: None,
             upstream_ignores_keys: false,
             business_ref: None,
+            approval: None,
         };
         assert_eq!(check_acquire(&ok), Ok(()));
         assert!(check_acquire(&AcquireRequest { param_hash: String::new(), ..ok.clone() }).is_err());

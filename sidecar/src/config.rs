@@ -62,6 +62,22 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
 
+    /// Who may approve operations on routes with an `approval` rule (DESIGN §4): comma-separated
+    /// `identity=credential`, each credential of its own (never a filter token). The identity is
+    /// what the audit names (`approver:<identity>`) and is compared, hashed as a subject, with the
+    /// operation's subject. Empty: nobody can approve (approval routes wait and lapse).
+    #[arg(long, env = "IDEM_APPROVERS", value_delimiter = ',', hide_env_values = true)]
+    pub approvers: Vec<String>,
+
+    /// Let an approver decide an operation of their own subject (off: refused with 403).
+    #[arg(long, env = "IDEM_ALLOW_SELF_APPROVAL")]
+    pub allow_self_approval: bool,
+
+    /// Where a person approves (the console's URL as a browser reaches it, e.g.
+    /// `https://idemd.internal/approvals`): the agent is told to send the user there.
+    #[arg(long, env = "IDEM_APPROVAL_CONSOLE_URL")]
+    pub approval_console_url: Option<String>,
+
     /// How often idemd asks both stores and the backlog, traffic or not, for
     /// the gauges alerts read (`idem_sql_up`, `idem_redis_up`, `idem_in_flight`,
     /// `idem_in_flight_overdue_seconds`, `idem_needs_review_backlog`).

@@ -14,9 +14,11 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;
+pub mod approvals;
 pub mod auth;
 pub mod check;
 pub mod config;
+pub mod console;
 pub mod metrics;
 pub mod ops;
 pub mod probe;

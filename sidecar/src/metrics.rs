@@ -30,6 +30,14 @@ pub const LOOKUP_RESULTS: [&str; 3] = ["found", "not_found", "failed"];
 
 /// Every `decision` label of `idem_reconcile_total` (the reconciler's `Decision::metric`), so
 /// each series exists before its first decision.
+/// Every `event` label of `idem_approvals_total` (DESIGN §4, "Approval").
+pub const APPROVAL_EVENTS: [&str; 4] = ["awaiting", "approved", "rejected", "lapsed"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    event: &'static str,
+}
+
 pub const RECONCILE_DECISIONS: [&str; 6] = ["done", "failed", "released", "needs_review", "retry", "skipped_grace"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +110,9 @@ pub struct Metrics {
     auth_rejected: Counter,
     security_events: Family<KindLabels, Counter>,
     security_events_unrecorded: Counter,
+    approvals: Family<EventLabels, Counter>,
+    approval_wait: Histogram,
+    approvals_awaiting: Gauge,
 }
 
 impl Default for Metrics {
@@ -132,6 +143,10 @@ impl Metrics {
         let auth_rejected = Counter::default();
         let security_events = Family::<KindLabels, Counter>::default();
         let security_events_unrecorded = Counter::default();
+        let approvals = Family::<EventLabels, Counter>::default();
+        // 1 s .. ~9 h: a person answers in seconds to hours.
+        let approval_wait = Histogram::new(exponential_buckets(1.0, 2.0, 16));
+        let approvals_awaiting = Gauge::default();
 
         // Counters get their `_total` suffix from the OpenMetrics encoder.
         registry.register("idem_acquire", "Acquire answers by outcome and key mode", acquire.clone());
@@ -218,6 +233,25 @@ impl Metrics {
             security_events_unrecorded.clone(),
         );
 
+        registry.register(
+            "idem_approvals",
+            "Approval events (awaiting: a confirm recorded for a person; approved, rejected: a decision; lapsed: \
+             nobody decided before the fingerprint's exp)",
+            approvals.clone(),
+        );
+        registry.register(
+            "idem_approval_decision_seconds",
+            "Time from a confirm recorded for approval to a person's decision",
+            approval_wait.clone(),
+        );
+        registry.register(
+            "idem_approvals_awaiting",
+            "Operations waiting for a person's approval (AWAITING_APPROVAL, not past exp), as of the last store probe",
+            approvals_awaiting.clone(),
+        );
+        for event in APPROVAL_EVENTS {
+            drop(approvals.get_or_create(&EventLabels { event }));
+        }
         for kind in SecurityKind::ALL {
             drop(security_events.get_or_create(&KindLabels { kind: kind.as_str() }));
         }
@@ -246,7 +280,23 @@ impl Metrics {
             auth_rejected,
             security_events,
             security_events_unrecorded,
+            approvals,
+            approval_wait,
+            approvals_awaiting,
         }
+    }
+
+    pub fn approval(&self, event: &'static str) {
+        self.approvals.get_or_create(&EventLabels { event }).inc();
+    }
+
+    /// A decision `waited_ms` after the confirm was recorded.
+    pub fn approval_decided(&self, waited_ms: u64) {
+        self.approval_wait.observe(waited_ms as f64 / 1000.0);
+    }
+
+    pub fn set_approvals_awaiting(&self, n: i64) {
+        self.approvals_awaiting.set(n);
     }
 
     pub fn security_event(&self, kind: &'static str) {

@@ -11,6 +11,9 @@ use std::time::Duration;
 use tracing::debug;
 
 use crate::store::backlog::Backlog;
+
+/// Approvals lapsed per probe, at most: a backlog drains over a few probes.
+const LAPSE_BATCH: i64 = 100;
 use crate::store::{now_ms, Health, Store};
 
 pub struct Probe {
@@ -35,6 +38,15 @@ impl Probe {
                 let metrics = self.store.metrics();
                 metrics.set_in_flight(b.in_flight, b.overdue_ms / 1000);
                 metrics.set_needs_review(b.needs_review);
+                // Approvals nobody gave before exp lapse here, on every replica (a lapse is one
+                // compare-and-set: two replicas lapse a row once), reconciling or not.
+                if let Err(e) = self.store.lapse_due(LAPSE_BATCH).await {
+                    debug!(error = %e, "approval lapse sweep failed");
+                }
+                match self.store.sql().count_awaiting(now_ms()).await {
+                    Ok(n) => metrics.set_approvals_awaiting(n),
+                    Err(e) => debug!(error = %e, "awaiting approvals count failed"),
+                }
                 (health, Some(b))
             }
             Err(e) => {

@@ -63,6 +63,10 @@ impl Reaper {
                 break;
             }
         }
+        // Decided approvals go once their fingerprint's exp plus the retention has passed
+        // (`rules::approval_reapable`): a rejection replays until then.
+        let approvals_before = before.saturating_sub(crate::store::retention::CLOCK_SKEW_MS);
+        reaped.rows += sql.reap_approvals(approvals_before).await?;
         for _ in 0..MAX_BATCHES {
             let n = sql.prune_audit(before, self.batch).await?;
             reaped.audit_lines += n;

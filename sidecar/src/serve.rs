@@ -103,7 +103,9 @@ pub fn tokens(args: &ServeArgs) -> Result<Tokens, Failure> {
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let endpoints = args.validate().map_err(|broken| Failure::Config(broken.join("\n")))?;
     let tokens = tokens(&args)?;
-    let store = Arc::new(open_store(&args.stores, &args.ttl).await?);
+    let approvers = crate::approvals::Approvers::new(&args.approvers, &args.auth_tokens, args.allow_self_approval)
+        .map_err(Failure::Config)?;
+    let store = Arc::new(open_store(&args.stores, &args.ttl).await?.with_console(args.approval_console_url.clone()));
     // Every replica probes, reconciling or not: its own SQL and Redis health is its own.
     tokio::spawn(Probe::new(Arc::clone(&store)).run(args.probe_interval()));
     if args.reconcile.no_reconcile {
@@ -124,7 +126,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, crate::api::router(store, tokens))
+    axum::serve(listener, crate::api::router_with(store, tokens, approvers))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Failure::Runtime(format!("server: {e}")))

@@ -206,6 +206,7 @@ mod ops_cli {
                 exp: None,
                 upstream_ignores_keys: false,
                 business_ref: None,
+                approval: None,
             };
             assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
             let rec = store.sql().get(&key).await.expect("get").expect("row");

@@ -202,6 +202,99 @@ async fn reaping_matches_its_rule(sql: SqlStore) {
     }
 }
 
+/// The approval rows (`idem_approval`) against `rules::{insert_awaiting, decide, lapse,
+/// acquire_allowed}`: record, decide once, lapse past exp, and the IN_FLIGHT insert refused until
+/// APPROVED.
+async fn approval_rules_match_their_statements(sql: SqlStore) {
+    use idem_core::protocol::{ApprovalState, Decision};
+    use idemd::store::record::ApprovalRow;
+    use idemd::store::rules::Refusal;
+    let now = idemd::store::now_ms();
+    let row = |key: &str, exp: i64| ApprovalRow {
+        key: key.to_string(),
+        state: ApprovalState::AwaitingApproval,
+        param_hash: "p".into(),
+        subject_hash: "u".into(),
+        scope: "s".into(),
+        fields: r#"{"/amount":5000}"#.into(),
+        fp_exp_ms: exp,
+        created_at_ms: now,
+        updated_at_ms: now,
+        decided_by: None,
+        reason: None,
+    };
+    let decided =
+        |r: Option<&ApprovalRow>| r.map(|r| (r.state, r.decided_by.clone(), r.reason.clone(), r.fields.clone()));
+
+    // Approve: recorded once, the IN_FLIGHT insert refused until approved, decided once.
+    let mut p = pair(&sql).await;
+    let new = row(&p.key, now + 60_000);
+    let mut model: Option<ApprovalRow> = None;
+    for _ in 0..2 {
+        let real = sql.insert_awaiting(&new, &AUDIT).await.expect("insert_awaiting");
+        let ruled = rules::insert_awaiting(model.as_ref(), &new);
+        assert_eq!(real, ruled.is_some());
+        if let Some(r) = ruled {
+            model = Some(r);
+        }
+        assert_eq!(decided(sql.approval(&p.key).await.expect("get").as_ref()), decided(model.as_ref()));
+    }
+    assert!(!rules::acquire_allowed(model.as_ref()));
+    let a = new_owner();
+    let refused = NewInFlight {
+        key: &p.key,
+        param_hash: "p",
+        subject_hash: "u",
+        scope: "s",
+        owner: &a,
+        lease_until_ms: now + 1_000,
+        now_ms: now,
+        fp_exp_ms: Some(now + 60_000),
+        upstream_ignores_keys: false,
+        business_ref: None,
+    };
+    assert!(!sql.insert_in_flight(&refused, &AUDIT).await.expect("insert"), "the insert's NOT EXISTS refuses it");
+    assert!(p.real().await.is_none(), "no IN_FLIGHT row before the approval");
+    // Self-approval is refused by the rule (the store never writes it).
+    assert_eq!(
+        rules::decide(model.as_ref(), Decision::Approve, ("alice", "u"), "mine", false, now),
+        Err(Refusal::OwnSubject)
+    );
+    let next = rules::decide(model.as_ref(), Decision::Approve, ("ann", "h-ann"), "ok", false, now).expect("decide");
+    assert!(sql.decide(&next, now, &AUDIT).await.expect("decide"));
+    model = Some(next.clone());
+    assert_eq!(decided(sql.approval(&p.key).await.expect("get").as_ref()), decided(model.as_ref()));
+    // A second decision matches no row, as the rule refuses it.
+    assert_eq!(
+        rules::decide(model.as_ref(), Decision::Reject, ("ben", "h-ben"), "no", false, now),
+        Err(Refusal::Decided(ApprovalState::Approved))
+    );
+    let second = ApprovalRow { state: ApprovalState::Rejected, ..next.clone() };
+    assert!(!sql.decide(&second, now, &AUDIT).await.expect("decide"));
+    assert!(rules::acquire_allowed(model.as_ref()));
+    assert!(p.insert(&a, now, Some(now + 60_000)).await, "approved: the insert wins once");
+    let b = new_owner();
+    assert!(!p.insert(&b, now, Some(now + 60_000)).await, "and only once");
+    // An executed approval never lapses.
+    assert!(!sql.lapse(&p.key, now + 120_000, &AUDIT).await.expect("lapse"));
+    assert!(rules::lapse(model.as_ref(), true, now + 120_000).is_none());
+
+    // Lapse: past exp, an undecided approval cannot be decided and the sweep lapses it.
+    let p = pair(&sql).await;
+    let new = row(&p.key, now - 1);
+    assert!(sql.insert_awaiting(&new, &AUDIT).await.expect("insert_awaiting"));
+    let model = rules::insert_awaiting(None, &new);
+    let late = rules::decide(model.as_ref(), Decision::Approve, ("ann", "h-ann"), "late", false, now);
+    assert_eq!(late, Err(Refusal::Lapsed));
+    let attempt = ApprovalRow { state: ApprovalState::Approved, decided_by: Some("ann".into()), ..new.clone() };
+    assert!(!sql.decide(&attempt, now, &AUDIT).await.expect("decide"), "the statement refuses it too");
+    let lapsed = rules::lapse(model.as_ref(), false, now).expect("lapses");
+    assert!(sql.lapse(&p.key, now, &AUDIT).await.expect("lapse"));
+    assert!(!sql.lapse(&p.key, now, &AUDIT).await.expect("lapse"), "once");
+    assert_eq!(decided(sql.approval(&p.key).await.expect("get").as_ref()), decided(Some(&lapsed)));
+    assert!(!rules::acquire_allowed(Some(&lapsed)));
+}
+
 async fn sqlite() -> (tempfile::TempDir, SqlStore) {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}/rules.db?mode=rwc", dir.path().display());
@@ -220,19 +313,22 @@ async fn server(name: &str, url: &str) -> Option<SqlStore> {
 async fn sqlite_statements_follow_the_rules() {
     let (_dir, sql) = sqlite().await;
     every_rule_matches_its_statement(sql.clone()).await;
+    approval_rules_match_their_statements(sql.clone()).await;
     reaping_matches_its_rule(sql).await;
 }
 
 #[tokio::test]
 async fn postgres_statements_follow_the_rules() {
     let Some(sql) = server("postgres", &common::postgres_test_url()).await else { return };
-    every_rule_matches_its_statement(sql).await;
+    every_rule_matches_its_statement(sql.clone()).await;
+    approval_rules_match_their_statements(sql).await;
 }
 
 #[tokio::test]
 async fn mariadb_statements_follow_the_rules() {
     let Some(sql) = server("mariadb", &common::mysql_test_url()).await else { return };
-    every_rule_matches_its_statement(sql).await;
+    every_rule_matches_its_statement(sql.clone()).await;
+    approval_rules_match_their_statements(sql).await;
 }
 
 // ---- Redis: the Lua scripts against the rules' mirror of them ----------------------------------

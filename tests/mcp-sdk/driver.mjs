@@ -208,6 +208,11 @@ async function main(url) {
   // The status tool on a fingerprint never used.
   const fp4 = await quote(alice, 'quote_unused', '40.00', 'unused');
   emit('status_not_yet', await alice.call('get_transfer_status', { fingerprint: fp4 }));
+
+  // The route's approval rule (amount 7777.77): approval_required, then the status tool says it waits.
+  const fp7 = await quote(alice, 'quote_approval', '7777.77', 'needs a person');
+  emit('execute_approval', await alice.call('execute_transfer', transfer('7777.77', 'needs a person', fp7)));
+  emit('status_approval', await alice.call('get_transfer_status', { fingerprint: fp7 }));
   await alice.close();
   emit('done', { ok: true, error: null });
 }

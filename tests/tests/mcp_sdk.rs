@@ -390,6 +390,11 @@ async fn sdk_against_the_gateway(sdk: Sdk, path: &str) -> TestResult {
     let fp4 = j.preview("quote_unused");
     j.report("status_not_yet", "not_executed");
 
+    // Approval (the tool's rule: amount 7777.77): an error result the SDKs accept; the status tool reports it.
+    let fp7 = j.preview("quote_approval");
+    j.refusal("execute_approval", "approval_required");
+    j.report("status_approval", "awaiting_approval");
+
     // The ledger: one execution per executed fingerprint, none for the unused one, nothing else.
     let ledger = stack.executions().await?;
     for (name, fp) in [("quote", &fp), ("quote_slow", &fp2), ("quote_503", &fp3)] {
@@ -403,9 +408,11 @@ async fn sdk_against_the_gateway(sdk: Sdk, path: &str) -> TestResult {
             j.failures.push(format!("{} {name}: one attempt reached the tool: {ledger}", j.label));
         }
     }
-    if let Some(fp4) = &fp4 {
-        if !ledger["by_key"][&nonce_of(fp4)?].is_null() {
-            j.failures.push(format!("{} quote_unused: its fingerprint executed: {ledger}", j.label));
+    for (name, fp) in [("quote_unused", &fp4), ("quote_approval", &fp7)] {
+        let Some(fp) = fp else { continue };
+        let nonce = nonce_of(fp)?;
+        if !ledger["by_key"][&nonce].is_null() || !ledger["attempts_by_key"][&nonce].is_null() {
+            j.failures.push(format!("{} {name}: its fingerprint reached the tool: {ledger}", j.label));
         }
     }
     // Refused by the upstream once; the retry was answered by the gateway.

@@ -22,8 +22,9 @@ use crate::client_key::{self, KeyError};
 use crate::outcome::{self, Verdict};
 use crate::policy::{Callers, ReplayMode, Role, UpstreamKeys};
 use crate::protocol::{
-    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, KeyMode,
-    LeaseRenewal, OpKey, OpState, OperationView, OwnerToken, ReleaseRequest, SecurityKind, StoredResult, TerminalState,
+    replay_headers, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, ApprovalAsk, CompleteRequest,
+    KeyMode, LeaseRenewal, OpKey, OpState, OperationView, OwnerToken, ReleaseRequest, SecurityKind, StoredResult,
+    TerminalState,
 };
 use crate::reply::{self, ReplyContext, ReplyKind};
 use std::rc::Rc;
@@ -74,6 +75,14 @@ enum Phase {
         recorded: Option<(OpKey, TerminalState, StoredResult)>,
     },
     Finished,
+}
+
+/// What an acquire names: the operation and its binding.
+struct Operation {
+    key: OpKey,
+    param_hash: String,
+    subject_hash: String,
+    scope: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,15 +191,26 @@ impl Confirm {
         if let Some(step) = self.cached(&claims.nonce, env) {
             return Ok(step);
         }
+        // The route's rule reads only bound fields, which the fingerprint just proved: whether a
+        // person is asked is decided by the same bytes that name the operation.
+        let approval = match policy.approval.as_ref().filter(|a| a.required(&json)) {
+            None => None,
+            Some(_) => match canonical::canonical_params(&json, &policy.bound) {
+                Ok(fields) => Some(ApprovalAsk { fields }),
+                Err(e) => {
+                    let step = self.ctx.field_error(&e);
+                    return Ok(self.finish(step));
+                }
+            },
+        };
         if claims.expired(env.now_s()) {
             // Expiry refuses to start an operation, never to report one that exists.
             let call = Callout { method: "GET", path: lookup_path(&claims.nonce, Some(claims.exp)), body: None };
             self.phase = Phase::CheckingExpired { key: claims.nonce };
             return Ok(Step::pause().with(Effect::Count(Counter::ExpiredLookups)).with(Effect::Call(call)));
         }
-        Ok(self
-            .acquire(claims.nonce, param_hash, claims.subject_hash, claims.scope, Some(claims.exp), reference)
-            .with(Effect::Count(Counter::Verified)))
+        let op = Operation { key: claims.nonce, param_hash, subject_hash: claims.subject_hash, scope: claims.scope };
+        Ok(self.acquire(op, Some(claims.exp), reference, approval).with(Effect::Count(Counter::Verified)))
     }
 
     /// Client-key mode: the operation is named by the caller's key, bound to
@@ -254,8 +274,8 @@ impl Confirm {
         if let Some(step) = self.cached(&op, env) {
             return step.with(Effect::Count(Counter::ClientKeyRequests));
         }
-        self.acquire(op, param_hash, subject_hash, policy.scope.clone(), None, reference)
-            .with(Effect::Count(Counter::ClientKeyRequests))
+        let op = Operation { key: op, param_hash, subject_hash, scope: policy.scope.clone() };
+        self.acquire(op, None, reference, None).with(Effect::Count(Counter::ClientKeyRequests))
     }
 
     /// A terminal result of this very operation in Envoy's shared data: replay
@@ -297,22 +317,23 @@ impl Confirm {
     }
 
     /// `exp`: the fingerprint's, or `None` for a client key; `business_ref`: the confirm's value of
-    /// the route's `business_ref` field, for the reconciler.
+    /// the route's `business_ref` field, for the reconciler; `approval`: what a person must approve
+    /// first, where the route's rule says so.
     fn acquire(
         &mut self,
-        key: OpKey,
-        param_hash: String,
-        subject_hash: String,
-        scope: String,
+        op: Operation,
         exp: Option<u64>,
         business_ref: Option<String>,
+        approval: Option<ApprovalAsk>,
     ) -> Step {
+        let Operation { key, param_hash, subject_hash, scope } = op;
         let mode = if exp.is_some() { KeyMode::Fingerprint } else { KeyMode::ClientKey };
         let req = AcquireRequest {
             key: key.clone(),
             param_hash,
             subject_hash,
             scope,
+            approval,
             lease_ms: self.ctx.policy.lease_ms,
             trace_id: self.ctx.trace_id.clone(),
             mode,
@@ -343,8 +364,8 @@ impl Confirm {
         Ok(step)
     }
 
-    fn on_acquired(&mut self, answer: &CalloutAnswer, key: OpKey, env: &mut dyn Env) -> Step {
-        let Some(answer) = answer.json::<AcquireResponse>() else {
+    fn on_acquired(&mut self, raw: &CalloutAnswer, key: OpKey, env: &mut dyn Env) -> Step {
+        let Some(answer) = raw.json::<AcquireResponse>() else {
             // The acquire may or may not have reached the store; nothing went upstream from here.
             return self.unchecked(&key);
         };
@@ -368,11 +389,23 @@ impl Confirm {
             AcquireOutcome::NeedsReview => self.needs_review(&key),
             AcquireOutcome::ParamMismatch => self.tampered(&key, false),
             AcquireOutcome::StoreUnavailable => self.unchecked(&key),
+            AcquireOutcome::AwaitingApproval | AcquireOutcome::Rejected | AcquireOutcome::Lapsed => {
+                match raw.approval().filter(|v| v.key == key) {
+                    Some(view) => self.ctx.approval_reply(&view, env.now_s(), false),
+                    // An approval answer without its record: say nothing we cannot back; nothing ran here.
+                    None => self.unchecked(&key),
+                }
+            }
         }
     }
 
     fn on_expired_lookup(&mut self, answer: &CalloutAnswer, key: &OpKey, env: &mut dyn Env) -> Step {
         match answer.status {
+            // Never executed, and a person was asked: what they decided (past exp, lapsed).
+            Some(404) if answer.approval().is_some_and(|v| v.key == *key) => match answer.approval() {
+                Some(view) => self.ctx.approval_reply(&view, env.now_s(), false),
+                None => self.unchecked(key),
+            },
             // No row, and none could have been reaped: never started (or released, which means it
             // never ran), and now it cannot start.
             Some(404) if !answer.reaped_possible() => {

@@ -195,6 +195,11 @@ impl CalloutAnswer {
     fn reaped_possible(&self) -> bool {
         self.json::<crate::protocol::NotFoundView>().is_some_and(|v| v.reaped_possible)
     }
+
+    /// The approval record idemd sent beside its answer (an acquire, or a lookup's 404).
+    fn approval(&self) -> Option<crate::protocol::ApprovalView> {
+        self.json::<crate::protocol::WithApproval<serde_json::Value>>()?.approval
+    }
 }
 
 /// A call to idemd. The host adds the cluster, authority, credential, trace id
@@ -249,10 +254,16 @@ pub enum Counter {
     LeasesLost,
     /// A guarded route whose annotation does not parse: every call refused (503), none forwarded.
     RejectedMisconfigured,
+    /// A confirm recorded for a person's approval (or still waiting): nothing forwarded.
+    ApprovalRequired,
+    /// A confirm of an operation a person refused.
+    ApprovalRejected,
+    /// A confirm or lookup of an approval nobody gave before `exp`.
+    ApprovalLapsed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 33] = [
         Counter::Minted,
         Counter::Verified,
         Counter::RejectedMissing,
@@ -283,6 +294,9 @@ impl Counter {
         Counter::LeaseRenewals,
         Counter::LeasesLost,
         Counter::RejectedMisconfigured,
+        Counter::ApprovalRequired,
+        Counter::ApprovalRejected,
+        Counter::ApprovalLapsed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -317,6 +331,9 @@ impl Counter {
             Counter::LeaseRenewals => "idem.lease_renewals",
             Counter::LeasesLost => "idem.leases_lost",
             Counter::RejectedMisconfigured => "idem.rejected.misconfigured_route",
+            Counter::ApprovalRequired => "idem.approval_required",
+            Counter::ApprovalRejected => "idem.approval_rejected",
+            Counter::ApprovalLapsed => "idem.approval_lapsed",
         }
     }
 }
@@ -578,6 +595,35 @@ impl Ctx {
 
     /// Where and when `in_progress` polls: the status tool, else this call's own tool (by its
     /// `tool.name`; an MCP tool always has one), after the route's interval.
+    /// The reply about an operation a person is asked about (DESIGN §4, "Approval"): what the
+    /// approval record says as of `now_s`, for a confirm or (`status_query`) a status lookup.
+    fn approval_reply(&self, view: &crate::protocol::ApprovalView, now_s: u64, status_query: bool) -> Step {
+        use crate::protocol::ApprovalState;
+        let now_ms = i64::try_from(now_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+        let (kind, counter) = match (view.state_at(now_ms), status_query) {
+            (ApprovalState::AwaitingApproval, false) => (ReplyKind::ApprovalRequired, Counter::ApprovalRequired),
+            (ApprovalState::AwaitingApproval, true) => (ReplyKind::AwaitingApproval, Counter::StatusLookups),
+            // A confirm never hears "approved": idemd acquires an approved operation for it.
+            (ApprovalState::Approved, _) => (ReplyKind::Approved, Counter::StatusLookups),
+            (ApprovalState::Rejected, _) => (ReplyKind::Rejected, Counter::ApprovalRejected),
+            (ApprovalState::Lapsed, _) => (ReplyKind::ApprovalLapsed, Counter::ApprovalLapsed),
+        };
+        let facts = crate::reply::ApprovalFacts {
+            fields: &view.fields,
+            scope: &view.scope,
+            console: view.console.as_deref(),
+            reason: view.reason.as_deref(),
+            expires_at: u64::try_from(view.expires_at_ms / 1000).ok(),
+        };
+        let ctx = ReplyContext { operation: Some(&view.key), approval: Some(facts), status_query, ..self.polling() };
+        let step = self.reply(kind, ctx);
+        if status_query && counter == Counter::StatusLookups {
+            // The lookup was counted when it went out.
+            return step;
+        }
+        step.with(Effect::Count(counter))
+    }
+
     fn polling(&self) -> ReplyContext<'_> {
         ReplyContext {
             poll_with: self.policy.status_tool.as_deref(),

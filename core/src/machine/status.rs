@@ -88,6 +88,11 @@ impl Status {
         };
         let view = answer.json::<OperationView>();
         Ok(match (answer.status, view) {
+            // Not executed, and a person is (or was) asked: what they decided.
+            (Some(404), _) if answer.approval().is_some_and(|v| v.key == key) => match answer.approval() {
+                Some(view) => self.ctx.approval_reply(&view, env.now_s(), true),
+                None => self.ctx.simple(ReplyKind::StatusUnavailable),
+            },
             (Some(404), _) if answer.reaped_possible() => {
                 // The record may have been kept and deleted: nothing is known about the operation.
                 let ctx = ReplyContext { operation: Some(&key), status_query: true, ..Default::default() };

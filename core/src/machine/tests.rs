@@ -1355,3 +1355,134 @@ fn every_problem_type_is_a_slug_and_every_title_a_sentence() {
         assert!(title.split(' ').count() >= 4 && title.starts_with(char::is_uppercase), "{kind:?}: {title}");
     }
 }
+
+// ---- approval (DESIGN §4, "Approval") ----------------------------------------
+
+fn approval_ctx(rule: &str) -> Result<Ctx, Box<dyn std::error::Error>> {
+    let policy = policy_with("confirm", "envelope", &[("approval", rule)])?;
+    Ok(Ctx { config: config()?, policy, trace_id: "trace-1".into() })
+}
+
+fn approval_view(state: &str, exp_ms: i64) -> Value {
+    json!({"key": KEY, "state": state, "scope": "pay", "subject_hash": subject_hash("alice"),
+        "fields": r#"{"/amount":10,"/currency":"EUR"}"#, "created_at_ms": 1, "expires_at_ms": exp_ms,
+        "reason": "not this month", "console": "https://idemd.example/approvals"})
+}
+
+/// A confirm on an approval route, its acquire sent; `rule` decides over the body `amount`.
+fn approval_acquiring(rule: &str, now: u64) -> Result<(Machine, Step, FixedEnv), Box<dyn std::error::Error>> {
+    let mut env = FixedEnv::at(now, NONCE);
+    let (mut m, _) = Machine::start(approval_ctx(rule)?, &head(Some(token(1000)?)), false, &mut env);
+    let step = m.on_request_body(&body(json!("10.00")), &mut env)?;
+    Ok((m, step, env))
+}
+
+#[test]
+fn an_approval_route_asks_idemd_to_record_the_bound_fields_for_a_person() -> TestResult {
+    let (_, step, _) = approval_acquiring("always", 999)?;
+    let c = call(&step).ok_or("no call")?;
+    let req: AcquireRequest = serde_json::from_slice(c.body.as_deref().unwrap_or_default())?;
+    // The canonical bound fields: never the memo.
+    assert_eq!(req.approval.map(|a| a.fields), Some(r#"{"/amount":10,"/currency":"EUR"}"#.to_string()));
+    // Under the threshold the rule does not ask.
+    let (_, step, _) = approval_acquiring(r#"{"field":"/amount","gte":"1000"}"#, 999)?;
+    let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert!(req.approval.is_none());
+    Ok(())
+}
+
+#[test]
+fn approval_answers_become_replies_and_nothing_is_forwarded() -> TestResult {
+    let awaiting = json!({"outcome": "AWAITING_APPROVAL", "approval": approval_view("AWAITING_APPROVAL", 1_000_000)});
+    let rejected = json!({"outcome": "REJECTED", "approval": approval_view("REJECTED", 1_000_000)});
+    let lapsed = json!({"outcome": "LAPSED", "approval": approval_view("AWAITING_APPROVAL", 1_000_000)});
+    let cases = [
+        (answer(200, awaiting), 202, "approval_required", Counter::ApprovalRequired),
+        (answer(200, rejected), 403, "rejected", Counter::ApprovalRejected),
+        // The outcome is idemd's word; the record as of now is what the reply reads (still awaiting
+        // before exp would be approval_required: idemd said lapsed because its clock is past exp).
+        (answer(200, json!({"outcome": "AWAITING_APPROVAL"})), 503, "status_unavailable", Counter::SidecarErrors),
+    ];
+    for (a, http, status, counter) in cases {
+        let (mut m, _, mut env) = approval_acquiring("always", 999)?;
+        let step = m.on_callout(&a, &mut env)?;
+        assert_eq!(reply_status(&step)?, (http, status.to_string()), "{a:?}");
+        assert!(!step.effects.contains(&Effect::ResumeRequest), "nothing forwarded");
+        assert!(counted(&step, counter), "{status}");
+    }
+    let (mut m, _, mut env) = approval_acquiring("always", 999)?;
+    let step = m.on_callout(&answer(200, lapsed), &mut env)?;
+    assert!(!step.effects.contains(&Effect::ResumeRequest));
+    let v = reply_json(&step)?;
+    assert_eq!(v["status"], "approval_required", "before exp the record reads as awaiting");
+    assert_eq!(v["approval"]["fields"]["/amount"], 10);
+    assert_eq!(v["approval"]["approve_at"], "https://idemd.example/approvals");
+    assert_eq!(v["poll_with"], "get_status");
+    assert_eq!(v["operation"], KEY);
+    // A rejection carries the approver's reason.
+    let (mut m, _, mut env) = approval_acquiring("always", 999)?;
+    let step = m.on_callout(
+        &answer(200, json!({"outcome": "REJECTED", "approval": approval_view("REJECTED", 1_000_000)})),
+        &mut env,
+    )?;
+    assert_eq!(reply_json(&step)?["approval"]["reason"], "not this month");
+    // An approval answer about another operation is not believed.
+    let mut other = approval_view("REJECTED", 1_000_000);
+    other["key"] = json!("33333333333333333333333333333333");
+    let (mut m, _, mut env) = approval_acquiring("always", 999)?;
+    let step = m.on_callout(&answer(200, json!({"outcome": "REJECTED", "approval": other})), &mut env)?;
+    assert_eq!(reply_status(&step)?.1, "status_unavailable");
+    Ok(())
+}
+
+#[test]
+fn an_approved_operation_acquires_and_forwards_once() -> TestResult {
+    let (mut m, _, mut env) = approval_acquiring("always", 999)?;
+    let step = m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
+    assert!(step.effects.contains(&Effect::ResumeRequest));
+    assert!(step.effects.contains(&Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, KEY.into())));
+    Ok(())
+}
+
+#[test]
+fn past_exp_an_approval_lapses_and_a_rejection_stays() -> TestResult {
+    let cases = [
+        (approval_view("AWAITING_APPROVAL", 1_000_000), 410, "approval_lapsed"),
+        (approval_view("APPROVED", 1_000_000), 410, "approval_lapsed"),
+        (approval_view("LAPSED", 1_000_000), 410, "approval_lapsed"),
+        (approval_view("REJECTED", 1_000_000), 403, "rejected"),
+    ];
+    for (view, http, status) in cases {
+        let mut env = FixedEnv::at(1000, NONCE);
+        let (mut m, _) = Machine::start(approval_ctx("always")?, &head(Some(token(1000)?)), false, &mut env);
+        let step = m.on_request_body(&body(json!(10)), &mut env)?;
+        assert_eq!(call(&step).map(|c| c.method), Some("GET"), "expired: a lookup, never an acquire");
+        let a = answer(404, json!({"error": "not_found", "reaped_possible": false, "approval": view}));
+        let step = m.on_callout(&a, &mut env)?;
+        assert_eq!(reply_status(&step)?, (http, status.to_string()));
+        assert!(!step.effects.contains(&Effect::ResumeRequest));
+    }
+    Ok(())
+}
+
+#[test]
+fn the_status_route_reports_awaiting_approved_rejected_and_lapsed() -> TestResult {
+    let fp = token(1000)?;
+    let cases = [
+        (999, "AWAITING_APPROVAL", 200, "awaiting_approval"),
+        (999, "APPROVED", 200, "approved"),
+        (999, "REJECTED", 200, "rejected"),
+        (1000, "AWAITING_APPROVAL", 410, "approval_lapsed"),
+        (1000, "APPROVED", 410, "approval_lapsed"),
+    ];
+    for (now, state, http, status) in cases {
+        let mut env = FixedEnv::at(now, NONCE);
+        let h = RequestHead { path: format!("/status?fingerprint={fp}"), ..head(None) };
+        let (mut m, _) = Machine::start(ctx("status")?, &h, true, &mut env);
+        let a = answer(404, json!({"error": "not_found", "approval": approval_view(state, 1_000_000)}));
+        let step = m.on_callout(&a, &mut env)?;
+        assert_eq!(reply_status(&step)?, (http, status.to_string()), "{now} {state}");
+        assert_eq!(reply_json(&step)?["operation"], KEY);
+    }
+    Ok(())
+}

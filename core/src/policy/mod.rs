@@ -11,6 +11,7 @@
 //!
 //! The dependencies run one way: `plugin` → `rules` → `route` → `pairs`.
 
+pub mod approval;
 mod pairs;
 mod plugin;
 mod route;

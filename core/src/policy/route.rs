@@ -53,6 +53,7 @@ pub const ROUTE_KEYS: &[&str] = &[
     "quote_expires",
     "upstream_keys",
     "business_ref",
+    "approval",
 ];
 
 const MAX_SCOPE_LEN: usize = 128;
@@ -124,6 +125,8 @@ pub struct RoutePolicy {
     /// Confirm: a bound field the upstream stores (a client reference), by which the reconciler
     /// can look the operation up where the upstream ignores keys.
     pub business_ref: Option<String>,
+    /// Confirm: when a person must approve the operation before it runs (DESIGN §4, "Approval").
+    pub approval: Option<super::approval::Approval>,
 }
 
 /// `quote_expires`: a JSON pointer into the preview's answer (`/expires_at`) or a response header
@@ -359,6 +362,20 @@ pub fn parse_route_policy(
             return perr(format!("business_ref: {pointer:?} must be one of the route's bound fields (bind)"));
         }
     }
+    let approval = match leaf_string(get, "approval")? {
+        None => None,
+        Some(_) if role != Role::Confirm => {
+            return perr(format!("approval: only for role confirm, not {}", role.as_str()))
+        }
+        // A client key has no `exp`, so its approval could never lapse; and a confirm that names its
+        // operation by a key would bypass the rule. One or the other.
+        Some(_) if client_keys => {
+            return perr(
+                "approval: not with client_keys: true (an approval belongs to a fingerprint and lapses at its exp)",
+            )
+        }
+        Some(text) => Some(super::approval::parse(&text, &bound)?),
+    };
     let callers = match leaf_string(get, "callers")?.as_deref() {
         None if role == Role::Idempotent => Callers::Programs,
         None => Callers::Agents,
@@ -385,6 +402,7 @@ pub fn parse_route_policy(
         quote_expires,
         upstream_keys,
         business_ref,
+        approval,
     }))
 }
 
@@ -447,6 +465,7 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
         quote_expires: None,
         upstream_keys: UpstreamKeys::Honoured,
         business_ref: None,
+        approval: None,
     })
 }
 
@@ -587,8 +606,32 @@ mod tests {
             quote_expires: None,
             upstream_keys: UpstreamKeys::Honoured,
             business_ref: None,
+            approval: None,
         };
         assert_eq!(p, Some(want));
+        Ok(())
+    }
+
+    #[test]
+    fn approval_is_a_confirm_condition_over_bound_fields() -> Result<(), PolicyError> {
+        use super::super::approval::Approval;
+        let confirm = |approval: &str| {
+            route(&[
+                ("role", s("confirm")),
+                ("scope", s("pay")),
+                ("bind", s("/amount:decimal, /currency:string")),
+                ("approval", s(approval)),
+            ])
+        };
+        let p = confirm("always")?.ok_or(PolicyError("none".into()))?;
+        assert_eq!(p.approval, Some(Approval::Always));
+        let p = confirm(r#"{"field":"/amount","gte":"1000"}"#)?.ok_or(PolicyError("none".into()))?;
+        assert!(matches!(p.approval, Some(Approval::When(_))));
+        let err = confirm(r#"{"field":"/memo","gte":"1000"}"#).err().map(|e| e.0).unwrap_or_default();
+        assert!(err.starts_with("approval.field") && err.contains("/memo"), "{err}");
+        let preview =
+            route(&[("role", s("preview")), ("scope", s("pay")), ("bind", s("/a")), ("approval", s("always"))]);
+        assert!(preview.is_err_and(|e| e.0.contains("only for role confirm")));
         Ok(())
     }
 

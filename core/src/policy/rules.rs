@@ -416,6 +416,25 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_approval_condition_names_the_route_and_the_field() {
+        let bad = rules(serde_json::json!([{
+            "name": "transfers",
+            "match": {"path": "/v1/transfers"},
+            "role": "confirm", "scope": "pay", "bind": "/amount:decimal",
+            "approval": {"field": "/amount", "gte": "a lot"}
+        }]));
+        let err = bad.err().map(|e| e.0).unwrap_or_default();
+        assert!(err.contains("routes[0] (transfers).approval.gte (/amount)"), "{err}");
+        let good = rules(serde_json::json!([{
+            "name": "transfers",
+            "match": {"path": "/v1/transfers"},
+            "role": "confirm", "scope": "pay", "bind": "/amount:decimal",
+            "approval": {"field": "/amount", "gte": "1000"}
+        }]));
+        assert!(good.is_ok_and(|r| r.rules.first().is_some_and(|r| r.policy.approval.is_some())));
+    }
+
+    #[test]
     fn exact_paths_parameters_prefixes_methods_and_hosts() -> Result<(), RuleError> {
         let r = rules(json!([
             rule("confirm", json!({"method": "post", "path": "/v1/transfers"}), "confirm"),

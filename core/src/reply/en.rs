@@ -43,6 +43,14 @@ pub(super) fn meaning(m: Meaning) -> String {
         ),
         M::QuoteUnusable => "The service answered the preview, but the quote's validity could not be read (or the quote has already expired), so no fingerprint was issued and nothing can be confirmed from this preview. This call did not execute anything.".into(),
         M::RecordGone => "This fingerprint has expired, and the gateway no longer keeps records that old, so it cannot tell whether an earlier call executed this operation. This call did not execute anything.".into(),
+        M::ApprovalRequired => "This operation needs a person's approval before it runs. It was recorded for approval and was not executed: nothing happens until a person approves it.".into(),
+        M::AwaitingApproval => "This operation is waiting for a person's approval. It was not executed.".into(),
+        M::Approved => "A person approved this operation. It was not executed yet: it runs once, when it is confirmed again with the same fingerprint.".into(),
+        M::Rejected(reason) => format!(
+            "A person refused this operation (reason: {}). It was not executed, and it never will be with this fingerprint.",
+            reason.unwrap_or("none given")
+        ),
+        M::ApprovalLapsed => "Nobody approved this operation before its fingerprint expired, so it was not executed and cannot be any more.".into(),
         M::PathNotCanonical => "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) of an operation the gateway guards. This call did not execute anything.".into(),
     }
 }
@@ -98,6 +106,23 @@ pub(super) fn instruction(i: Instruction) -> String {
         I::LookElsewhere { reference } => format!(
             "Do not tell the user it was not done, and do not confirm again with this fingerprint. Tell the user the outcome can no longer be looked up here and give them the reference {reference}, which an operator can check in the service's own records. If the user wants a new operation, call the preview tool again."
         ),
+        I::AwaitApproval { tool, console, wait_ms } => format!(
+            "Do not call this tool again until the status says approved, and do not start a new preview. Tell the user that this operation (the fields in `approval.fields`) needs a person's approval{}. Then wait {} and call {} to learn the decision.",
+            console.map(|c| format!(", which an approver gives at {c}")).unwrap_or_default(),
+            wait(wait_ms),
+            tool.map_or("this tool again with exactly the same arguments and the same fingerprint (it only reports until a person approves, then executes once)".to_string(), |t| format!("`{t}` with the same fingerprint"))
+        ),
+        I::AwaitingAsked { console, wait_ms } => format!(
+            "Do not call the confirm tool yet and do not start a new preview. Tell the user it is waiting for a person's approval{}; wait {}, then call this status tool again with the same fingerprint.",
+            console.map(|c| format!(" (given at {c})")).unwrap_or_default(),
+            wait(wait_ms)
+        ),
+        I::ConfirmNow { at } => format!(
+            "Call the confirm tool again now with exactly the same arguments and the same fingerprint{}: it executes once. Do not start a new preview.",
+            at.map(|at| format!(" before {}", crate::utc::iso_utc(at))).unwrap_or_default()
+        ),
+        I::ReportRefusal => "Do not retry and do not start a new preview to get around the decision. Tell the user that a person refused the operation, and give them the reason.".into(),
+        I::PreviewForApproval => "Do not confirm again with this fingerprint. Tell the user that nobody approved it in time. If the user still wants it, call the preview tool again and confirm with the new fingerprint; it will need approval again.".into(),
         I::DocumentedPath(detail) => {
             format!("Send the call again to the operation's documented path ({}).", detail.unwrap_or("see `detail`"))
         }

@@ -64,10 +64,20 @@ pub enum ReplyKind {
     /// 400: another spelling of a guarded path or method (case, escapes, slashes, an override
     /// header) that an upstream may read as the guarded one; `detail` names the path to use.
     PathNotCanonical,
+    /// 202: a person must approve this confirm first; it is recorded, nothing was forwarded.
+    ApprovalRequired,
+    /// Status route: the operation waits for a person's approval (HTTP 200).
+    AwaitingApproval,
+    /// Status route: a person approved it; the next confirm executes it, once (HTTP 200).
+    Approved,
+    /// A person refused the operation: 403 to a confirm (200 to a status query), replayed forever.
+    Rejected,
+    /// 410: nobody approved before the fingerprint's `exp`; nothing executed.
+    ApprovalLapsed,
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 23] = [
+    pub const ALL: [ReplyKind; 28] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -91,6 +101,11 @@ impl ReplyKind {
         ReplyKind::PathNotCanonical,
         ReplyKind::RecordGone,
         ReplyKind::QuoteUnusable,
+        ReplyKind::ApprovalRequired,
+        ReplyKind::AwaitingApproval,
+        ReplyKind::Approved,
+        ReplyKind::Rejected,
+        ReplyKind::ApprovalLapsed,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -117,6 +132,11 @@ impl ReplyKind {
             ReplyKind::PathNotCanonical => "path_not_canonical",
             ReplyKind::RecordGone => "record_expired",
             ReplyKind::QuoteUnusable => "quote_unusable",
+            ReplyKind::ApprovalRequired => "approval_required",
+            ReplyKind::AwaitingApproval => "awaiting_approval",
+            ReplyKind::Approved => "approved",
+            ReplyKind::Rejected => "rejected",
+            ReplyKind::ApprovalLapsed => "approval_lapsed",
         }
     }
 
@@ -131,6 +151,22 @@ impl ReplyKind {
                 | ReplyKind::OutcomeUnknown
                 | ReplyKind::NeedsReview
                 | ReplyKind::NotYetExecuted
+                | ReplyKind::AwaitingApproval
+                | ReplyKind::Approved
+                | ReplyKind::Rejected
+                | ReplyKind::ApprovalLapsed
+        )
+    }
+
+    /// One of the approval replies (DESIGN §4, "Approval").
+    pub fn is_approval(self) -> bool {
+        matches!(
+            self,
+            ReplyKind::ApprovalRequired
+                | ReplyKind::AwaitingApproval
+                | ReplyKind::Approved
+                | ReplyKind::Rejected
+                | ReplyKind::ApprovalLapsed
         )
     }
 
@@ -163,6 +199,22 @@ pub struct ReplyContext<'a> {
     /// reports the outcome instead of calling the call a duplicate, and the
     /// query itself succeeded (HTTP 200; `original_status` keeps the upstream's).
     pub status_query: bool,
+    /// What a person approves (or approved, or refused): for the approval replies.
+    pub approval: Option<ApprovalFacts<'a>>,
+}
+
+/// The approval replies' facts: what awaits a decision and where it is made.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApprovalFacts<'a> {
+    /// The bound fields' canonical JSON (what the fingerprint covers; never free text).
+    pub fields: &'a str,
+    pub scope: &'a str,
+    /// Where a person approves (idemd's console), if configured.
+    pub console: Option<&'a str>,
+    /// The approver's reason, on a rejection.
+    pub reason: Option<&'a str>,
+    /// Unix seconds: the approval lapses then.
+    pub expires_at: Option<u64>,
 }
 
 /// A local reply, rendered for plain HTTP. `facts` keeps what it says as data, so a framing
@@ -228,7 +280,14 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
                 body.insert("poll_with".into(), tool.into());
             }
         }
+        ReplyKind::ApprovalRequired | ReplyKind::AwaitingApproval => {
+            body.insert("poll_with".into(), ctx.poll_with.or(ctx.own_tool).map_or(Value::Null, Value::from));
+            body.insert("poll_after_ms".into(), ctx.poll_after_ms.into());
+        }
         _ => {}
+    }
+    if let Some(facts) = ctx.approval.filter(|_| kind.is_approval()) {
+        body.insert("approval".into(), approval_object(kind, &facts));
     }
     if let Some(key) = ctx.operation {
         if matches!(
@@ -238,7 +297,8 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
                 | ReplyKind::NeedsReview
                 | ReplyKind::StatusUnavailable
                 | ReplyKind::RecordGone
-        ) {
+        ) || kind.is_approval()
+        {
             body.insert("operation".into(), key.into());
         }
     }
@@ -259,6 +319,25 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     // Serializing a map of plain values cannot fail.
     let bytes = serde_json::to_vec(&body).unwrap_or_default();
     Reply { http_status: http_status(kind, ctx), headers, body: bytes, facts: Some(Facts { kind, envelope: body }) }
+}
+
+/// `approval` in an envelope: the bound fields as JSON, the scope, where a person decides, the
+/// deadline and, for a rejection, the reason.
+fn approval_object(kind: ReplyKind, facts: &ApprovalFacts) -> Value {
+    let mut out = Map::new();
+    let fields = serde_json::from_str::<Value>(facts.fields).unwrap_or(Value::Null);
+    out.insert("fields".into(), fields);
+    out.insert("scope".into(), facts.scope.into());
+    if let Some(console) = facts.console {
+        out.insert("approve_at".into(), console.into());
+    }
+    if let Some(at) = facts.expires_at {
+        out.insert("expires_at".into(), at.into());
+    }
+    if kind == ReplyKind::Rejected {
+        out.insert("reason".into(), facts.reason.map_or(Value::Null, Value::from));
+    }
+    Value::Object(out)
 }
 
 /// A recorded result replayed as the upstream sent it (the route's `replay:
@@ -288,7 +367,11 @@ pub fn result_ref(body: &[u8], pointer: &str) -> Option<String> {
 fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
     let original = ctx.result.map(|r| r.status).filter(|s| (200..=599).contains(s));
     match kind {
-        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed if ctx.status_query => 200,
+        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed | ReplyKind::Rejected if ctx.status_query => 200,
+        ReplyKind::ApprovalRequired => 202,
+        ReplyKind::AwaitingApproval | ReplyKind::Approved => 200,
+        ReplyKind::Rejected => 403,
+        ReplyKind::ApprovalLapsed => 410,
         ReplyKind::AlreadyCompleted => original.unwrap_or(200),
         ReplyKind::AlreadyFailed => original.unwrap_or(409),
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
@@ -391,6 +474,15 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
             (http_status(kind, ctx), "already-recorded", "This request was already processed; its result was recorded")
         }
         ReplyKind::NotYetExecuted => (200, "not-yet-executed", "This operation has not been executed"),
+        ReplyKind::ApprovalRequired => {
+            (202, "approval-required", "A person must approve this request before it is executed")
+        }
+        ReplyKind::AwaitingApproval => (200, "awaiting-approval", "This request is waiting for a person's approval"),
+        ReplyKind::Approved => (200, "approved", "A person approved this request; it has not been executed yet"),
+        ReplyKind::Rejected => (http_status(kind, ctx), "rejected", "A person refused this request; it was not executed"),
+        ReplyKind::ApprovalLapsed => {
+            (410, "approval-lapsed", "Nobody approved this request in time; it was not executed")
+        }
     }
 }
 
@@ -459,13 +551,14 @@ mod tests {
             ReplyKind::AlreadyFailed => 402,
             ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
             ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
-            ReplyKind::NotYetExecuted => 200,
+            ReplyKind::NotYetExecuted | ReplyKind::AwaitingApproval | ReplyKind::Approved => 200,
             ReplyKind::ParamsChanged => 422,
-            ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
+            ReplyKind::FingerprintExpired | ReplyKind::RecordGone | ReplyKind::ApprovalLapsed => 410,
             ReplyKind::QuoteUnusable => 502,
             ReplyKind::FingerprintInvalid => 400,
             ReplyKind::FingerprintMissing => 428,
-            ReplyKind::Forbidden => 403,
+            ReplyKind::ApprovalRequired => 202,
+            ReplyKind::Forbidden | ReplyKind::Rejected => 403,
             ReplyKind::SubjectMissing => 401,
             ReplyKind::BodyTooLarge => 413,
             ReplyKind::InvalidJson
@@ -494,6 +587,13 @@ mod tests {
                     detail: Some("/amount"),
                     operation: Some("0123456789abcdef0123456789abcdef"),
                     status_query: false,
+                    approval: Some(ApprovalFacts {
+                        fields: r#"{"/amount":"5000"}"#,
+                        scope: "payments.transfer",
+                        console: Some("https://idemd.example/approvals"),
+                        reason: Some("over the limit"),
+                        expires_at: Some(1_753_500_000),
+                    }),
                 };
                 let reply = render(kind, lang, &ctx);
                 let body = json(&reply)?;
@@ -547,7 +647,12 @@ mod tests {
                 "invalid_header",
                 "path_not_canonical",
                 "record_expired",
-                "quote_unusable"
+                "quote_unusable",
+                "approval_required",
+                "awaiting_approval",
+                "approved",
+                "rejected",
+                "approval_lapsed"
             ]
         );
     }
@@ -755,7 +860,17 @@ mod tests {
     /// fingerprint may have executed it.
     #[test]
     fn only_provable_replies_say_nothing_ran() {
-        let about_operation = [ReplyKind::NotExecuted, ReplyKind::FingerprintExpired];
+        // An approval's record is the proof: nothing runs before APPROVED, and a rejected or
+        // lapsed one never runs.
+        let about_operation = [
+            ReplyKind::NotExecuted,
+            ReplyKind::FingerprintExpired,
+            ReplyKind::ApprovalRequired,
+            ReplyKind::AwaitingApproval,
+            ReplyKind::Approved,
+            ReplyKind::Rejected,
+            ReplyKind::ApprovalLapsed,
+        ];
         for kind in ReplyKind::ALL {
             for status_query in [false, true] {
                 let ctx = ReplyContext { status_query, ..Default::default() };

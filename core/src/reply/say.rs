@@ -40,6 +40,12 @@ pub(super) enum Meaning<'a> {
     QuoteUnusable,
     RecordGone,
     PathNotCanonical,
+    ApprovalRequired,
+    AwaitingApproval,
+    Approved,
+    /// The approver's reason, if one was given.
+    Rejected(Option<&'a str>),
+    ApprovalLapsed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +112,26 @@ pub(super) enum Instruction<'a> {
     },
     /// The documented path, if the reply names it.
     DocumentedPath(Option<&'a str>),
+    /// A confirm that needs a person: tell the user what and where, do not call again until the
+    /// status says approved (`tool` polls; without one, this tool with the same fingerprint).
+    AwaitApproval {
+        tool: Option<&'a str>,
+        console: Option<&'a str>,
+        wait_ms: u64,
+    },
+    /// A status query of an operation still waiting for a person.
+    AwaitingAsked {
+        console: Option<&'a str>,
+        wait_ms: u64,
+    },
+    /// Approved: confirm again now, same arguments and fingerprint (before `at`, unix seconds).
+    ConfirmNow {
+        at: Option<u64>,
+    },
+    /// Refused by a person: do not retry; report the reason.
+    ReportRefusal,
+    /// Lapsed: a new preview if the user still wants it (it needs approval again).
+    PreviewForApproval,
 }
 
 /// The one place a reply's variant is chosen.
@@ -158,5 +184,20 @@ pub(super) fn say<'a>(kind: ReplyKind, ctx: &'a ReplyContext<'a>) -> (Meaning<'a
         ReplyKind::QuoteUnusable => (M::QuoteUnusable, I::NoConfirmForQuote),
         ReplyKind::RecordGone => (M::RecordGone, I::LookElsewhere { reference }),
         ReplyKind::PathNotCanonical => (M::PathNotCanonical, I::DocumentedPath(ctx.detail)),
+        ReplyKind::ApprovalRequired => (
+            M::ApprovalRequired,
+            I::AwaitApproval {
+                tool: ctx.poll_with,
+                console: ctx.approval.and_then(|a| a.console),
+                wait_ms: ctx.poll_after_ms,
+            },
+        ),
+        ReplyKind::AwaitingApproval => (
+            M::AwaitingApproval,
+            I::AwaitingAsked { console: ctx.approval.and_then(|a| a.console), wait_ms: ctx.poll_after_ms },
+        ),
+        ReplyKind::Approved => (M::Approved, I::ConfirmNow { at: ctx.approval.and_then(|a| a.expires_at) }),
+        ReplyKind::Rejected => (M::Rejected(ctx.approval.and_then(|a| a.reason)), I::ReportRefusal),
+        ReplyKind::ApprovalLapsed => (M::ApprovalLapsed, I::PreviewForApproval),
     }
 }

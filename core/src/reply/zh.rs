@@ -39,6 +39,14 @@ pub(super) fn meaning(m: Meaning) -> String {
         ),
         M::QuoteUnusable => "服务已返回预览结果，但无法读取报价的有效期（或报价已经过期），因此没有签发指纹，这次预览无法被确认。本次调用没有执行任何操作。".into(),
         M::RecordGone => "该指纹已过期，网关不再保存这么久之前的记录，无法判断之前的调用是否已经执行了该操作。本次调用没有执行任何操作。".into(),
+        M::ApprovalRequired => "该操作需要人工批准后才能执行。它已被记录等待批准，没有被执行：在有人批准之前什么都不会发生。".into(),
+        M::AwaitingApproval => "该操作正在等待人工批准，没有被执行。".into(),
+        M::Approved => "该操作已获人工批准，但还没有被执行：用同一个指纹再次确认时会执行一次。".into(),
+        M::Rejected(reason) => format!(
+            "该操作被人工拒绝（原因：{}）。它没有被执行，用这个指纹也永远不会执行。",
+            reason.unwrap_or("未说明")
+        ),
+        M::ApprovalLapsed => "在指纹过期之前没有人批准该操作，因此它没有被执行，也不能再执行。".into(),
         M::PathNotCanonical => "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头），本次调用没有执行任何操作。".into(),
     }
 }
@@ -94,6 +102,23 @@ pub(super) fn instruction(i: Instruction) -> String {
         I::LookElsewhere { reference } => format!(
             "不要告诉用户操作没有完成，也不要用这个指纹再次确认。告诉用户这里已无法查询结果，并给出参考号 {reference}，运维人员可以在业务系统自己的记录中核对。如果用户想要新的操作，请先重新调用预览工具。"
         ),
+        I::AwaitApproval { tool, console, wait_ms } => format!(
+            "在状态显示已批准之前，不要再次调用此工具，也不要重新预览。告诉用户该操作（见 `approval.fields` 中的字段）需要人工批准{}。然后等待 {}，再{}以了解审批结果。",
+            console.map(|c| format!("，审批人在 {c} 批准")).unwrap_or_default(),
+            wait(wait_ms),
+            tool.map_or("用完全相同的参数和同一个指纹再次调用此工具（在批准之前它只报告状态，批准后只执行一次）".to_string(), |t| format!("用同一个指纹调用 `{t}`"))
+        ),
+        I::AwaitingAsked { console, wait_ms } => format!(
+            "暂时不要调用确认工具，也不要重新预览。告诉用户该操作正在等待人工批准{}；等待 {} 后，用同一个指纹再次调用此状态工具。",
+            console.map(|c| format!("（在 {c} 批准）")).unwrap_or_default(),
+            wait(wait_ms)
+        ),
+        I::ConfirmNow { at } => format!(
+            "现在用完全相同的参数和同一个指纹再次调用确认工具{}：它只会执行一次。不要重新预览。",
+            at.map(|at| format!("（在 {} 之前）", crate::utc::iso_utc(at))).unwrap_or_default()
+        ),
+        I::ReportRefusal => "不要重试，也不要为绕过这个决定而重新预览。告诉用户该操作被人工拒绝，并告诉他们原因。".into(),
+        I::PreviewForApproval => "不要再用这个指纹确认。告诉用户没有人及时批准。如果用户仍然需要，请重新调用预览工具，并用新的指纹确认；它仍需要批准。".into(),
         I::DocumentedPath(detail) => format!("请按文档中的路径重新发送（调用）该操作（{}）。", detail.unwrap_or("见 detail")),
     }
 }

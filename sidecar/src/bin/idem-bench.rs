@@ -282,6 +282,7 @@ fn request(key: OpKey) -> AcquireRequest {
         exp: None,
         upstream_ignores_keys: false,
         business_ref: None,
+        approval: None,
     }
 }
 

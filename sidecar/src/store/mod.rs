@@ -28,6 +28,7 @@
 //!   SQL down: nothing can be acquired (STORE_UNAVAILABLE: nothing ran, safe
 //!   to retry), but what Redis already knows (replays, IN_FLIGHT) still answers.
 
+pub mod approval;
 pub mod audit;
 pub mod backlog;
 mod claims;
@@ -44,7 +45,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::protocol::{
     Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState, OperationView,
-    OwnerToken, ReleaseRequest, RenewRequest, RenewResponse, SecurityKind, StoredResult,
+    OwnerToken, ReleaseRequest, RenewRequest, RenewResponse, SecurityKind, StoredResult, WithApproval,
 };
 use tokio::sync::Semaphore;
 use tracing::{debug, warn, Instrument};
@@ -103,6 +104,8 @@ pub struct Store {
     settings: StoreSettings,
     metrics: Arc<Metrics>,
     event_writes: Arc<Semaphore>,
+    /// Where a person approves (`--approval-console-url`): told to the agent with `approval_required`.
+    console: Option<String>,
 }
 
 /// How an attempt ended.
@@ -117,7 +120,17 @@ impl Store {
         metrics.set_redis_configured(redis.is_some());
         metrics.set_redis_up(redis.is_some());
         metrics.set_sql_up(true);
-        Self { sql, redis, settings, metrics, event_writes: Arc::new(Semaphore::new(MAX_EVENT_WRITES)) }
+        Self { sql, redis, settings, metrics, event_writes: Arc::new(Semaphore::new(MAX_EVENT_WRITES)), console: None }
+    }
+
+    /// Name where a person approves: the URL the agent is told to send the user to.
+    pub fn with_console(mut self, url: Option<String>) -> Self {
+        self.console = url;
+        self
+    }
+
+    pub fn console(&self) -> Option<&str> {
+        self.console.as_deref()
     }
 
     pub fn sql(&self) -> &SqlStore {
@@ -139,6 +152,30 @@ impl Store {
     // ---- acquire -------------------------------------------------------
 
     pub async fn acquire(&self, req: &AcquireRequest) -> AcquireResponse {
+        self.acquire_answer(req).await.answer
+    }
+
+    /// The acquire as the API answers it: with the approval record beside the outcome where the
+    /// route asks a person first (DESIGN §4, "Approval"; `approval`).
+    pub async fn acquire_answer(&self, req: &AcquireRequest) -> WithApproval<AcquireResponse> {
+        if let Some(gated) = self.approval_gate(req).await {
+            self.after_acquire(req, &gated.answer);
+            return gated;
+        }
+        let answer = self.acquire_plain(req).await;
+        // The approval was given, but its row is not where the insert looked (reaped, or an
+        // answer from the row that stopped the insert): carry what the row says.
+        if matches!(
+            answer.outcome,
+            AcquireOutcome::AwaitingApproval | AcquireOutcome::Rejected | AcquireOutcome::Lapsed
+        ) {
+            let approval = self.approval_view(&req.key).await.ok().flatten();
+            return WithApproval { answer, approval };
+        }
+        WithApproval { answer, approval: None }
+    }
+
+    async fn acquire_plain(&self, req: &AcquireRequest) -> AcquireResponse {
         let lease_ms = req.lease_ms.max(self.settings.lease_ms);
         let owner = new_owner();
         let mut answer = None;
@@ -155,6 +192,12 @@ impl Store {
             warn!(key = %req.key, "acquire kept racing a release; answering STORE_UNAVAILABLE");
             unavailable()
         });
+        self.after_acquire(req, &answer);
+        answer
+    }
+
+    /// What every acquire's answer is followed by: the security event of a mismatch, the count.
+    fn after_acquire(&self, req: &AcquireRequest, answer: &AcquireResponse) {
         if answer.outcome == AcquireOutcome::ParamMismatch {
             // A security event: someone reuses a nonce with other parameters,
             // another subject or scope. Never log the hashes' inputs. The
@@ -177,7 +220,6 @@ impl Store {
             drop(self.security_event(event));
         }
         self.metrics.acquire(answer.outcome.as_str(), req.mode.as_str());
-        answer
     }
 
     async fn acquire_once(&self, req: &AcquireRequest, owner: &str, lease_ms: u64) -> Step {
@@ -277,8 +319,25 @@ impl Store {
                     }
                     return answer_from_row(&rec, req);
                 }
-                // Released between our insert and our read: try the insert again.
-                Ok(None) => continue,
+                // No row: the insert was refused by an approval not (yet) given, or the row was
+                // released between our insert and our read (then try the insert again).
+                Ok(None) => match self.sql_timed("approval_get", self.sql.approval(&req.key)).await {
+                    Ok(Some(a)) if !rules::acquire_allowed(Some(&a)) => {
+                        self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
+                        let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
+                        let outcome = match rules::approval_gate(Some(&a), binding, now_ms()) {
+                            rules::Gate::Answer(o) => o,
+                            // Not allowed, so not APPROVED: awaiting is the closest honest word.
+                            rules::Gate::Proceed | rules::Gate::Record => AcquireOutcome::AwaitingApproval,
+                        };
+                        return AcquireResponse { outcome, owner: None, result: None };
+                    }
+                    Ok(_) => continue,
+                    Err(_) => {
+                        self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
+                        return unavailable();
+                    }
+                },
                 Err(e) => {
                     warn!(key = %req.key, error = %e, "SQL read failed: STORE_UNAVAILABLE");
                     self.undo_acquire(&req.key, owner, gate_in_redis, false).await;

@@ -34,3 +34,43 @@ pub struct Record {
     /// reconciler can look the operation up instead of by key.
     pub business_ref: Option<String>,
 }
+
+/// One row of `idem_approval` (DESIGN §4, "Approval"): an operation a person must approve before
+/// it runs. Nothing of it is in `idem_record` until it is APPROVED and a confirm acquires it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalRow {
+    pub key: String,
+    pub state: idem_core::protocol::ApprovalState,
+    pub param_hash: String,
+    pub subject_hash: String,
+    pub scope: String,
+    /// The bound fields' canonical JSON: what the approver sees.
+    pub fields: String,
+    /// The fingerprint's `exp` (unix ms): the approval lapses then.
+    pub fp_exp_ms: i64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// The approver's identity, once decided.
+    pub decided_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl ApprovalRow {
+    /// The row as the API answers it; `console` is where a person approves.
+    pub fn view(&self, console: Option<&str>) -> Option<idem_core::protocol::ApprovalView> {
+        let decided = !matches!(self.state, idem_core::protocol::ApprovalState::AwaitingApproval);
+        Some(idem_core::protocol::ApprovalView {
+            key: idem_core::protocol::OpKey::parse(&self.key).ok()?,
+            state: self.state,
+            scope: self.scope.clone(),
+            subject_hash: self.subject_hash.clone(),
+            fields: self.fields.clone(),
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: self.fp_exp_ms,
+            decided_at_ms: decided.then_some(self.updated_at_ms),
+            decided_by: self.decided_by.clone(),
+            reason: self.reason.clone(),
+            console: console.map(str::to_string),
+        })
+    }
+}

@@ -12,9 +12,11 @@
 //! [`Broken`] is the model checker's mutation switch: each variant breaks one rule, so the checker
 //! can show that its properties notice. idemd always passes [`Broken::None`].
 
-use idem_core::protocol::{AcquireOutcome, AcquireResponse, OpState, OwnerToken, StoredResult, TerminalState};
+use idem_core::protocol::{
+    AcquireOutcome, AcquireResponse, ApprovalState, Decision, OpState, OwnerToken, StoredResult, TerminalState,
+};
 
-use super::record::Record;
+use super::record::{ApprovalRow, Record};
 use super::redis::{AcquireReply, WriteReply as Write};
 use super::retention;
 
@@ -261,6 +263,135 @@ pub fn redis_restore(entry: Option<&Cached>, rec: &Record) -> (bool, Option<Cach
         result: rec.result.as_ref().and_then(|r| serde_json::to_string(r).ok()),
     };
     (true, Some(copy))
+}
+
+// ---- approval (`idem_approval`; DESIGN §4, "Approval") ---------------------------------------
+
+/// What an acquire that asks for approval meets in `idem_approval`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// No row yet: record it AWAITING_APPROVAL ([`insert_awaiting`]); nothing is forwarded.
+    Record,
+    /// The row answers: AWAITING_APPROVAL, REJECTED, LAPSED, or PARAM_MISMATCH for another binding.
+    Answer(AcquireOutcome),
+    /// APPROVED, before `exp`: the acquire goes on to `idem_record` as any other (its insert wins
+    /// once; every other confirm meets that row).
+    Proceed,
+}
+
+/// The gate an approval acquire passes: by the row's binding first (another binding is a
+/// mismatch before anything is shown), then its state as of `now_ms` (past `exp`, awaiting or
+/// approved reads as lapsed: expiry only refuses to start an operation, and this one never started).
+pub fn approval_gate(
+    row: Option<&ApprovalRow>,
+    (param_hash, subject_hash, scope): (&str, &str, &str),
+    now_ms: i64,
+) -> Gate {
+    let Some(row) = row else { return Gate::Record };
+    if row.param_hash != param_hash || row.subject_hash != subject_hash || row.scope != scope {
+        return Gate::Answer(AcquireOutcome::ParamMismatch);
+    }
+    match approval_state_at(row, now_ms) {
+        ApprovalState::AwaitingApproval => Gate::Answer(AcquireOutcome::AwaitingApproval),
+        ApprovalState::Approved => Gate::Proceed,
+        ApprovalState::Rejected => Gate::Answer(AcquireOutcome::Rejected),
+        ApprovalState::Lapsed => Gate::Answer(AcquireOutcome::Lapsed),
+    }
+}
+
+/// The state a row reads as at `now_ms`.
+pub fn approval_state_at(row: &ApprovalRow, now_ms: i64) -> ApprovalState {
+    match row.state {
+        ApprovalState::AwaitingApproval | ApprovalState::Approved if now_ms >= row.fp_exp_ms => ApprovalState::Lapsed,
+        s => s,
+    }
+}
+
+/// The row an approval acquire inserts (`ON CONFLICT DO NOTHING`): `None` when one exists.
+pub fn insert_awaiting(row: Option<&ApprovalRow>, new: &ApprovalRow) -> Option<ApprovalRow> {
+    match row {
+        Some(_) => None,
+        None => {
+            Some(ApprovalRow { state: ApprovalState::AwaitingApproval, decided_by: None, reason: None, ..new.clone() })
+        }
+    }
+}
+
+/// May a fresh IN_FLIGHT row be inserted for this key? The insert's `NOT EXISTS` over
+/// `idem_approval`: no approval row, or an APPROVED one. So nothing reaches the upstream before a
+/// person approved it, whichever route (or a route that forgot its rule) sends the acquire.
+pub fn acquire_allowed(approval: Option<&ApprovalRow>) -> bool {
+    approval.is_none_or(|a| a.state == ApprovalState::Approved)
+}
+
+/// Why a decision was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such approval.
+    Unknown,
+    /// Decided already (approved, rejected or lapsed): a decision is made once.
+    Decided(ApprovalState),
+    /// The fingerprint's `exp` passed: it lapsed.
+    Lapsed,
+    /// The approver is the operation's own subject (refused unless allowed).
+    OwnSubject,
+}
+
+/// An approver's decision: the `UPDATE … WHERE state = 'AWAITING_APPROVAL' AND fp_exp_ms > now`,
+/// after the self-approval check. `approver_subject_hash`: the approver's identity hashed as a
+/// subject is, compared with the operation's subject.
+pub fn decide(
+    row: Option<&ApprovalRow>,
+    decision: Decision,
+    (approver, approver_subject_hash): (&str, &str),
+    reason: &str,
+    allow_self: bool,
+    now_ms: i64,
+) -> Result<ApprovalRow, Refusal> {
+    let row = row.ok_or(Refusal::Unknown)?;
+    if row.state != ApprovalState::AwaitingApproval {
+        return Err(Refusal::Decided(row.state));
+    }
+    if now_ms >= row.fp_exp_ms {
+        return Err(Refusal::Lapsed);
+    }
+    if !allow_self && row.subject_hash == approver_subject_hash {
+        return Err(Refusal::OwnSubject);
+    }
+    let state = match decision {
+        Decision::Approve => ApprovalState::Approved,
+        Decision::Reject => ApprovalState::Rejected,
+    };
+    Ok(ApprovalRow {
+        state,
+        decided_by: Some(approver.to_string()),
+        reason: Some(reason.to_string()),
+        updated_at_ms: now_ms,
+        ..row.clone()
+    })
+}
+
+/// The lapse sweep: an approval nobody gave (or an approved operation nobody confirmed) before
+/// `exp` becomes LAPSED, where `executed` (an `idem_record` row exists) is false.
+pub fn lapse(row: Option<&ApprovalRow>, executed: bool, now_ms: i64) -> Option<ApprovalRow> {
+    let row = row?;
+    let open = matches!(row.state, ApprovalState::AwaitingApproval | ApprovalState::Approved);
+    (open && !executed && now_ms >= row.fp_exp_ms).then(|| ApprovalRow {
+        state: ApprovalState::Lapsed,
+        updated_at_ms: now_ms,
+        ..row.clone()
+    })
+}
+
+/// The reaper may delete an approval row: decided (or lapsed) and past `exp` plus the retention
+/// (a rejection replays that long; an approved one's `idem_record` row answers after it).
+pub fn approval_reapable(row: &ApprovalRow, now_ms: i64, retention_ms: u64) -> bool {
+    let decided = row.state != ApprovalState::AwaitingApproval;
+    let kept = row
+        .fp_exp_ms
+        .saturating_add(retention::CLOCK_SKEW_MS)
+        .saturating_add(i64::try_from(retention_ms).unwrap_or(i64::MAX));
+    decided && now_ms > kept
 }
 
 #[cfg(test)]

@@ -163,6 +163,7 @@ macro_rules! bind_all {
         q
     }};
 }
+pub(super) use bind_all;
 
 /// Decode one `idem_record` row selected with [`COLUMNS`], inside one `on_pool!` arm.
 macro_rules! read_record {
@@ -222,9 +223,15 @@ const AUDIT_COLUMNS: &str = "idem_key, at_ms, actor, action, from_state, to_stat
 
 impl Queries {
     fn new(backend: Backend) -> Self {
-        let insert_values =
+        // The NOT EXISTS is `rules::acquire_allowed`: no IN_FLIGHT row for an operation whose
+        // approval a person has not given (DESIGN §4, "Approval"), whichever route acquires it.
+        // One primary-key probe in the same statement, no round trip.
+        let from_dual = if backend == Backend::MySql { " FROM DUAL" } else { "" };
+        let insert_values = format!(
             "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at, fp_exp_ms, \
-             upstream_ignores_keys, business_ref) VALUES (?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+             upstream_ignores_keys, business_ref) SELECT ?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{from_dual} \
+             WHERE NOT EXISTS (SELECT 1 FROM idem_approval WHERE idem_key = ?k AND state <> 'APPROVED')"
+        );
         let insert = match backend {
             // INSERT IGNORE also downgrades data errors to warnings; every value
             // is validated before it gets here, so only the duplicate key is left.
@@ -359,6 +366,13 @@ const MIGRATIONS: &[Migration] = &[
         mysql: include_str!("../../migrations/mysql/0006_upstream_keys.sql"),
         sqlite: include_str!("../../migrations/sqlite/0006_upstream_keys.sql"),
     },
+    Migration {
+        version: 7,
+        description: "idem_approval",
+        postgres: include_str!("../../migrations/postgres/0007_approvals.sql"),
+        mysql: include_str!("../../migrations/mysql/0007_approvals.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0007_approvals.sql"),
+    },
 ];
 
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
@@ -448,6 +462,8 @@ impl SqlStore {
             Bind::OptInt(row.fp_exp_ms),
             Bind::Int(i64::from(row.upstream_ignores_keys)),
             Bind::OptText(row.business_ref),
+            // The approval gate's key.
+            Bind::Text(row.key),
         ];
         let change = Change { key: row.key, from: None, to: Some("IN_FLIGHT"), at_ms: row.now_ms, audit };
         self.change(&self.q.insert, &binds, &change).await
@@ -685,7 +701,10 @@ mod tests {
     #[test]
     fn state_check_constraint_lists_every_state() {
         for m in MIGRATIONS {
-            for text in [m.postgres, m.mysql, m.sqlite].into_iter().filter(|t| t.contains("CHECK")) {
+            for text in [m.postgres, m.mysql, m.sqlite]
+                .into_iter()
+                .filter(|t| t.contains("CREATE TABLE IF NOT EXISTS idem_record"))
+            {
                 for s in ["IN_FLIGHT", "DONE", "FAILED", "NEEDS_REVIEW"] {
                     assert!(text.contains(&format!("'{s}'")), "{s} missing");
                 }

@@ -388,6 +388,34 @@ fn partner<'a>(me: &Action, role: Role, actions: &'a [Action]) -> Option<&'a Act
         .map(|(_, a)| a)
 }
 
+/// When a route's approval rule asks a person, in words for the tool's description.
+fn approval_when(rule: &idem_core::policy::approval::Approval) -> String {
+    use idem_core::policy::approval::{Approval, CompareOp, Condition};
+    fn words(c: &Condition) -> String {
+        match c {
+            Condition::All(items) => items.iter().map(words).collect::<Vec<_>>().join(" and "),
+            Condition::Any(items) => format!("({})", items.iter().map(words).collect::<Vec<_>>().join(" or ")),
+            Condition::Compare { pointer, op, value } => {
+                let op = match op {
+                    CompareOp::Gt => ">",
+                    CompareOp::Gte => ">=",
+                    CompareOp::Lt => "<",
+                    CompareOp::Lte => "<=",
+                    CompareOp::Eq => "=",
+                };
+                format!("`{}` {op} {value}", pointer.trim_start_matches('/'))
+            }
+            Condition::OneOf { pointer, values } => {
+                format!("`{}` in {}", pointer.trim_start_matches('/'), values.join(", "))
+            }
+        }
+    }
+    match rule {
+        Approval::Always => "Every call".to_string(),
+        Approval::When(c) => format!("A call where {}", words(c)),
+    }
+}
+
 /// The protocol in a few lines, after the annotation's own `tool.description`.
 fn describe(action: &Action, actions: &[Action], warnings: &mut Vec<String>) -> String {
     let p = &action.policy;
@@ -426,20 +454,51 @@ fn describe(action: &Action, actions: &[Action], warnings: &mut Vec<String>) -> 
                 Some(tool) => format!("as {} returned it", quoted(tool)),
                 None => "as the preview returned it".to_string(),
             };
+            let approval = match &p.approval {
+                None => String::new(),
+                Some(rule) => format!(
+                    " {} needs a person's approval first: the answer is then `approval_required` (nothing was \
+                     executed); tell the user what awaits approval and where, and do not call this tool again until \
+                     the status says `approved`; `rejected` means a person refused: do not retry.",
+                    approval_when(rule)
+                ),
+            };
             format!(
                 "Executes exactly once per fingerprint. Pass `fingerprint` exactly {from_preview}; never invent or \
                  edit one. If the answer is `in_progress`, {poll}; `already_completed` means it was done earlier: \
-                 report it, do not call again. Every answer has a `status` and an `instruction`: follow the instruction."
+                 report it, do not call again.{approval} Every answer has a `status` and an `instruction`: follow \
+                 the instruction."
             )
         }
         _ => String::from(
             "Reports what became of a fingerprint's operation: `already_completed` (with its result), \
-             `already_failed`, `in_progress` (ask again after `poll_after_ms`), `needs_review`, or `not_executed` \
-             (never confirmed). Read-only: it never executes anything. Pass `fingerprint` exactly as the preview returned it.",
+             `already_failed`, `in_progress` (ask again after `poll_after_ms`), `needs_review`, `not_executed` \
+             (never confirmed), or where a person must approve it `awaiting_approval`, `approved` (confirm it \
+             again now), `rejected`, `approval_lapsed`. Read-only: it never executes anything. Pass `fingerprint` exactly as the preview returned it.",
         ),
     };
     match p.tool.as_ref().and_then(|t| t.description.as_deref()) {
         Some(own) => format!("{own}\n{protocol}"),
         None => protocol,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_approval_rule_is_said_in_words() -> Result<(), idem_core::policy::PolicyError> {
+        use idem_core::canonical::{BoundField, FieldType};
+        let bound =
+            [BoundField::typed("/amount", FieldType::Decimal), BoundField::typed("/currency", FieldType::String)];
+        let rule = idem_core::policy::approval::parse(
+            r#"{"any": [{"field": "/amount", "gte": "1000"}, {"field": "/currency", "in": ["JPY", "KRW"]}]}"#,
+            &bound,
+        )?;
+        assert_eq!(approval_when(&rule), "A call where (`amount` >= 1000 or `currency` in JPY, KRW)");
+        let always = idem_core::policy::approval::parse("always", &bound)?;
+        assert_eq!(approval_when(&always), "Every call");
+        Ok(())
     }
 }
