@@ -57,6 +57,28 @@ fn committed(name: &str) -> Result<String, Box<dyn std::error::Error>> {
     Ok(std::fs::read_to_string(repo().join("envoy").join(name))?)
 }
 
+/// envoy/e2e.yaml without the route it holds misconfigured on purpose (same scope as an approval route, without
+/// the rule: `approval-per-scope` refuses it, `every_committed_configuration_passes` checks that), so that an
+/// edit of it tests one rule at a time.
+fn committed_e2e() -> Result<String, Box<dyn std::error::Error>> {
+    edit(&committed("e2e.yaml")?, &format!("{UNRULED_HEAD}{}", UNRULED_ROUTE.join("\n")), "")
+}
+
+const UNRULED_HEAD: &str = "              # The same scope without the rule (a route that forgot it): idemd's insert still refuses\n              # an operation whose approval a person has not given.\n";
+const UNRULED_ROUTE: [&str; 11] = [
+    "              - name: approval_confirm_unruled",
+    "                match: { path: /unruled/v1/transfers, headers: [{ name: \":method\", string_match: { exact: POST } }] }",
+    "                route: { cluster: demo, prefix_rewrite: /v1/transfers, timeout: 15s }",
+    "                metadata:",
+    "                  filter_metadata:",
+    "                    agent_idempotency:",
+    "                      role: confirm",
+    "                      scope: payments.large_transfer",
+    "                      bind: \"/amount:decimal, /currency:string, /payee_id:string\"",
+    "                      status_tool: get_transfer_status",
+    "",
+];
+
 /// `text` with `from` replaced (exactly once) by `to`: an edit that matches nothing must not test the unedited file.
 fn edit(text: &str, from: &str, to: &str) -> Result<String, Box<dyn std::error::Error>> {
     match text.matches(from).count() {
@@ -116,7 +138,8 @@ fn committed_configurations() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>
 /// With idemd's defaults: the settings `make run`, docker-compose.yml and deploy/ run idemd with.
 #[test]
 fn every_committed_configuration_passes() -> TestResult {
-    let rel = committed_configurations()?;
+    let (fixture, rel): (Vec<PathBuf>, Vec<PathBuf>) =
+        committed_configurations()?.into_iter().partition(|p| p.ends_with("e2e.yaml"));
     let refs: Vec<&Path> = rel.iter().map(PathBuf::as_path).collect();
     let run = check(&refs)?;
     assert_ok(&run);
@@ -125,6 +148,17 @@ fn every_committed_configuration_passes() -> TestResult {
     }
     // The RDS file was read, not skipped.
     assert!(!run.stderr.contains("not checked"), "{}", run.stderr);
+
+    // The e2e fixture holds one misconfiguration on purpose, for the defence behind this rule (idemd's
+    // insert refuses an unapproved operation on a route that forgot the approval rule, tests/tests/approval.rs):
+    // it is refused for that and for nothing else.
+    let refs: Vec<&Path> = fixture.iter().map(PathBuf::as_path).collect();
+    assert_eq!(refs.len(), 1, "{fixture:?}");
+    let run = check(&refs)?;
+    assert_refused(&run, "approval-per-scope", "route approval_confirm_unruled");
+    let findings: Vec<&str> = run.stderr.lines().filter(|l| l.contains("] ")).collect();
+    assert_eq!(findings.len(), 1, "{findings:?}");
+    assert!(findings.iter().all(|l| l.contains("is confirmed at") && l.contains("approval_confirm")), "{findings:?}");
 
     let dir = tempfile::tempdir()?;
     assert_ok(&check_text(dir.path(), "bench-as-run.yaml", &bench_as_run()?)?);
@@ -138,7 +172,7 @@ const ESCAPED: &str = "          path_with_escaped_slashes_action: REJECT_REQUES
 #[test]
 fn a_connection_manager_without_normalize_path_is_refused() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let run = check_text(dir.path(), "e2e.yaml", &edit(&committed("e2e.yaml")?, NORMALIZE, "")?)?;
+    let run = check_text(dir.path(), "e2e.yaml", &edit(&committed_e2e()?, NORMALIZE, "")?)?;
     assert_refused(&run, "normalize-path", "e2e.yaml: listener agents");
     let run = check_text(
         dir.path(),
@@ -165,7 +199,7 @@ fn a_connection_manager_without_merge_slashes_is_refused() -> TestResult {
 #[test]
 fn escaped_slashes_passed_unchanged_are_refused_decoded_or_refused_they_pass() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let e2e = committed("e2e.yaml")?;
+    let e2e = committed_e2e()?;
     let run = check_text(dir.path(), "unset.yaml", &edit(&e2e, ESCAPED, "")?)?;
     assert_refused(&run, "escaped-slashes", "unset.yaml: listener agents");
     for unsafe_action in ["KEEP_UNCHANGED", "IMPLEMENTATION_SPECIFIC_DEFAULT"] {
@@ -195,7 +229,7 @@ const PASSTHROUGH: &str = "              - name: passthrough\n                ma
 #[test]
 fn a_catch_all_to_a_cluster_that_serves_guarded_routes_is_refused() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let e2e = committed("e2e.yaml")?;
+    let e2e = committed_e2e()?;
     // The catch-all the configuration had: every near miss of an annotated route reached the demo.
     let run = check_text(dir.path(), "e2e.yaml", &edit(&e2e, NO_ROUTE, PASSTHROUGH)?)?;
     assert_refused(&run, "catch-all-to-guarded-cluster", "listener agents: virtual host transfers: route passthrough");
@@ -421,7 +455,7 @@ fn flags_idemd_serve_refuses_are_refused() -> TestResult {
 #[test]
 fn a_retried_confirm_needs_the_attempt_count_and_an_upstream_that_honours_keys() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let e2e = committed("e2e.yaml")?;
+    let e2e = committed_e2e()?;
     let without = edit(&e2e, "              include_attempt_count_in_response: true\n", "")?;
     let run = check_text(dir.path(), "e2e.yaml", &without)?;
     assert_refused(&run, "retry-needs-attempt-count", "virtual host transfers: route transfer_confirm_retrying");

@@ -205,6 +205,21 @@ fn parse_tool_spec(text: &str) -> Result<ToolSpec, PolicyError> {
 }
 
 impl RoutePolicy {
+    /// The policies here that verify a fingerprint and start an operation: this route's own on a
+    /// confirm route, each confirm tool's on an MCP route (with the tool's name).
+    pub fn fingerprint_confirms(&self) -> Vec<(Option<&str>, &RoutePolicy)> {
+        match self.role {
+            Role::Confirm => vec![(None, self)],
+            Role::Mcp => self
+                .tools
+                .iter()
+                .filter(|(_, p)| p.role == Role::Confirm)
+                .map(|(name, p)| (Some(name.as_str()), p.as_ref()))
+                .collect(),
+            Role::Preview | Role::Status | Role::Idempotent => Vec::new(),
+        }
+    }
+
     pub fn tool(&self, name: &str) -> Option<&std::rc::Rc<RoutePolicy>> {
         self.tools.iter().find(|(n, _)| n == name).map(|(_, p)| p)
     }
@@ -250,6 +265,29 @@ fn perr<T>(msg: impl Into<String>) -> Result<T, PolicyError> {
 }
 
 /// `Ok(None)` when there is no `role` leaf: the route is not ours.
+/// One scope, one approval rule (DESIGN §4, "Approval"). A fingerprint names its scope, not its
+/// route, so it verifies at every confirm of that scope; were two of them to disagree, a confirm
+/// sent to the one without the rule would run what the other holds for a person. `confirms` are
+/// the fingerprint confirms of one configuration, each with where it is; `Err` is where the second
+/// is and what is wrong, naming the first.
+pub fn one_approval_rule_per_scope<'a>(
+    confirms: impl IntoIterator<Item = (String, &'a RoutePolicy)>,
+) -> Result<(), (String, String)> {
+    let mut seen: Vec<(String, &RoutePolicy)> = Vec::new();
+    for (at, policy) in confirms {
+        if let Some((first, _)) = seen.iter().find(|(_, p)| p.scope == policy.scope && p.approval != policy.approval) {
+            let message = format!(
+                "scope {:?} is confirmed at {first} too, with another approval rule; a fingerprint verifies at \
+                 every confirm of its scope, so give them the same approval rule (or separate scopes)",
+                policy.scope
+            );
+            return Err((at, message));
+        }
+        seen.push((at, policy));
+    }
+    Ok(())
+}
+
 pub fn parse_route_policy(
     get: &dyn Fn(&str) -> Option<LeafValue>,
     defaults: &RouteDefaults,

@@ -15,7 +15,9 @@
 //! the order of the list.
 
 use super::pairs::LeafValue;
-use super::route::{parse_route_policy, PolicyError, RouteDefaults, RoutePolicy, ROUTE_KEYS};
+use super::route::{
+    one_approval_rule_per_scope, parse_route_policy, PolicyError, RouteDefaults, RoutePolicy, ROUTE_KEYS,
+};
 use serde_json::Value;
 use std::fmt;
 use std::rc::Rc;
@@ -300,6 +302,16 @@ pub fn parse_rules(value: &Value, defaults: &RouteDefaults) -> Result<RouteRules
         }
         rules.push(rule);
     }
+    let confirms = rules.iter().enumerate().flat_map(|(i, rule)| {
+        rule.policy.fingerprint_confirms().into_iter().map(move |(tool, policy)| {
+            let at = match tool {
+                Some(t) => format!("routes[{i}] ({}) tool {t}", rule.name),
+                None => format!("routes[{i}] ({})", rule.name),
+            };
+            (at, policy)
+        })
+    });
+    one_approval_rule_per_scope(confirms).map_err(|(at, message)| RuleError(format!("{at}: {message}")))?;
     Ok(RouteRules { rules })
 }
 
@@ -413,6 +425,44 @@ mod tests {
 
     fn rule(name: &str, m: Value, role: &str) -> Value {
         json!({"name": name, "match": m, "role": role, "scope": "pay", "bind": "/amount", "lease_ms": 60000})
+    }
+
+    #[test]
+    fn two_confirms_of_one_scope_must_share_their_approval_rule() {
+        let confirm = |name: &str, path: &str, approval: Option<serde_json::Value>| {
+            let mut r = json!({"name": name, "match": {"path": path}, "role": "confirm", "scope": "pay",
+                               "bind": "/amount:decimal"});
+            if let (Some(a), Some(m)) = (approval, r.as_object_mut()) {
+                m.insert("approval".into(), a);
+            }
+            r
+        };
+        let rule = json!({"field": "/amount", "gte": "1000"});
+        let defaults = RouteDefaults::default();
+        // The one without the rule would run what the other holds for a person.
+        let err =
+            parse_rules(&json!([confirm("v1", "/v1/t", Some(rule.clone())), confirm("v2", "/v2/t", None)]), &defaults)
+                .err()
+                .map(|e| e.0)
+                .unwrap_or_default();
+        assert!(err.contains("routes[1] (v2): scope \"pay\" is confirmed at routes[0] (v1) too"), "{err}");
+        // Another rule is refused as well; the same rule, or another scope, is not.
+        let other = json!({"field": "/amount", "gte": "5000"});
+        assert!(parse_rules(
+            &json!([confirm("v1", "/v1/t", Some(rule.clone())), confirm("v2", "/v2/t", Some(other))]),
+            &defaults
+        )
+        .is_err());
+        assert!(parse_rules(
+            &json!([confirm("v1", "/v1/t", Some(rule.clone())), confirm("v2", "/v2/t", Some(rule.clone()))]),
+            &defaults
+        )
+        .is_ok());
+        let mut apart = confirm("v2", "/v2/t", None);
+        if let Some(m) = apart.as_object_mut() {
+            m.insert("scope".into(), json!("refunds"));
+        }
+        assert!(parse_rules(&json!([confirm("v1", "/v1/t", Some(rule)), apart]), &defaults).is_ok());
     }
 
     #[test]

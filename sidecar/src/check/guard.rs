@@ -18,14 +18,8 @@ use crate::tools::annotation_leaves;
 /// and idempotent, each confirm tool's on an MCP route. With the tool's name.
 pub fn acquiring(policy: &RoutePolicy) -> Vec<(Option<&str>, &RoutePolicy)> {
     match policy.role {
-        Role::Confirm | Role::Idempotent => vec![(None, policy)],
-        Role::Mcp => policy
-            .tools
-            .iter()
-            .filter(|(_, p)| p.role == Role::Confirm)
-            .map(|(name, p)| (Some(name.as_str()), p.as_ref()))
-            .collect(),
-        Role::Preview | Role::Status => Vec::new(),
+        Role::Idempotent => vec![(None, policy)],
+        _ => policy.fingerprint_confirms(),
     }
 }
 

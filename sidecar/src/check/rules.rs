@@ -74,6 +74,13 @@ pub const RULES: &[Rule] = &[
         check: ttl::idemd_start,
     },
     Rule {
+        name: "approval-per-scope",
+        summary: "every guarded confirm and MCP confirm tool of one scope has the same approval rule (a fingerprint \
+                  verifies at every confirm of its scope: one without the rule would run what another holds for a \
+                  person)",
+        check: approval_per_scope,
+    },
+    Rule {
         name: "lease-outlasts-envoy",
         summary: "each guarded confirm, idempotent or MCP confirm tool's lease (the longer of its lease_ms and \
                   --lease-ms) exceeds Envoy's longest wait for the upstream (route timeout, retries × per-try \
@@ -285,6 +292,16 @@ fn guarded_routes_exist(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
                 table.source
             ),
         ));
+    }
+}
+
+fn approval_per_scope(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let guarded = super::guard::guarded(input.envoy);
+    let confirms = guarded
+        .iter()
+        .flat_map(|g| g.policy.fingerprint_confirms().into_iter().map(move |(tool, p)| (g.at_tool(tool), p)));
+    if let Err((at, message)) = idem_core::policy::one_approval_rule_per_scope(confirms) {
+        out.push(rule.finding(at, message));
     }
 }
 
