@@ -115,3 +115,32 @@ pub async fn guarded_preview_hangs(stack: &Stack) -> Result<bool, BoxError> {
         Err(e) => Err(e.into()),
     }
 }
+
+/// The test-only HMAC key of [`route_rules_shape`].
+const RULES_HMAC_KEY: &str = "paths-e2e-only-hmac-key-0123456789abcdef-0123";
+
+/// istio-like.yaml as the route-rule shape on either build, over `base`'s stores: the subject from the harness's
+/// header (the native module reads no JWT metadata; the subject is not what the shape is about), the filter under
+/// the name and in the layout the harness converts to the native module, and the committed plugin configuration
+/// as `edit` leaves it. Everything else — the connection manager, the mesh's catch-all route, the route rules —
+/// is the committed file's.
+pub fn route_rules_shape(mut base: StackOpts, edit: impl FnOnce(&mut Value)) -> Result<StackOpts, BoxError> {
+    std::env::set_var("IDEM_HMAC_K1", RULES_HMAC_KEY);
+    let text = std::fs::read_to_string(repo_root().join("envoy/istio-like.yaml"))?;
+    let start = text.find("value: '{").ok_or("no plugin configuration in istio-like.yaml")? + "value: '".len();
+    let end = start + text[start..].find("}'\n").ok_or("unterminated plugin configuration")? + 1;
+    let committed = &text[start..end];
+    let mut config: Value = serde_json::from_str(committed)?;
+    config["subject"] = json!({"header": "x-agent-subject"});
+    edit(&mut config);
+    let pad = " ".repeat(20);
+    base.envoy_config = "istio-like.yaml";
+    base.envoy_edits = vec![
+        (format!("value: '{committed}'"), format!("value: |\n{pad}{config}")),
+        (
+            "- name: extensions.istio.io/wasmplugin/payments.agent-idempotency\n".into(),
+            "- name: envoy.filters.http.wasm\n".into(),
+        ),
+    ];
+    Ok(base)
+}

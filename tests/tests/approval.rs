@@ -4,7 +4,8 @@
 //! `rejected`, replayed; no decision before `exp` → lapsed; an approver may not approve their own
 //! subject's operation; a tampered retry while waiting is `params_changed` and changes nothing;
 //! concurrent confirms after the approval execute once; idemd killed and restarted while waiting
-//! keeps the approval. Every test asserts what reached the upstream (the demo's ledger).
+//! keeps the approval; the same on route rules (the plugin configuration's, istio-like.yaml). Every test
+//! asserts what reached the upstream (the demo's ledger).
 
 use idem_e2e::*;
 use serde_json::{json, Value};
@@ -344,5 +345,49 @@ async fn idemd_killed_and_restarted_while_awaiting_keeps_the_approval() -> TestR
     assert_eq!(done.status, 201, "{done:?}");
     confirm(&stack, &fp, json!("6000.00")).await?.assert_prompt("already_completed");
     assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+/// Route rules (the plugin configuration's `routes`, the mesh shape of envoy/istio-like.yaml) ask a person just as
+/// route metadata does: every fingerprint confirm of the scope carries the rule (one scope, one rule: the HTTP
+/// confirm and each MCP route's `execute_transfer`), a large confirm waits with nothing forwarded, and once
+/// approved the next confirm executes once.
+#[tokio::test]
+async fn a_route_rule_asks_a_person_and_the_approved_confirm_executes_once() -> TestResult {
+    let rule = json!({"field": "/amount", "gte": "1000"});
+    let opts = istio::route_rules_shape(with_approvers(sqlite_only(false)), |config| {
+        for r in config["routes"].as_array_mut().into_iter().flatten() {
+            if r["role"] == "confirm" {
+                r["approval"] = rule.clone();
+            }
+            for tool in r.get_mut("tools").and_then(Value::as_object_mut).into_iter().flat_map(|t| t.values_mut()) {
+                if tool["role"] == "confirm" {
+                    tool["approval"] = rule.clone();
+                }
+            }
+        }
+    })?;
+    let stack = Stack::start(opts).await?;
+    let ran = std::fs::read_to_string(stack.dir.path().join("envoy-istio-like.yaml"))?;
+    assert!(ran.contains("\"routes\":[") && ran.contains("\"approval\":{"), "the rules carry the approval rule");
+    assert_eq!(ran.contains("DynamicModuleFilter"), FilterHost::current()?.is_native(), "the build under test runs");
+
+    let fp = preview(&stack, "/v1/transfers/preview", json!("5000.00")).await?;
+    let key = nonce_of(&fp)?;
+    for _ in 0..2 {
+        let a = confirm_on(&stack, "/v1/transfers", &fp, json!("5000.00"), SUBJECT).await?;
+        assert_eq!(a.status, 202, "{a:?}");
+        a.assert_prompt("approval_required");
+        assert_eq!(a.json["approval"]["scope"], "payments.transfer");
+    }
+    assert_eq!(counts(&stack).await?, (0, 0), "nothing forwarded while awaiting");
+    assert_eq!(stack.sql_rows(&key).await?.0, 0, "no idem_record row before the approval");
+
+    let (code, view) = decide(&stack, ANN.1, &key, "approve", "expected invoice").await?;
+    assert_eq!((code, view["state"].as_str()), (200, Some("APPROVED")), "{view}");
+    let done = confirm_on(&stack, "/v1/transfers", &fp, json!("5000.00"), SUBJECT).await?;
+    assert_eq!(done.status, 201, "{done:?}");
+    confirm_on(&stack, "/v1/transfers", &fp, json!("5000.00"), SUBJECT).await?.assert_prompt("already_completed");
+    assert_eq!(counts(&stack).await?, (1, 1), "the approved transfer executed once");
     Ok(())
 }

@@ -377,31 +377,10 @@ async fn route_metadata_every_mcp_endpoint_is_guarded() -> TestResult {
 
 // ---- The rule shape: envoy/istio-like.yaml ----
 
-const ISTIO_HMAC_KEY: &str = "paths-e2e-only-hmac-key-0123456789abcdef-0123";
-
-/// istio-like.yaml as the route-rule shape on either build: the subject from the harness's header (the
-/// native module reads no JWT metadata; the subject is not what this file is about), the filter under the
-/// name and in the layout the harness converts to the native module. Everything this file tests — the
-/// connection manager, the mesh's catch-all route, the route rules — is the committed file's.
+/// istio-like.yaml as the route-rule shape (`istio::route_rules_shape`) on the real stores, its rules as committed.
 fn rules_shape() -> Result<Option<StackOpts>, BoxError> {
-    let Some(mut opts) = real_stores(false)? else { return Ok(None) };
-    std::env::set_var("IDEM_HMAC_K1", ISTIO_HMAC_KEY);
-    let text = std::fs::read_to_string(repo_root().join("envoy/istio-like.yaml"))?;
-    let start = text.find("value: '{").ok_or("no plugin configuration in istio-like.yaml")? + "value: '".len();
-    let end = start + text[start..].find("}'\n").ok_or("unterminated plugin configuration")? + 1;
-    let committed = &text[start..end];
-    let mut config: Value = serde_json::from_str(committed)?;
-    config["subject"] = json!({"header": "x-agent-subject"});
-    let pad = " ".repeat(20);
-    opts.envoy_config = "istio-like.yaml";
-    opts.envoy_edits = vec![
-        (format!("value: '{committed}'"), format!("value: |\n{pad}{config}")),
-        (
-            "- name: extensions.istio.io/wasmplugin/payments.agent-idempotency\n".into(),
-            "- name: envoy.filters.http.wasm\n".into(),
-        ),
-    ];
-    Ok(Some(opts))
+    let Some(opts) = real_stores(false)? else { return Ok(None) };
+    Ok(Some(istio::route_rules_shape(opts, |_| {})?))
 }
 
 /// The rule shape's stack, checked to run the build under test (the route rules on the native module too).
