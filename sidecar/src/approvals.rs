@@ -29,7 +29,8 @@ use serde_json::json;
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::store::approval::{DecideError, MAX_REASON};
+use crate::store::approval::{checked_reason, DecideError, MAX_REASON};
+use crate::store::record::ApprovalRow;
 use crate::store::rules::Refusal;
 use crate::store::Store;
 
@@ -203,34 +204,32 @@ pub async fn decide(
             "expected {\"decision\": \"approve\" or \"reject\", \"reason\": \"…\"}",
         );
     };
-    let reason = decision.reason.trim();
-    if reason.is_empty() || reason.chars().count() > MAX_REASON || reason.chars().any(|c| c.is_control() && c != '\n') {
+    let Some(reason) = checked_reason(&decision.reason) else {
         return error(
             StatusCode::BAD_REQUEST,
             "bad_request",
             &format!("reason: required, 1 to {MAX_REASON} characters without control characters"),
         );
+    };
+    match decide_as(&auth, &approver, &key, decision.decision, reason).await {
+        Ok(row) => (StatusCode::OK, Json(row.view(auth.store.console()))).into_response(),
+        Err(DecideError::Unavailable) => error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again"),
+        Err(DecideError::Refused(r)) => refusal(r),
     }
-    decide_as(&auth, &approver, &key, decision.decision, reason).await
 }
 
-/// The decision route's and the console's one path to a decision.
+/// The decision route's and the console's one path to a decision: the store's transition (audited there),
+/// then the log line. Each caller answers in its own form.
 pub async fn decide_as(
     auth: &ApprovalsState,
     approver: &Approver,
     key: &OpKey,
     decision: idem_core::protocol::Decision,
     reason: &str,
-) -> Response {
-    let decided = auth.store.decide(key, decision, &approver.0, reason, auth.approvers.allow_self).await;
-    match decided {
-        Ok(row) => {
-            tracing::info!(key = %key, approver = %approver.0, decision = decision.as_str(), "approval decided");
-            (StatusCode::OK, Json(row.view(auth.store.console()))).into_response()
-        }
-        Err(DecideError::Unavailable) => error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "try again"),
-        Err(DecideError::Refused(r)) => refusal(r),
-    }
+) -> Result<ApprovalRow, DecideError> {
+    let row = auth.store.decide(key, decision, &approver.0, reason, auth.approvers.allow_self).await?;
+    tracing::info!(key = %key, approver = %approver.0, decision = decision.as_str(), "approval decided");
+    Ok(row)
 }
 
 pub fn refusal(r: Refusal) -> Response {

@@ -230,11 +230,10 @@ pub async fn decide(
         Some("reject") => Decision::Reject,
         _ => return back(Err("choose approve or reject".into())),
     };
-    let reason = f.get("reason").map(|r| r.trim()).unwrap_or("");
-    if reason.is_empty() || reason.chars().count() > crate::store::approval::MAX_REASON {
-        return back(Err("a reason is required (at most 1000 characters)".into()));
-    }
-    match state.store.decide(&key, decision, &approver.0, reason, state.approvers.allow_self).await {
+    let Some(reason) = f.get("reason").and_then(|r| crate::store::approval::checked_reason(r)) else {
+        return back(Err("a reason is required (1 to 1000 characters, no control characters)".into()));
+    };
+    match crate::approvals::decide_as(&state, &approver, &key, decision, reason).await {
         Ok(row) => back(Ok(format!("{key}: {}", row.state.as_str()))),
         Err(crate::store::approval::DecideError::Refused(r)) => back(Err(format!("{key}: {r:?}"))),
         Err(crate::store::approval::DecideError::Unavailable) => {

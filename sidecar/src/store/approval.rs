@@ -59,6 +59,17 @@ macro_rules! read_approval {
 /// The reason kept with a decision, at most (the column is TEXT; the console's form says so).
 pub const MAX_REASON: usize = 1000;
 
+/// A decision's reason as it is kept (trimmed), if it is one: 1 to [`MAX_REASON`] characters, no control
+/// characters but newlines (it goes into the audit trail and log lines). The decision route and the console
+/// both ask this.
+pub fn checked_reason(raw: &str) -> Option<&str> {
+    let reason = raw.trim();
+    let ok = !reason.is_empty()
+        && reason.chars().count() <= MAX_REASON
+        && !reason.chars().any(|c| c.is_control() && c != '\n');
+    ok.then_some(reason)
+}
+
 impl SqlStore {
     /// Record an operation AWAITING_APPROVAL. `false`: a row with this key exists.
     pub async fn insert_awaiting(&self, row: &ApprovalRow, audit: &Audit<'_>) -> Result<bool, SqlError> {
@@ -333,4 +344,20 @@ fn decision_action(d: Decision) -> &'static str {
 
 fn answer(outcome: AcquireOutcome, approval: Option<ApprovalView>) -> WithApproval<AcquireResponse> {
     WithApproval { answer: AcquireResponse { outcome, owner: None, result: None }, approval }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::{checked_reason, MAX_REASON};
+
+    #[test]
+    fn a_reason_is_trimmed_bounded_and_free_of_control_characters() {
+        assert_eq!(checked_reason("  within budget\n"), Some("within budget"));
+        assert_eq!(checked_reason("line one\nline two"), Some("line one\nline two"));
+        assert_eq!(checked_reason(&"é".repeat(MAX_REASON)).map(|r| r.chars().count()), Some(MAX_REASON));
+        for bad in ["", "   ", "fake\rlog line", "bell\u{7}", "esc\u{1b}[31m"] {
+            assert_eq!(checked_reason(bad), None, "{bad:?}");
+        }
+        assert_eq!(checked_reason(&"x".repeat(MAX_REASON + 1)), None);
+    }
 }
