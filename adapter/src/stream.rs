@@ -212,6 +212,7 @@ impl<H: Host> Stream<H> {
 
     fn read_response_head(&self) -> ResponseHead {
         let full = self.machine.response_needs_headers();
+        let framing = self.machine.response_needs_framing();
         ResponseHead {
             status: self.host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
             content_type: self.host.response_header("content-type"),
@@ -226,6 +227,12 @@ impl<H: Host> Stream<H> {
                 1
             },
             headers: if full { self.host.response_headers() } else { Vec::new() },
+            content_length: if framing {
+                self.host.response_header("content-length").and_then(|l| l.trim().parse().ok())
+            } else {
+                None
+            },
+            content_encoding: if framing { self.host.response_header("content-encoding") } else { None },
         }
     }
 

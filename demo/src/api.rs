@@ -11,6 +11,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
@@ -33,10 +34,39 @@ async fn preview(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Res
     if let Some(status) = faults.fail {
         return injected_failure(status);
     }
-    match TransferRequest::parse(&body) {
-        Ok(req) => (StatusCode::OK, Json(quote(&req, faults.quote_ttl_s))).into_response(),
-        Err(detail) => invalid_request(detail),
+    let req = match TransferRequest::parse(&body) {
+        Ok(req) => req,
+        Err(detail) => return invalid_request(detail),
+    };
+    let mut quote = quote(&req, faults.quote_ttl_s);
+    if faults.card_fingerprint {
+        quote["card"] = json!({ "brand": "visa", "fingerprint": "card_fp_7f3a" });
     }
+    match &faults.split {
+        Some(name) => split_answer(quote.to_string().into_bytes(), app.config.fault_dir.clone(), name.clone()),
+        None => (StatusCode::OK, Json(quote)).into_response(),
+    }
+}
+
+/// `x-demo-split: <name>`: the answer's `Content-Length` and first half at once, the rest only once
+/// `<dir>/<name>.release` exists: a body still streaming, which a gateway that holds the answer
+/// whole cannot pass on before the release.
+fn split_answer(body: Vec<u8>, dir: std::path::PathBuf, name: String) -> Response {
+    let mut first = body;
+    let rest = first.split_off(first.len() / 2);
+    let length = first.len() + rest.len();
+    let later = async move {
+        wait_for_release(&dir, &name).await;
+        Ok::<_, std::convert::Infallible>(Bytes::from(rest))
+    };
+    let parts =
+        futures_util::stream::once(std::future::ready(Ok(Bytes::from(first)))).chain(futures_util::stream::once(later));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, length)
+        .body(axum::body::Body::from_stream(parts))
+        .unwrap_or_else(|_| injected_failure(StatusCode::INTERNAL_SERVER_ERROR))
 }
 
 /// The quote a preview answers (REST body, MCP `structuredContent`); it states its own expiry
@@ -237,6 +267,11 @@ async fn hold_after_commit(dir: &std::path::Path, name: &str, record: &str) {
         return;
     }
     warn!(name, "fault: committed; holding the answer until {name}.release appears");
+    wait_for_release(dir, name).await;
+}
+
+/// Until `<dir>/<name>.release` exists, or [`HOLD_AT_MOST`].
+async fn wait_for_release(dir: &std::path::Path, name: &str) {
     let release = dir.join(format!("{name}.release"));
     let deadline = Instant::now() + HOLD_AT_MOST;
     while !tokio::fs::try_exists(&release).await.unwrap_or(false) {
@@ -294,6 +329,10 @@ pub(crate) struct Faults {
     pub(crate) off_schema: bool,
     /// `x-demo-quote-ttl-s`: a quote valid for this long instead of 15 minutes.
     pub(crate) quote_ttl_s: Option<u64>,
+    /// `x-demo-split: <name>` (preview): half the answer now, the rest on `<name>.release`.
+    split: Option<String>,
+    /// `x-demo-card-fingerprint: 1` (preview): the quote names a card with a `fingerprint` of its own.
+    card_fingerprint: bool,
 }
 
 impl Faults {
@@ -302,6 +341,9 @@ impl Faults {
             return Faults::default();
         }
         let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        let file_name = |n: &&str| {
+            (1..=64).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
         Faults {
             delay: get("x-demo-delay-ms").and_then(|v| v.parse().ok()).map(Duration::from_millis),
             // Any 4xx/5xx, so tests can also exercise how the gateway
@@ -311,15 +353,12 @@ impl Faults {
                 .filter(|code| (400..=599).contains(code))
                 .and_then(|code| StatusCode::from_u16(code).ok()),
             crash_after_commit: get("x-demo-crash-after-commit") == Some("1"),
-            hold_after_commit: get("x-demo-hold-after-commit")
-                .filter(|n| {
-                    (1..=64).contains(&n.len())
-                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                })
-                .map(str::to_owned),
+            hold_after_commit: get("x-demo-hold-after-commit").filter(file_name).map(str::to_owned),
             reset_first: get("x-demo-reset") == Some("first"),
             off_schema: get("x-demo-off-schema") == Some("1"),
             quote_ttl_s: get("x-demo-quote-ttl-s").and_then(|v| v.parse().ok()),
+            split: get("x-demo-split").filter(file_name).map(str::to_owned),
+            card_fingerprint: get("x-demo-card-fingerprint") == Some("1"),
         }
     }
 

@@ -134,6 +134,7 @@ pub fn preview_fingerprint() -> Result<String, String> {
             code_details: Some("via_upstream".into()),
             attempts: 1,
             headers: vec![],
+            ..Default::default()
         };
         m.on_response_head(&answer, false, &mut env).map_err(|e| e.to_string())?;
         m.on_response_data(16, true).map_err(|e| e.to_string())?;
@@ -220,6 +221,7 @@ pub fn rebuild(kind: Kind, fingerprint: &str, upstream: UpstreamKeys, journal: &
                         code_details: Some((*details).to_string()),
                         attempts: 1,
                         headers: vec![("content-type".into(), "application/json".into())],
+                        ..Default::default()
                     };
                     let mut step = outcome(machine.on_response_head(&head, false, &mut env));
                     if step.flow == Flow::Pause {

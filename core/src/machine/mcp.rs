@@ -239,6 +239,8 @@ impl Mcp {
             code_details: real.code_details.clone(),
             attempts: real.attempts,
             headers: real.headers.clone(),
+            // No length: the tool's answer is held (its JSON-RPC framing is rebuilt around it).
+            ..ResponseHead::default()
         };
         let size = payload.len();
         let mut step = inner.on_response_head(&synthetic, false, env)?;

@@ -16,6 +16,7 @@ mod confirm;
 mod mcp;
 mod preview;
 pub mod replay_cache;
+mod splice;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -171,6 +172,10 @@ pub struct ResponseHead {
     pub attempts: u32,
     /// Every header, only when [`Machine::response_needs_headers`] asked for them.
     pub headers: Vec<(String, String)>,
+    /// `content-length` and `content-encoding`, only when [`Machine::response_needs_framing`]
+    /// asked for them (a preview streams a JSON answer of known length with the fingerprint in it).
+    pub content_length: Option<u64>,
+    pub content_encoding: Option<String>,
 }
 
 /// The answer to a [`Callout`]. A callout that failed, timed out or could not
@@ -804,6 +809,11 @@ impl Machine {
             Machine::Mcp(m) => m.response_needs_headers(),
             _ => false,
         }
+    }
+
+    /// Whether [`ResponseHead::content_length`] and `content_encoding` must be filled.
+    pub fn response_needs_framing(&self) -> bool {
+        matches!(self, Machine::Preview(p) if p.forwarded())
     }
 
     pub fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool, env: &mut dyn Env) -> Outcome {

@@ -2,6 +2,7 @@
 //! a successful JSON answer. No I/O: previews outnumber confirms, and most are
 //! never confirmed (DESIGN §3).
 
+use super::splice::{splice_whole, Chunk, StreamSplice};
 use super::{parse_body, Counter, Ctx, Effect, Env, Flow, Outcome, ResponseHead, Step, Unexpected};
 use crate::canonical;
 use crate::fingerprint;
@@ -16,6 +17,8 @@ pub struct Preview {
     ctx: Ctx,
     subject_hash: String,
     phase: Phase,
+    /// While streaming: whether the chunk the host reads next ends the stream.
+    chunk_ends_stream: bool,
 }
 
 #[derive(Debug)]
@@ -29,17 +32,24 @@ enum Phase {
     AwaitQuote {
         param_hash: String,
     },
-    /// Minted into the headers; the body gets it too once complete.
+    /// Minted into the headers; the held body gets it too once complete.
     Minted {
         token: String,
         exp: u64,
     },
+    /// Minted into the headers, which went on with the grown length; the body streams.
+    Streaming(StreamSplice),
     Finished,
 }
 
 impl Preview {
     pub(super) fn new(ctx: Ctx, subject_hash: String) -> Preview {
-        Preview { ctx, subject_hash, phase: Phase::AwaitBody }
+        Preview { ctx, subject_hash, phase: Phase::AwaitBody, chunk_ends_stream: false }
+    }
+
+    /// Forwarded, its answer not yet seen.
+    pub(super) fn forwarded(&self) -> bool {
+        matches!(self.phase, Phase::Forwarded { .. })
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -94,20 +104,46 @@ impl Preview {
                 return Step::pause().with(Effect::RemoveResponseHeader("content-length"));
             }
         };
-        let mut step = match self.mint(&param_hash, quote, env) {
-            Ok((step, token, exp)) => {
-                self.phase = Phase::Minted { token, exp };
-                step
-            }
+        let (mut step, token, exp) = match self.mint(&param_hash, quote, env) {
+            Ok(minted) => minted,
             Err(step) => return self.finish(step),
         };
         if end_of_stream {
             return self.finish(step);
         }
-        // The body grows: its old length is wrong.
-        step.effects.push(Effect::RemoveResponseHeader("content-length"));
-        step.flow = Flow::Pause;
-        step
+        match self.answer_form(head) {
+            AnswerForm::Stream(total) => {
+                // The fields go in as the body streams: the length they add is known now.
+                let splice = StreamSplice::new(&token, exp, total);
+                let grown = total.saturating_add(splice.added() as u64);
+                self.phase = Phase::Streaming(splice);
+                step.then(Step::go_on().with(Effect::SetResponseHeader("content-length".into(), grown.to_string())))
+            }
+            // Encoded bytes cannot be spliced: the fingerprint is in the header, the body goes on as sent.
+            AnswerForm::Untouched => self.finish(step),
+            AnswerForm::Hold => {
+                self.phase = Phase::Minted { token, exp };
+                // The body grows: its old length is wrong.
+                step.effects.push(Effect::RemoveResponseHeader("content-length"));
+                step.flow = Flow::Pause;
+                step
+            }
+        }
+    }
+
+    /// How the answer's body gets the fingerprint: streamed when the splice can prove its
+    /// result (a JSON object of known length, sent as is), held when it cannot.
+    fn answer_form(&self, head: &ResponseHead) -> AnswerForm {
+        if head.content_encoding.as_deref().is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity")) {
+            return AnswerForm::Untouched;
+        }
+        let plain_json = head.content_type.as_deref().is_some_and(is_json_media_type);
+        match head.content_length {
+            Some(total) if total > 0 && plain_json && !self.ctx.policy.answers_named_fingerprint.get() => {
+                AnswerForm::Stream(total)
+            }
+            _ => AnswerForm::Hold,
+        }
     }
 
     /// Mint, with `exp = min(now + ttl, the quote's expiry)` where the route states one
@@ -155,11 +191,34 @@ impl Preview {
         match (&self.phase, end_of_stream) {
             (Phase::Minted { .. } | Phase::AwaitQuote { .. }, false) => Step::pause(),
             (Phase::Minted { .. } | Phase::AwaitQuote { .. }, true) => Step::need_body(),
+            // Every chunk is read: the last one's splice depends on all of them.
+            (Phase::Streaming(_), eos) => {
+                self.chunk_ends_stream = eos;
+                Step::need_body()
+            }
             _ => Step::go_on(),
         }
     }
 
+    /// The held body at its end, or, while streaming, the chunk in hand.
     pub(super) fn on_response_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
+        if let Phase::Streaming(splice) = &mut self.phase {
+            let Chunk::Last { body, spliced } = splice.chunk(body, self.chunk_ends_stream) else {
+                return Ok(Step::go_on());
+            };
+            let mut step = Step::go_on().with(Effect::ReplaceResponseBody(body));
+            if splice.named() {
+                // Seen once, held from now on: the held splice replaces such a field.
+                self.ctx.policy.answers_named_fingerprint.set(true);
+                let why = "the preview's answer may name a fingerprint field: this one has the fingerprint in the \
+                           agent-fingerprint header only, and this route's answers are held (and the field replaced) from now on";
+                step = step.with(Effect::Warn(why.into()));
+            } else if !spliced {
+                let why = "the preview's answer is not one JSON object: the fingerprint is in the agent-fingerprint header only";
+                step = step.with(Effect::Warn(why.into()));
+            }
+            return Ok(self.finish(step));
+        }
         let mut first = Step::go_on();
         if let Phase::AwaitQuote { param_hash } = &self.phase {
             let stated = match &self.ctx.policy.quote_expires {
@@ -180,7 +239,7 @@ impl Preview {
         let Phase::Minted { token, exp } = &self.phase else {
             return Err(Unexpected { event: "response_body", phase: self.phase_name() });
         };
-        let step = match splice(body, token, *exp, self.ctx.config.max_response_bytes) {
+        let step = match splice_whole(body, token, *exp, self.ctx.config.max_response_bytes) {
             // The headers are still held: give them the new length, so the answer goes out as one
             // sized message instead of chunks.
             Some(out) => Step::go_on()
@@ -203,71 +262,24 @@ impl Preview {
             Phase::Forwarded { .. } => "preview.forwarded",
             Phase::AwaitQuote { .. } => "preview.await_quote",
             Phase::Minted { .. } => "preview.minted",
+            Phase::Streaming(_) => "preview.streaming",
             Phase::Finished => "preview.finished",
         }
     }
 }
 
-/// The upstream's JSON object with `fingerprint` and `fingerprint_expires_at`
-/// added; `None` if it is not a JSON object. The common case is spliced as
-/// text after the opening brace (no parse, no re-serialisation: the preview is
-/// the hot path); a body that already mentions `"fingerprint"` anywhere goes
-/// through a full parse, so a field of that name is replaced, never duplicated.
-fn splice(body: &[u8], token: &str, exp: u64, limit: usize) -> Option<Vec<u8>> {
-    if let Some(out) = splice_text(body, token, exp) {
-        return Some(out);
-    }
-    let Ok(Value::Object(mut obj)) = canonical::parse_json_body(body, limit) else { return None };
-    obj.insert(super::FINGERPRINT_FIELD.into(), Value::String(token.to_string()));
-    obj.insert("fingerprint_expires_at".into(), Value::from(exp));
-    serde_json::to_vec(&obj).ok()
+enum AnswerForm {
+    /// The upstream's `Content-Length`.
+    Stream(u64),
+    Hold,
+    Untouched,
 }
 
-fn splice_text(body: &[u8], token: &str, exp: u64) -> Option<Vec<u8>> {
-    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
-    if body.get(start) != Some(&b'{') || body.get(end) != Some(&b'}') || end <= start {
-        return None;
-    }
-    if body.windows(b"\"fingerprint".len()).any(|w| w == b"\"fingerprint") {
-        return None;
-    }
-    // Base64url and digits: nothing in the inserted text needs escaping.
-    let inner_empty = body.get(start + 1..end).is_some_and(|b| b.iter().all(u8::is_ascii_whitespace));
-    let fields = format!(
-        "\"{}\":\"{token}\",\"fingerprint_expires_at\":{exp}{}",
-        super::FINGERPRINT_FIELD,
-        if inner_empty { "" } else { "," }
-    );
-    let mut out = Vec::with_capacity(body.len() + fields.len());
-    out.extend_from_slice(body.get(..=start)?);
-    out.extend_from_slice(fields.as_bytes());
-    out.extend_from_slice(body.get(start + 1..)?);
-    Some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_fingerprint_is_spliced_into_any_json_object() -> Result<(), Box<dyn std::error::Error>> {
-        for (body, want) in [
-            (r#"{"quote":1}"#, r#"{"fingerprint":"t.s","fingerprint_expires_at":9,"quote":1}"#),
-            (" { } \n", r#" {"fingerprint":"t.s","fingerprint_expires_at":9 }"#),
-        ] {
-            let out = splice(body.as_bytes(), "t.s", 9, 1024).ok_or("not spliced")?;
-            assert_eq!(String::from_utf8(out.clone())?.trim_end(), want.trim_end());
-            assert!(serde_json::from_slice::<Value>(&out)?.is_object());
-        }
-        // A body that already has the field: replaced through a full parse, never duplicated.
-        let out = splice(br#"{"fingerprint":"old","a":{"fingerprint":2}}"#, "t.s", 9, 1024).ok_or("not spliced")?;
-        let v: Value = serde_json::from_slice(&out)?;
-        assert_eq!((v["fingerprint"].as_str(), v["a"]["fingerprint"].as_i64()), (Some("t.s"), Some(2)));
-        assert_eq!(String::from_utf8(out)?.matches("\"fingerprint\":").count(), 2);
-        for not_an_object in ["[1]", "\"x\"", "", "{", "}"] {
-            assert_eq!(splice(not_an_object.as_bytes(), "t.s", 9, 1024), None, "{not_an_object}");
-        }
-        Ok(())
-    }
+/// `application/json` or a `+json` type (RFC 6839), parameters aside: one JSON text. Other types
+/// that mention JSON (`application/x-ndjson`, `json-seq`) are held, where only a whole object is
+/// spliced.
+fn is_json_media_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+        || essence.len() > 5 && essence.get(essence.len() - 5..).is_some_and(|s| s.eq_ignore_ascii_case("+json"))
 }

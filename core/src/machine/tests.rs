@@ -126,6 +126,7 @@ fn upstream(status: u16, details: &str) -> ResponseHead {
         code_details: Some(details.into()),
         attempts: 1,
         headers: vec![("content-type".into(), "application/json".into()), ("retry-after".into(), "7".into())],
+        ..Default::default()
     }
 }
 
@@ -597,11 +598,7 @@ fn preview_mints_into_a_successful_json_answer() -> TestResult {
     assert_eq!(m.on_response_data(5, false)?, Step::pause());
     assert_eq!(m.on_response_data(10, true)?, Step::need_body());
     let step = m.on_response_body(br#"{"quote":1}"#, &mut env)?;
-    let out = step.effects.iter().find_map(|e| match e {
-        Effect::ReplaceResponseBody(b) => Some(b.clone()),
-        _ => None,
-    });
-    let v: Value = serde_json::from_slice(&out.ok_or("no body")?)?;
+    let v: Value = serde_json::from_slice(&replaced_body(&step).ok_or("no body")?)?;
     assert_eq!(v["quote"], 1);
     assert_eq!(v["fingerprint_expires_at"], 100 + 900);
     // The minted token confirms with these very fields.
@@ -609,6 +606,99 @@ fn preview_mints_into_a_successful_json_answer() -> TestResult {
     let (mut c, _) = Machine::start(ctx("confirm")?, &head(Some(fp)), false, &mut env);
     assert_eq!(call(&c.on_request_body(&body(json!("10.0")), &mut env)?).map(|c| c.path.as_str()), Some("/v1/acquire"));
     Ok(())
+}
+
+/// An answer of known length streams: its headers go on at once with the grown length, every
+/// chunk is read, only the last is rewritten, and the answer is what the held splice would give
+/// less the order of its fields.
+#[test]
+fn a_preview_answer_of_known_length_streams_with_the_fingerprint_spliced() -> TestResult {
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    assert!(m.response_needs_framing());
+    let answer = br#"{"quote":1,"payee":{"id":"p-9"}}"#;
+    let sized = ResponseHead { content_length: Some(answer.len() as u64), ..upstream(200, "via_upstream") };
+    let step = m.on_response_head(&sized, false, &mut env)?;
+    assert!(counted(&step, Counter::Minted));
+    assert_eq!(step.flow, Flow::Continue, "the answer's headers are not held");
+    assert!(!step.effects.contains(&Effect::RemoveResponseHeader("content-length")));
+    let grown = step
+        .effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::SetResponseHeader(n, v) if n == "content-length" => v.parse::<usize>().ok(),
+            _ => None,
+        })
+        .ok_or("no new length")?;
+    let (first, rest) = answer.split_at(20);
+    assert_eq!(m.on_response_data(first.len(), false)?, Step::need_body());
+    assert_eq!(m.on_response_body(first, &mut env)?, Step::go_on(), "a middle chunk goes on as it is");
+    assert_eq!(m.on_response_data(rest.len(), false)?, Step::need_body());
+    let step = m.on_response_body(rest, &mut env)?;
+    assert_eq!(step.flow, Flow::Continue);
+    let last = replaced_body(&step).ok_or("the last chunk is not rewritten")?;
+    let whole = [first, &last[..]].concat();
+    assert_eq!(whole.len(), grown);
+    let v: Value = serde_json::from_slice(&whole)?;
+    assert_eq!((v["quote"].as_i64(), v["payee"]["id"].as_str()), (Some(1), Some("p-9")));
+    assert_eq!(v["fingerprint_expires_at"], 100 + 900);
+    let fp = v["fingerprint"].as_str().ok_or("no fingerprint")?.to_string();
+    assert!(matches!(m, Machine::Pass), "the stream is done with");
+    let (mut c, _) = Machine::start(ctx("confirm")?, &head(Some(fp)), false, &mut env);
+    assert_eq!(call(&c.on_request_body(&body(json!("10.0")), &mut env)?).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    Ok(())
+}
+
+/// An upstream answer that names a fingerprint field itself is never given a second one: the
+/// streamed answer gets spaces (the fingerprint is in its header), and that route's answers are
+/// held from then on, where the held splice replaces the field. An encoded answer goes on untouched.
+#[test]
+fn a_preview_answer_that_names_the_field_is_held_from_then_on_and_an_encoded_one_is_untouched() -> TestResult {
+    let policy_ctx = ctx("preview")?;
+    let theirs = br#"{"quote":1,"card":{"fingerprint":"c-1"}}"#;
+    let sized = ResponseHead { content_length: Some(theirs.len() as u64), ..upstream(200, "via_upstream") };
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(policy_ctx.clone(), &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    assert_eq!(m.on_response_head(&sized, false, &mut env)?.flow, Flow::Continue);
+    m.on_response_data(theirs.len(), true)?;
+    let step = m.on_response_body(theirs, &mut env)?;
+    let out = replaced_body(&step).ok_or("no last chunk")?;
+    assert_eq!(serde_json::from_slice::<Value>(&out)?, serde_json::from_slice::<Value>(theirs)?);
+    assert!(step.effects.iter().any(|e| matches!(e, Effect::Warn(w) if w.contains("held"))));
+    assert!(policy_ctx.policy.answers_named_fingerprint.get());
+    // The next preview on the route: held, and the field replaced at the top level only.
+    let (mut m, _) = Machine::start(policy_ctx.clone(), &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    let step = m.on_response_head(&sized, false, &mut env)?;
+    assert_eq!(step.flow, Flow::Pause);
+    assert!(step.effects.contains(&Effect::RemoveResponseHeader("content-length")));
+    assert_eq!(m.on_response_data(theirs.len(), true)?, Step::need_body());
+    let step = m.on_response_body(theirs, &mut env)?;
+    let held = replaced_body(&step).ok_or("not spliced")?;
+    let v: Value = serde_json::from_slice(&held)?;
+    assert!(v["fingerprint"].as_str().is_some_and(|f| f.contains('.')));
+    assert_eq!(v["card"]["fingerprint"], "c-1");
+    // Compressed bytes: the fingerprint in the header, the body as sent, nothing held.
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    let gzip = ResponseHead { content_encoding: Some("gzip".into()), ..sized };
+    let step = m.on_response_head(&gzip, false, &mut env)?;
+    assert!(counted(&step, Counter::Minted));
+    assert_eq!(step.flow, Flow::Continue);
+    assert!(!step.effects.iter().any(|e| matches!(e, Effect::SetResponseHeader(n, _) if n == "content-length")));
+    assert!(matches!(m, Machine::Pass));
+    Ok(())
+}
+
+/// The body a step puts in place of the answer's (or of the chunk in hand).
+fn replaced_body(step: &Step) -> Option<Vec<u8>> {
+    step.effects.iter().find_map(|e| match e {
+        Effect::ReplaceResponseBody(b) => Some(b.clone()),
+        _ => None,
+    })
 }
 
 /// A preview route whose quote states its expiry (`quote_expires`).
@@ -940,11 +1030,7 @@ fn mcp_preview_mints_into_the_tool_result() -> TestResult {
         assert_eq!(m.on_response_head(&h, false, &mut env)?.flow, Flow::Pause);
         assert_eq!(m.on_response_data(body.len(), true)?.flow, Flow::NeedBody);
         let step = m.on_response_body(&body, &mut env)?;
-        let out = step.effects.iter().find_map(|e| match e {
-            Effect::ReplaceResponseBody(b) => Some(b.clone()),
-            _ => None,
-        });
-        let out = String::from_utf8(out.ok_or("no body")?)?;
+        let out = String::from_utf8(replaced_body(&step).ok_or("no body")?)?;
         let lengths: Vec<&String> = step
             .effects
             .iter()
@@ -992,6 +1078,7 @@ fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestRes
         code_details: Some("via_upstream".into()),
         attempts: 1,
         headers: vec![],
+        ..Default::default()
     };
     m.on_response_head(&h, false, &mut env)?;
     m.on_response_data(body.len(), true)?;
@@ -1144,6 +1231,7 @@ fn mcp_refusals_and_tool_errors() -> TestResult {
         code_details: Some("via_upstream".into()),
         attempts: 1,
         headers: vec![],
+        ..Default::default()
     };
     m.on_response_head(&h, false, &mut env)?;
     m.on_response_data(body.len(), true)?;

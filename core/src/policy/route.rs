@@ -127,7 +127,33 @@ pub struct RoutePolicy {
     pub business_ref: Option<String>,
     /// Confirm: when a person must approve the operation before it runs (DESIGN §4, "Approval").
     pub approval: Option<super::approval::Approval>,
+    /// Preview: seen, not configured: this route's answers were found to name a fingerprint
+    /// field, so they are held whole (the held splice replaces it) instead of streamed.
+    pub answers_named_fingerprint: Observed,
 }
+
+/// A fact a filter thread learned about a route at run time. Not part of the configuration: two
+/// policies that differ only in what was seen are the same policy.
+#[derive(Debug, Clone, Default)]
+pub struct Observed(std::cell::Cell<bool>);
+
+impl Observed {
+    pub fn get(&self) -> bool {
+        self.0.get()
+    }
+
+    pub fn set(&self, seen: bool) {
+        self.0.set(seen);
+    }
+}
+
+impl PartialEq for Observed {
+    fn eq(&self, _: &Observed) -> bool {
+        true
+    }
+}
+
+impl Eq for Observed {}
 
 /// `quote_expires`: a JSON pointer into the preview's answer (`/expires_at`) or a response header
 /// (`header:quote-expires-at`), holding unix seconds or an RFC 3339 time (DESIGN §3).
@@ -441,6 +467,7 @@ pub fn parse_route_policy(
         upstream_keys,
         business_ref,
         approval,
+        answers_named_fingerprint: Observed::default(),
     }))
 }
 
@@ -504,6 +531,7 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
         upstream_keys: UpstreamKeys::Honoured,
         business_ref: None,
         approval: None,
+        answers_named_fingerprint: Observed::default(),
     })
 }
 
@@ -645,6 +673,7 @@ mod tests {
             upstream_keys: UpstreamKeys::Honoured,
             business_ref: None,
             approval: None,
+            answers_named_fingerprint: Observed::default(),
         };
         assert_eq!(p, Some(want));
         Ok(())

@@ -582,6 +582,7 @@ fn respond(machine: &mut Machine, up: &Upstream, env: &mut FixedEnv) -> Trace {
         code_details: up.code_details.clone(),
         attempts: up.attempts,
         headers: up.content_type.iter().map(|c| ("content-type".to_string(), c.clone())).collect(),
+        ..Default::default()
     };
     let mut trace = Trace::default();
     let body: &[u8] = if up.end_of_stream { &[] } else { &up.body };

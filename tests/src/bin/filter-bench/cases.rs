@@ -384,7 +384,7 @@ pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Ro
         rows,
         &stats,
         vec![
-            (3, 0, "preview (wasm)".into(), plain, Some(0.85)),
+            (3, 0, "preview (wasm)".into(), plain, Some(0.7)),
             (4, 0, "preview (native)".into(), plain, Some(0.9)),
             (1, 0, "(reference) preview, empty proxy-wasm filter".into(), plain, None),
             (2, 0, "(reference) preview, Envoy's buffer filter holding the request".into(), plain, None),
