@@ -16,7 +16,7 @@ mod confirm;
 mod mcp;
 mod preview;
 pub mod replay_cache;
-mod splice;
+pub mod splice;
 mod status;
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,7 @@ pub mod mcp;
 mod targets;
 
 pub use mcp::mcp;
-pub use targets::{fingerprint, param_hash, plugin_config, protocol, route_policy, strict_json};
+pub use targets::{fingerprint, param_hash, plugin_config, protocol, route_policy, splice, strict_json};
 
 /// A target body: the fuzzer's bytes in, a panic when an invariant breaks.
 pub type Target = fn(&[u8]);
@@ -24,6 +24,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("route_policy", route_policy),
     ("protocol", protocol),
     ("mcp", mcp),
+    ("splice", splice),
 ];
 
 /// The keys every fingerprint target uses: `k1` (active) and `k0`.

@@ -528,7 +528,9 @@ pub fn route_policy(data: &[u8]) {
             assert!(has_role);
             assert!(!p.scope.is_empty() && p.scope.len() <= 128, "{:?}", p.scope);
             assert!(p.scope.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b)), "{:?}", p.scope);
-            assert!(p.role == Role::Status || !p.bound.is_empty());
+            // Only a status route, or a client-key route (its key names the operation; with nothing bound
+            // the method and path are hashed), may bind nothing.
+            assert!(matches!(p.role, Role::Status | Role::Idempotent) || !p.bound.is_empty(), "{:?}", p.role);
             assert!(p.bound.len() <= 64);
             for (i, f) in p.bound.iter().enumerate() {
                 assert!(f.pointer.starts_with('/') && f.pointer.len() <= 256 && !f.pointer.contains(':'), "{f:?}");
@@ -549,8 +551,11 @@ pub fn route_policy(data: &[u8]) {
             }
 
             // The normal form: every value written out again is read back the same.
-            let bind: Vec<String> =
-                p.bound.iter().map(|f| format!("{}{}", f.pointer, if f.decimal { ":decimal" } else { "" })).collect();
+            let bind: Vec<String> = p
+                .bound
+                .iter()
+                .map(|f| format!("{}{}", f.pointer, f.ty.suffix().map(|t| format!(":{t}")).unwrap_or_default()))
+                .collect();
             let outcomes: Vec<String> = p.outcomes.iter().map(|(s, o)| format!("{s}:{}", o.as_str())).collect();
             assert_eq!(policy::parse_bind(&bind.join(", ")).as_ref(), Ok(&p.bound));
             assert_eq!(idem_core::outcome::parse_overrides(&outcomes.join(" ")).as_ref(), Ok(&p.outcomes));
@@ -662,5 +667,83 @@ fn check_result(r: &StoredResult) {
             let body = parse_json_body(&out.body, BODY_LIMIT);
             assert!(body.is_ok(), "the replay envelope is not strict JSON: {body:?}");
         }
+    }
+}
+
+// ---- splice ----------------------------------------------------------------
+
+/// The preview's splice of the fingerprint into the upstream's answer (`machine::splice`), streamed
+/// and held. The first byte chooses where the answer is cut into chunks (and whether its last chunk
+/// says end of stream); the rest is the answer. Whatever the bytes: the streamed answer is exactly
+/// the length its headers announced. For a JSON object without duplicate keys: the answer keeps
+/// every member, gains ours only when it named neither field, and never has two of either.
+pub fn splice(data: &[u8]) {
+    use idem_core::machine::splice::{splice_whole, Chunk, StreamSplice};
+    // Strict: a duplicate key is an error, so "never two of either field" is checked by the parse.
+    let strict = |b: &[u8]| parse_json_body(b, BODY_LIMIT);
+    const TOKEN: &str = "k1.eyJ2IjoxfQ.c2ln_-9";
+    const EXP: u64 = 1_753_500_000;
+    let Some((&pick, body)) = data.split_first() else { return };
+    if body.is_empty() {
+        return;
+    }
+    let n = body.len();
+    let pick = usize::from(pick);
+    let mut bounds = vec![(pick * 7) % (n + 1), (pick * 31 + 3) % (n + 1), (pick >> 3) % (n + 1)];
+    bounds.sort_unstable();
+    bounds.push(n);
+    let mut s = StreamSplice::new(TOKEN, EXP, n as u64);
+    let (mut out, mut at, mut spliced) = (Vec::new(), 0, None);
+    for end in bounds {
+        let piece = &body[at..end.max(at)];
+        at = end.max(at);
+        match s.chunk(piece, at == n && pick & 1 == 1) {
+            Chunk::Pass => out.extend_from_slice(piece),
+            Chunk::Replace(bytes) => out.extend_from_slice(&bytes),
+            Chunk::Last { body, spliced: done } => {
+                out.extend_from_slice(&body);
+                spliced = Some(done);
+                break;
+            }
+        }
+    }
+    let Some(spliced) = spliced else { panic!("the chunk that completes the length is the last") };
+    assert_eq!(out.len(), n + s.added(), "the announced length");
+    let named =
+        |v: &serde_json::Map<String, Value>| v.contains_key("fingerprint") || v.contains_key("fingerprint_expires_at");
+    let Ok(Value::Object(input)) = strict(body) else { return };
+    let output = match strict(&out) {
+        Ok(Value::Object(o)) => o,
+        other => panic!("a JSON object streamed out as {other:?} (spliced {spliced})"),
+    };
+    if spliced {
+        assert!(!named(&input), "spliced beside the upstream's own field");
+        assert_eq!(output.get("fingerprint").and_then(Value::as_str), Some(TOKEN));
+        assert_eq!(output.get("fingerprint_expires_at").and_then(Value::as_u64), Some(EXP));
+        let mut rest = output.clone();
+        rest.remove("fingerprint");
+        rest.remove("fingerprint_expires_at");
+        assert_eq!(rest, input, "every member kept");
+    } else {
+        assert_eq!(output, input, "padded: the same JSON");
+        let text = String::from_utf8_lossy(body);
+        assert!(
+            text.contains("\"fingerprint") || text.contains("\\u006") || text.contains("\\u007"),
+            "not spliced without a reason"
+        );
+    }
+    // Held whole: the upstream's field replaced, never doubled (strict_json refuses duplicates).
+    let held = splice_whole(body, TOKEN, EXP, BODY_LIMIT).unwrap_or_else(|| panic!("a held object is spliced"));
+    match strict(&held) {
+        Ok(Value::Object(o)) => {
+            assert_eq!(o.get("fingerprint").and_then(Value::as_str), Some(TOKEN));
+            assert_eq!(
+                o.len(),
+                input.len() + 2
+                    - usize::from(input.contains_key("fingerprint"))
+                    - usize::from(input.contains_key("fingerprint_expires_at"))
+            );
+        }
+        other => panic!("a held object spliced into {other:?}"),
     }
 }

@@ -47,12 +47,15 @@ macro_rules! corpus_tests {
     )*};
 }
 
-corpus_tests!(fingerprint, strict_json, param_hash, plugin_config, route_policy, protocol, mcp);
+corpus_tests!(fingerprint, strict_json, param_hash, plugin_config, route_policy, protocol, mcp, splice);
 
 #[test]
 fn every_target_is_replayed() {
     let names: Vec<&str> = idem_fuzz_harness::TARGETS.iter().map(|(n, _)| *n).collect();
-    assert_eq!(names, ["fingerprint", "strict_json", "param_hash", "plugin_config", "route_policy", "protocol", "mcp"]);
+    assert_eq!(
+        names,
+        ["fingerprint", "strict_json", "param_hash", "plugin_config", "route_policy", "protocol", "mcp", "splice"]
+    );
     for name in names {
         assert!(fuzz_dir().join("fuzz_targets").join(format!("{name}.rs")).is_file(), "{name}");
     }

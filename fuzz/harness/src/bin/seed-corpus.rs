@@ -154,6 +154,17 @@ fn json_seeds(c: &mut Corpus) {
             }
         }
     }
+    // The splice: the answers of core's preview tests, each behind a chunk-cut byte.
+    for source in ["core/src/machine/splice.rs", "core/src/machine/tests.rs"] {
+        let name = source.rsplit('/').next().unwrap_or(source).trim_end_matches(".rs");
+        for (i, literal) in raw_literals(&read(source)).into_iter().enumerate() {
+            if literal.trim_start().starts_with(['{', '[', '"']) {
+                for pick in [0u8, 13, 200] {
+                    add(c, "splice", &format!("{name}-{i}-{pick}"), &[&[pick][..], literal.as_bytes()].concat());
+                }
+            }
+        }
+    }
     for (label, text) in [
         ("deep", format!("{{\"x\":{}1{}}}", "[".repeat(33), "]".repeat(33))),
         ("amounts", r#"{"a":1,"b":1.0,"c":1.00,"d":100e-2,"e":"100e-2","f":-0.0,"g":1e999999999}"#.into()),
