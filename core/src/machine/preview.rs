@@ -203,8 +203,11 @@ impl Preview {
     /// The held body at its end, or, while streaming, the chunk in hand.
     pub(super) fn on_response_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
         if let Phase::Streaming(splice) = &mut self.phase {
-            let Chunk::Last { body, spliced } = splice.chunk(body, self.chunk_ends_stream) else {
-                return Ok(Step::go_on());
+            let (body, spliced) = match splice.chunk(body, self.chunk_ends_stream) {
+                Chunk::Pass => return Ok(Step::go_on()),
+                // A closing brace held back (or given back): the chunk goes on as these bytes.
+                Chunk::Replace(bytes) => return Ok(Step::go_on().with(Effect::ReplaceResponseBody(bytes))),
+                Chunk::Last { body, spliced } => (body, spliced),
             };
             let mut step = Step::go_on().with(Effect::ReplaceResponseBody(body));
             if splice.named() {

@@ -631,14 +631,22 @@ fn a_preview_answer_of_known_length_streams_with_the_fingerprint_spliced() -> Te
             _ => None,
         })
         .ok_or("no new length")?;
+    // Three chunks: a plain middle one, one that ends in a brace (held back: it may close the
+    // object), and the last.
     let (first, rest) = answer.split_at(20);
+    let (second, rest) = rest.split_at(rest.len() - 1);
+    assert!(second.ends_with(b"}") && rest == b"}");
     assert_eq!(m.on_response_data(first.len(), false)?, Step::need_body());
     assert_eq!(m.on_response_body(first, &mut env)?, Step::go_on(), "a middle chunk goes on as it is");
+    assert_eq!(m.on_response_data(second.len(), false)?, Step::need_body());
+    let step = m.on_response_body(second, &mut env)?;
+    let second = replaced_body(&step).ok_or("the brace is not held back")?;
+    assert_eq!(second, &answer[20..answer.len() - 2]);
     assert_eq!(m.on_response_data(rest.len(), false)?, Step::need_body());
     let step = m.on_response_body(rest, &mut env)?;
     assert_eq!(step.flow, Flow::Continue);
     let last = replaced_body(&step).ok_or("the last chunk is not rewritten")?;
-    let whole = [first, &last[..]].concat();
+    let whole = [first, &second[..], &last[..]].concat();
     assert_eq!(whole.len(), grown);
     let v: Value = serde_json::from_slice(&whole)?;
     assert_eq!((v["quote"].as_i64(), v["payee"]["id"].as_str()), (Some(1), Some("p-9")));
