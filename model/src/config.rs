@@ -77,10 +77,25 @@ pub struct Config {
     /// Whether the bounded settle check runs on every state (it multiplies the cost per state).
     pub check_settle: bool,
     /// Approval (DESIGN §4, docs/approvals.md): the confirm route asks a person first
-    /// (`approval: always`), an approver approves or rejects at any moment (late ones too), idemd's
-    /// lapse sweep runs, and every confirm after the operation's first may go to a route of the
-    /// same scope without the rule (the SQL defence's case). `IDEM_MODEL_APPROVAL=1` in the deep run.
+    /// (`approval: always`), an approver approves or rejects at any moment (late ones too), and
+    /// idemd's lapse sweep runs. `IDEM_MODEL_APPROVAL=1` in the deep run.
     pub approval: bool,
+    /// With approval: which route of the scope a confirm may take (`IDEM_MODEL_ROUTES`).
+    pub routes: Routes,
+}
+
+/// The routes of the approval scope a confirm may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Routes {
+    /// The route with the rule; once the operation waits (its approval row exists), also a route
+    /// of the same scope without it: the case the insert's `NOT EXISTS` defends (the default).
+    RuledFirst,
+    /// The route with the rule only (`IDEM_MODEL_ROUTES=ruled`).
+    Ruled,
+    /// Either route at any time (`IDEM_MODEL_ROUTES=any`): a scope with two rules, which the
+    /// filter and `idemd check` refuse, or the rule added to a route while an operation of its scope
+    /// is live (a reload).
+    Any,
 }
 
 impl Config {
@@ -97,6 +112,7 @@ impl Config {
             settle_steps: 200,
             check_settle: true,
             approval: false,
+            routes: Routes::RuledFirst,
         }
     }
 

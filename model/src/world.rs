@@ -228,15 +228,16 @@ impl World {
             if a.waiting {
                 continue;
             }
-            // With approval, confirms take the route with the rule; once the operation waits (its
-            // approval row exists) they may take the scope's route without it too: the case the SQL
-            // defence claims ("a route of the same scope that lacks the rule cannot run it either
-            // once it waits", docs/approvals.md). Before that, such a route runs it without a person,
-            // which is why one scope has one rule (the checker shows it at once if allowed here).
-            let routes: &[bool] = match (cfg.approval, s.stores.approval.is_some()) {
-                (false, _) => &[false],
-                (true, false) => &[true],
-                (true, true) => &[true, false],
+            // With approval, confirms take the route with the rule; by default, once the operation
+            // waits (its approval row exists), they may take the scope's route without it too: the
+            // case the SQL defence claims ("a route of the same scope that lacks the rule cannot run
+            // it either once it waits", docs/approvals.md). Before that, such a route runs it without
+            // a person, which is why one scope has one rule (`Routes::Any` shows it).
+            use crate::config::Routes;
+            let routes: &[bool] = match (cfg.approval, cfg.routes, s.stores.approval.is_some()) {
+                (false, _, _) => &[false],
+                (true, Routes::Ruled, _) | (true, Routes::RuledFirst, false) => &[true],
+                (true, Routes::RuledFirst, true) | (true, Routes::Any, _) => &[true, false],
             };
             for filter in 0..FILTERS {
                 if !budgets || a.confirms < cfg.confirms {
