@@ -230,7 +230,9 @@ fn check_approvals(
         for e in &about {
             let bad = match e.kind.as_str() {
                 // Told it ran: only an approved one may have.
-                "executed" | "already_completed" | "already_failed" | "in_progress" => state != Some("APPROVED"),
+                "executed" | "already_completed" | "already_failed" => state != Some("APPROVED"),
+                // Acquired once approved; released later (proof it never ran) and then lapsed at exp is as true.
+                "in_progress" => !(state == Some("APPROVED") || (state == Some("LAPSED") && !executed)),
                 "rejected" => state != Some("REJECTED") || executed,
                 // Lapsed: LAPSED by the sweep, or not yet swept but past exp; and never run.
                 "approval_lapsed" => {
@@ -479,6 +481,27 @@ mod tests {
         // The approver's accepted approval turned into a rejection.
         e.decided.insert(KEY.into(), "approve");
         assert!(kinds(&check(&fine, &e)).contains(&"decision_lost"));
+    }
+
+    #[test]
+    fn approved_in_flight_released_then_lapsed_is_consistent() {
+        let mut e = evidence();
+        e.ledger_counts.clear();
+        e.executed.clear();
+        e.sql.clear();
+        e.approvals.insert(KEY.into(), approval_row("LAPSED"));
+        e.decided.insert(KEY.into(), "approve");
+        let l = approval_log(vec![
+            ev(0, Req::Confirm, "approval_required", None),
+            ev(900, Req::Status, "approved", None),
+            ev(1000, Req::Confirm, "in_progress", None),
+            ev(7000, Req::Status, "approval_lapsed", None),
+        ]);
+        assert_eq!(kinds(&check(&l, &e)), Vec::<&str>::new());
+        // In progress about a rejected one is not.
+        e.approvals.insert(KEY.into(), approval_row("REJECTED"));
+        e.decided.insert(KEY.into(), "reject");
+        assert!(kinds(&check(&l, &e)).contains(&"approval_answer_disagrees"));
     }
 
     #[test]
