@@ -31,6 +31,14 @@ pub enum Mutation {
     /// A configuration `idemd check` refuses: Envoy waits for the upstream longer than the lease
     /// (the filter's renewals are then all that keeps the lease, and a SQL outage stops them).
     LeaseShorterThanEnvoyWait,
+    /// idemd's IN_FLIGHT insert without its `NOT EXISTS` over `idem_approval`
+    /// (`rules::acquire_allowed`): only the filter's rule keeps an unapproved operation back.
+    /// Checked with approval on.
+    AcquireIgnoresApproval,
+    /// The approver's decision without its `fp_exp_ms > now` (`rules::decide` given a row whose
+    /// `exp` it cannot see): a person decides an approval that lapsed but was not yet swept.
+    /// Checked with approval on.
+    DecideAfterLapse,
 }
 
 impl Mutation {
@@ -44,6 +52,9 @@ impl Mutation {
         Mutation::CacheNonTerminal,
         Mutation::LeaseShorterThanEnvoyWait,
     ];
+
+    /// The mutations of approval, checked with [`Config::approval`] on.
+    pub const APPROVAL: [Mutation; 2] = [Mutation::AcquireIgnoresApproval, Mutation::DecideAfterLapse];
 }
 
 #[derive(Clone, Debug)]
@@ -65,6 +76,26 @@ pub struct Config {
     pub settle_steps: usize,
     /// Whether the bounded settle check runs on every state (it multiplies the cost per state).
     pub check_settle: bool,
+    /// Approval (DESIGN §4, docs/approvals.md): the confirm route asks a person first
+    /// (`approval: always`), an approver approves or rejects at any moment (late ones too), and
+    /// idemd's lapse sweep runs. `IDEM_MODEL_APPROVAL=1` in the deep run.
+    pub approval: bool,
+    /// With approval: which route of the scope a confirm may take (`IDEM_MODEL_ROUTES`).
+    pub routes: Routes,
+}
+
+/// The routes of the approval scope a confirm may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Routes {
+    /// The route with the rule; once the operation waits (its approval row exists), also a route
+    /// of the same scope without it: the case the insert's `NOT EXISTS` defends (the default).
+    RuledFirst,
+    /// The route with the rule only (`IDEM_MODEL_ROUTES=ruled`).
+    Ruled,
+    /// Either route at any time (`IDEM_MODEL_ROUTES=any`): a scope with two rules, which the
+    /// filter and `idemd check` refuse, or the rule added to a route while an operation of its scope
+    /// is live (a reload).
+    Any,
 }
 
 impl Config {
@@ -80,7 +111,14 @@ impl Config {
             mutation: None,
             settle_steps: 200,
             check_settle: true,
+            approval: false,
+            routes: Routes::RuledFirst,
         }
+    }
+
+    /// The bounded check with approval on.
+    pub fn bounded_approval(upstream: UpstreamKeys) -> Config {
+        Config { approval: true, ..Config::bounded(upstream) }
     }
 
     pub fn mutated(self, m: Mutation) -> Config {
@@ -123,4 +161,6 @@ pub mod world {
     pub const ORPHAN_S: u8 = 3;
     /// The preview's clock: unix seconds at model time 0.
     pub const T0: u64 = 1_000;
+    /// The approver (`--approvers`): not the operation's subject.
+    pub const APPROVER: &str = "approver-ann";
 }

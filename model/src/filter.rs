@@ -32,6 +32,9 @@ struct Policies {
     preview: Rc<RoutePolicy>,
     confirm_honoured: Rc<RoutePolicy>,
     confirm_ignored: Rc<RoutePolicy>,
+    /// The same confirm routes with `approval: always` (docs/approvals.md).
+    ruled_honoured: Rc<RoutePolicy>,
+    ruled_ignored: Rc<RoutePolicy>,
     status: Rc<RoutePolicy>,
 }
 
@@ -58,6 +61,13 @@ fn policies() -> Result<Policies, String> {
         preview: route(&[("role", "preview")])?,
         confirm_honoured: route(&[("role", "confirm")])?,
         confirm_ignored: route(&[("role", "confirm"), ("upstream_keys", "ignored"), ("business_ref", "/ref")])?,
+        ruled_honoured: route(&[("role", "confirm"), ("approval", "always")])?,
+        ruled_ignored: route(&[
+            ("role", "confirm"),
+            ("upstream_keys", "ignored"),
+            ("business_ref", "/ref"),
+            ("approval", "always"),
+        ])?,
         status: route(&[("role", "status")])?,
         config,
     })
@@ -85,9 +95,12 @@ fn with_policies<T>(f: impl FnOnce(&Policies) -> T) -> T {
 /// What the stream is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// A confirm; `drifted`: its free-text memo was regenerated ("ASAP" → "please ASAP").
+    /// A confirm; `drifted`: its free-text memo was regenerated ("ASAP" → "please ASAP");
+    /// `ruled`: on the route whose rule asks a person first (`approval: always`), else on the
+    /// route of the same scope without it.
     Confirm {
         drifted: bool,
+        ruled: bool,
     },
     Status,
 }
@@ -186,8 +199,10 @@ pub fn rebuild(kind: Kind, fingerprint: &str, upstream: UpstreamKeys, journal: &
     with_policies(|p| {
         let policy = match (kind, upstream) {
             (Kind::Status, _) => Rc::clone(&p.status),
-            (Kind::Confirm { .. }, UpstreamKeys::Honoured) => Rc::clone(&p.confirm_honoured),
-            (Kind::Confirm { .. }, UpstreamKeys::Ignored) => Rc::clone(&p.confirm_ignored),
+            (Kind::Confirm { ruled: false, .. }, UpstreamKeys::Honoured) => Rc::clone(&p.confirm_honoured),
+            (Kind::Confirm { ruled: false, .. }, UpstreamKeys::Ignored) => Rc::clone(&p.confirm_ignored),
+            (Kind::Confirm { ruled: true, .. }, UpstreamKeys::Honoured) => Rc::clone(&p.ruled_honoured),
+            (Kind::Confirm { ruled: true, .. }, UpstreamKeys::Ignored) => Rc::clone(&p.ruled_ignored),
         };
         let mut machine = Machine::Pass;
         let mut last = Step::go_on();
@@ -199,7 +214,7 @@ pub fn rebuild(kind: Kind, fingerprint: &str, upstream: UpstreamKeys, journal: &
                     let (m, mut step) = Machine::start(ctx, &head(Some(fingerprint.to_string())), false, &mut env);
                     machine = m;
                     let b = match kind {
-                        Kind::Confirm { drifted } => body(drifted),
+                        Kind::Confirm { drifted, .. } => body(drifted),
                         Kind::Status => Vec::new(),
                     };
                     let data = machine.on_request_data(b.len(), true);
@@ -309,9 +324,15 @@ impl Answer {
         Answer { http, kind, execution: execution_in(body) }
     }
 
-    /// "Nothing ran" (§7): the agent may run it again.
+    /// "Nothing ran" (§7): the agent may run it again, or (a person refused, or nobody approved
+    /// before `exp`) nothing will.
     pub fn says_nothing_ran(&self) -> bool {
-        matches!(self.kind.as_str(), "not_executed" | "fingerprint_expired")
+        matches!(self.kind.as_str(), "not_executed" | "fingerprint_expired" | "rejected" | "approval_lapsed")
+    }
+
+    /// Says nothing about the operation either way: the agent could not be answered.
+    pub fn is_unknowing(&self) -> bool {
+        matches!(self.kind.as_str(), "status_unavailable" | "connection_reset")
     }
 
     /// A result the agent may report: the upstream's own, or a replay.

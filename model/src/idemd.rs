@@ -7,15 +7,15 @@
 //! an answer lost on the way back.
 
 use idem_core::protocol::{
-    Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, NotFoundView, OpState,
-    OwnerToken, ReleaseRequest, StoredResult, TerminalState,
+    self, Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, ApprovalState, CompleteRequest,
+    NotFoundView, OpState, OwnerToken, ReleaseRequest, StoredResult, TerminalState, WithApproval,
 };
 use idemd::reconcile::decide::{decide, Asked, Decision, Rules, StatusAnswer};
 use idemd::reconcile::target::target;
-use idemd::store::record::Record;
+use idemd::store::record::{ApprovalRow, Record};
 use idemd::store::redis::{AcquireReply, WriteReply};
 use idemd::store::retention;
-use idemd::store::rules::{self, Broken, Cached, Completion};
+use idemd::store::rules::{self, Broken, Cached, Completion, Gate};
 
 use crate::config::{world, Config, Mutation, UpstreamKeys};
 
@@ -113,6 +113,78 @@ impl Row {
     }
 }
 
+/// `idem_approval.state` (a hashable mirror of `ApprovalState`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Ap {
+    Awaiting,
+    Approved,
+    Rejected,
+    Lapsed,
+}
+
+impl Ap {
+    pub fn of(s: ApprovalState) -> Ap {
+        match s {
+            ApprovalState::AwaitingApproval => Ap::Awaiting,
+            ApprovalState::Approved => Ap::Approved,
+            ApprovalState::Rejected => Ap::Rejected,
+            ApprovalState::Lapsed => Ap::Lapsed,
+        }
+    }
+    pub fn state(self) -> ApprovalState {
+        match self {
+            Ap::Awaiting => ApprovalState::AwaitingApproval,
+            Ap::Approved => ApprovalState::Approved,
+            Ap::Rejected => ApprovalState::Rejected,
+            Ap::Lapsed => ApprovalState::Lapsed,
+        }
+    }
+}
+
+/// The `idem_approval` row (a hashable mirror of `ApprovalRow`). In SQL only, never in Redis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Approval {
+    pub state: Ap,
+    pub param_hash: String,
+    pub fields: String,
+    pub fp_exp_ms: i64,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub decided_by: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Approval {
+    pub fn row(&self) -> ApprovalRow {
+        ApprovalRow {
+            key: key(),
+            state: self.state.state(),
+            param_hash: self.param_hash.clone(),
+            subject_hash: crate::filter::subject(),
+            scope: crate::filter::SCOPE.into(),
+            fields: self.fields.clone(),
+            fp_exp_ms: self.fp_exp_ms,
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            decided_by: self.decided_by.clone(),
+            reason: self.reason.clone(),
+        }
+    }
+
+    pub fn of(row: &ApprovalRow) -> Approval {
+        Approval {
+            state: Ap::of(row.state),
+            param_hash: row.param_hash.clone(),
+            fields: row.fields.clone(),
+            fp_exp_ms: row.fp_exp_ms,
+            created_at_ms: row.created_at_ms,
+            updated_at_ms: row.updated_at_ms,
+            decided_by: row.decided_by.clone(),
+            reason: row.reason.clone(),
+        }
+    }
+}
+
 /// The Redis hash `idem:{key}` and its TTL.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CacheRow {
@@ -153,6 +225,8 @@ impl CacheRow {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Stores {
     pub sql: Option<Row>,
+    /// The `idem_approval` row, where the route asks a person first.
+    pub approval: Option<Approval>,
     pub redis: Option<CacheRow>,
     /// The value before Redis's last write: what a failover that lost that write brings back.
     pub redis_before: Option<Option<CacheRow>>,
@@ -231,8 +305,83 @@ impl<'a> Run<'a> {
         self.s.redis.as_ref().map(CacheRow::cached)
     }
 
-    // ---- acquire (Store::acquire) ------------------------------------------
+    /// `idem_approval`'s row as read (`None`: SQL down).
+    fn approval_get(&mut self) -> Result<Option<Option<ApprovalRow>>, Crashed> {
+        self.call()?;
+        Ok((!self.s.sql_down).then(|| self.s.approval.as_ref().map(Approval::row)))
+    }
 
+    // ---- acquire (Store::acquire_answer) ------------------------------------
+
+    /// The acquire as the API answers it (`Store::acquire_answer`): the approval gate first where
+    /// the route asks a person, then the ordinary acquire, with the approval record beside an
+    /// answer the row gave.
+    pub fn acquire_answer(&mut self, req: &AcquireRequest) -> Result<WithApproval<AcquireResponse>, Crashed> {
+        if let Some(gated) = self.approval_gate(req)? {
+            return Ok(gated);
+        }
+        let answer = self.acquire(req)?;
+        if matches!(
+            answer.outcome,
+            AcquireOutcome::AwaitingApproval | AcquireOutcome::Rejected | AcquireOutcome::Lapsed
+        ) {
+            let approval = self.approval_get()?.flatten().and_then(|r| r.view(None));
+            return Ok(WithApproval { answer, approval });
+        }
+        Ok(WithApproval { answer, approval: None })
+    }
+
+    /// `Store::approval_gate`: record the operation AWAITING_APPROVAL, answer from its row, or
+    /// (`None`) let an APPROVED one go on to the ordinary acquire.
+    fn approval_gate(&mut self, req: &AcquireRequest) -> Result<Option<WithApproval<AcquireResponse>>, Crashed> {
+        let Some(ask) = req.approval.as_ref() else { return Ok(None) };
+        let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
+        let exp_ms = req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX));
+        for _ in 0..2 {
+            let now = self.now_ms();
+            let Some(row) = self.approval_get()? else {
+                return Ok(Some(gated(AcquireOutcome::StoreUnavailable, None)));
+            };
+            match rules::approval_gate(row.as_ref(), binding, now) {
+                Gate::Proceed => return Ok(None),
+                Gate::Answer(outcome) => {
+                    let view = row.as_ref().filter(|_| outcome != AcquireOutcome::ParamMismatch);
+                    return Ok(Some(gated(outcome, view.and_then(|r| r.view(None)))));
+                }
+                Gate::Record => {}
+            }
+            let Some(exp_ms) = exp_ms else { return Ok(Some(gated(AcquireOutcome::StoreUnavailable, None))) };
+            let new = ApprovalRow {
+                key: req.key.to_string(),
+                state: ApprovalState::AwaitingApproval,
+                param_hash: req.param_hash.clone(),
+                subject_hash: req.subject_hash.clone(),
+                scope: req.scope.clone(),
+                fields: ask.fields.clone(),
+                fp_exp_ms: exp_ms,
+                created_at_ms: now,
+                updated_at_ms: now,
+                decided_by: None,
+                reason: None,
+            };
+            self.call()?;
+            if self.s.sql_down {
+                return Ok(Some(gated(AcquireOutcome::StoreUnavailable, None)));
+            }
+            let current = self.s.approval.as_ref().map(Approval::row);
+            match rules::insert_awaiting(current.as_ref(), &new) {
+                Some(inserted) => {
+                    self.s.approval = Some(Approval::of(&inserted));
+                    return Ok(Some(gated(AcquireOutcome::AwaitingApproval, inserted.view(None))));
+                }
+                // Another confirm recorded it a moment ago: read it again.
+                None => continue,
+            }
+        }
+        Ok(Some(gated(AcquireOutcome::StoreUnavailable, None)))
+    }
+
+    /// The ordinary acquire (`Store::acquire_plain`).
     pub fn acquire(&mut self, req: &AcquireRequest) -> Result<AcquireResponse, Crashed> {
         self.s.owners += 1;
         let owner = owner(self.s.owners);
@@ -301,7 +450,10 @@ impl<'a> Run<'a> {
                 business_ref: req.business_ref.clone(),
             };
             let current = self.s.sql.as_ref().map(Row::record);
-            if let Some(inserted) = rules::insert_in_flight(current.as_ref(), &new) {
+            // The insert's `NOT EXISTS` over `idem_approval`: the approval belongs to the record.
+            let approval = self.s.approval.as_ref().map(Approval::row);
+            let allowed = self.cfg.is(Mutation::AcquireIgnoresApproval) || rules::acquire_allowed(approval.as_ref());
+            if let Some(inserted) = rules::insert_in_flight(current.as_ref(), &new).filter(|_| allowed) {
                 self.sql_put(Some(&inserted));
                 return Ok(AcquireResponse {
                     outcome: AcquireOutcome::Acquired,
@@ -316,7 +468,24 @@ impl<'a> Run<'a> {
                     }
                     return Ok(rules::answer_from_row(&rec, &req.param_hash, &req.subject_hash, &req.scope));
                 }
-                Some(None) => continue,
+                // No row: the insert was refused by an approval not (yet) given, or the row was
+                // released between the insert and the read (then insert again).
+                Some(None) => match self.approval_get()? {
+                    Some(Some(a)) if !rules::acquire_allowed(Some(&a)) => {
+                        self.undo_acquire(owner, gate)?;
+                        let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
+                        let outcome = match rules::approval_gate(Some(&a), binding, self.now_ms()) {
+                            Gate::Answer(o) => o,
+                            Gate::Proceed | Gate::Record => AcquireOutcome::AwaitingApproval,
+                        };
+                        return Ok(AcquireResponse { outcome, owner: None, result: None });
+                    }
+                    Some(_) => continue,
+                    None => {
+                        self.undo_acquire(owner, gate)?;
+                        return Ok(unavailable());
+                    }
+                },
                 None => {
                     self.undo_acquire(owner, gate)?;
                     return Ok(unavailable());
@@ -464,11 +633,13 @@ impl<'a> Run<'a> {
             Some(None) => {
                 let reaped_possible =
                     exp.is_some_and(|exp| retention::reaped_possible(exp, self.now_ms(), world::RETENTION_MS));
-                (
-                    404,
-                    serde_json::to_vec(&NotFoundView { error: "not_found".into(), reaped_possible })
-                        .unwrap_or_default(),
-                )
+                // Nothing executed; a person may be (or have been) asked about it.
+                let Some(approval) = self.approval_get()? else {
+                    return Ok((503, br#"{"error":"store_unavailable"}"#.to_vec()));
+                };
+                let answer = NotFoundView { error: "not_found".into(), reaped_possible };
+                let body = WithApproval { answer, approval: approval.and_then(|r| r.view(None)) };
+                (404, serde_json::to_vec(&body).unwrap_or_default())
             }
         })
     }
@@ -553,6 +724,61 @@ impl<'a> Run<'a> {
         Some((decision, why))
     }
 
+    // ---- approval: the approver, the lapse sweep, the reaper ---------------
+
+    /// `POST /v1/approvals/{key}` by the model's approver (`Store::decide`: the rule, then the
+    /// `UPDATE … WHERE state = 'AWAITING_APPROVAL' AND fp_exp_ms > now`). `true`: decided.
+    pub fn decide(&mut self, approve: bool) -> bool {
+        if self.s.sql_down {
+            return false;
+        }
+        let Some(mut row) = self.s.approval.as_ref().map(Approval::row) else { return false };
+        let exp_ms = row.fp_exp_ms;
+        if self.cfg.is(Mutation::DecideAfterLapse) {
+            // The broken decision cannot see the row's exp.
+            row.fp_exp_ms = i64::MAX;
+        }
+        let (decision, reason) = if approve {
+            (protocol::Decision::Approve, "within budget")
+        } else {
+            (protocol::Decision::Reject, "payee not on the list")
+        };
+        let approver = (world::APPROVER, idem_core::fingerprint::subject_hash(world::APPROVER));
+        match rules::decide(Some(&row), decision, (approver.0, &approver.1), reason, false, self.now_ms()) {
+            Ok(next) => {
+                self.s.approval = Some(Approval::of(&ApprovalRow { fp_exp_ms: exp_ms, ..next }));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// One pass of the lapse sweep (`Store::lapse_due`): `true` when it lapsed the approval.
+    pub fn lapse(&mut self) -> bool {
+        if self.s.sql_down {
+            return false;
+        }
+        let row = self.s.approval.as_ref().map(Approval::row);
+        let executed = self.s.sql.is_some();
+        match rules::lapse(row.as_ref(), executed, self.now_ms()) {
+            Some(lapsed) => {
+                self.s.approval = Some(Approval::of(&lapsed));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The reaper's pass over `idem_approval`: `true` when it deleted the row.
+    pub fn reap_approval(&mut self) -> bool {
+        let Some(row) = self.s.approval.as_ref().map(Approval::row) else { return false };
+        if self.s.sql_down || !rules::approval_reapable(&row, self.now_ms(), world::RETENTION_MS) {
+            return false;
+        }
+        self.s.approval = None;
+        true
+    }
+
     /// One reaper pass: `true` when it deleted the row.
     pub fn reap(&mut self) -> bool {
         let Some(rec) = self.s.sql.as_ref().map(Row::record) else { return false };
@@ -570,6 +796,10 @@ fn replay(outcome: AcquireOutcome, json: &str) -> AcquireResponse {
     AcquireResponse { outcome, owner: None, result }
 }
 
+fn gated(outcome: AcquireOutcome, approval: Option<protocol::ApprovalView>) -> WithApproval<AcquireResponse> {
+    WithApproval { answer: AcquireResponse { outcome, owner: None, result: None }, approval }
+}
+
 fn unavailable() -> AcquireResponse {
     AcquireResponse { outcome: AcquireOutcome::StoreUnavailable, owner: None, result: None }
 }
@@ -579,8 +809,8 @@ pub fn serve(run: &mut Run<'_>, method: &str, path: &str, body: &[u8]) -> Option
     let answer: Result<(u16, Vec<u8>), Crashed> = match (method, path.split('?').next().unwrap_or_default()) {
         ("POST", "/v1/acquire") => {
             let req: AcquireRequest = serde_json::from_slice(body).ok()?;
-            run.acquire(&req).map(|a| {
-                let status = if a.outcome == AcquireOutcome::StoreUnavailable { 503 } else { 200 };
+            run.acquire_answer(&req).map(|a| {
+                let status = if a.answer.outcome == AcquireOutcome::StoreUnavailable { 503 } else { 200 };
                 (status, serde_json::to_vec(&a).unwrap_or_default())
             })
         }

@@ -3,7 +3,7 @@
 use stateright::Property;
 
 use crate::config::Config;
-use crate::idemd::St;
+use crate::idemd::{Ap, St};
 use crate::world::{State, World};
 
 pub const AT_MOST_ONCE: &str = "at most one execution per operation";
@@ -11,6 +11,14 @@ pub const NOTHING_RAN_IS_TRUE: &str = "no agent is told nothing ran about an ope
 pub const TERMINAL_KEPT: &str = "a terminal record is never overwritten";
 pub const FIRST_RESULT: &str = "every result an agent gets is the first execution's";
 pub const SETTLES: &str = "with faults off, every state settles within the bound";
+pub const APPROVED_FIRST: &str = "nothing executes unless its approval is APPROVED";
+pub const REFUSED_NEVER_RUNS: &str = "a rejected or lapsed operation never executes";
+pub const VERDICT_KEPT: &str = "every answer about a rejected (or lapsed) operation says so";
+/// The paths approval opens, each reached somewhere (`sometimes`: a check that never reaches one
+/// fails, so the properties above are not true for want of the path).
+pub const REACHES_APPROVED_RUN: &str = "reached: an approved operation executes";
+pub const REACHES_TOLD_REJECTED: &str = "reached: an agent is told rejected";
+pub const REACHES_TOLD_LAPSED: &str = "reached: an agent is told approval_lapsed";
 
 pub fn properties(cfg: &Config) -> Vec<Property<World>> {
     let mut p = vec![
@@ -19,6 +27,18 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
         Property::always(TERMINAL_KEPT, |_, s: &State| !s.ghost.overwritten),
         Property::always(FIRST_RESULT, |_, s: &State| !s.ghost.told_another_result),
     ];
+    if cfg.approval {
+        p.push(Property::always(APPROVED_FIRST, |_, s: &State| !s.ghost.ran_unapproved));
+        p.push(Property::always(REFUSED_NEVER_RUNS, |_, s: &State| {
+            s.ghost.verdict.is_none() || s.upstream.executions == 0
+        }));
+        p.push(Property::always(VERDICT_KEPT, |_, s: &State| !s.ghost.verdict_contradicted));
+        p.push(Property::sometimes(REACHES_APPROVED_RUN, |_, s: &State| {
+            s.upstream.executions == 1 && s.stores.approval.as_ref().is_some_and(|a| a.state == Ap::Approved)
+        }));
+        p.push(Property::sometimes(REACHES_TOLD_REJECTED, |_, s: &State| told(s, "rejected")));
+        p.push(Property::sometimes(REACHES_TOLD_LAPSED, |_, s: &State| told(s, "approval_lapsed")));
+    }
     if cfg.check_settle {
         // Judged on the class's representative, so that the schedule's choice among equals (the
         // first enabled) is the same for every state of a symmetry class.
@@ -27,6 +47,10 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
         }));
     }
     p
+}
+
+fn told(s: &State, kind: &str) -> bool {
+    s.agents.iter().any(|a| a.last.as_ref().is_some_and(|t| t.answer.kind == kind))
 }
 
 /// Settled: nothing in flight, the operation DONE, FAILED, NEEDS_REVIEW or gone (never run, or
@@ -116,6 +140,7 @@ impl World {
             Idemd { .. } => Some(1),
             Upstream { .. } => Some(2),
             LateExecute | Orphan(_) => Some(3),
+            Lapse => Some(4),
             Reconcile { .. } => s
                 .stores
                 .sql

@@ -16,6 +16,8 @@ pub struct Outcome {
     /// Property name → the counterexample, readable.
     pub violations: Vec<(&'static str, String)>,
     pub properties: Vec<&'static str>,
+    /// `sometimes` properties no explored state satisfied: the paths they name were not checked.
+    pub unreached: Vec<&'static str>,
 }
 
 impl std::fmt::Display for Outcome {
@@ -29,7 +31,13 @@ impl std::fmt::Display for Outcome {
             self.took.as_secs_f64()
         )?;
         for p in &self.properties {
-            let verdict = if self.violations.iter().any(|(v, _)| v == p) { "VIOLATED" } else { "holds" };
+            let verdict = if self.violations.iter().any(|(v, _)| v == p) {
+                "VIOLATED"
+            } else if self.unreached.contains(p) {
+                "UNREACHED"
+            } else {
+                "holds"
+            };
             writeln!(f, "  {verdict:8} {p}")?;
         }
         for (p, trace) in &self.violations {
@@ -50,6 +58,12 @@ pub fn check(cfg: Config, threads: usize) -> Result<Outcome, String> {
 pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Result<Outcome, String> {
     let world = World::new(cfg)?;
     let properties: Vec<&'static str> = world.properties().iter().map(|p| p.name).collect();
+    let sometimes: Vec<&'static str> = world
+        .properties()
+        .iter()
+        .filter(|p| p.expectation == stateright::Expectation::Sometimes)
+        .map(|p| p.name)
+        .collect();
     let started = Instant::now();
     let checker = world.checker().threads(threads).symmetry_fn(crate::symmetry::representative).spawn_dfs();
     if let Some(every) = every {
@@ -66,9 +80,11 @@ pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Re
     }
     let checker = checker.join();
     let took = started.elapsed();
-    let mut violations: Vec<(&'static str, String)> = checker
-        .discoveries()
+    let discoveries = checker.discoveries();
+    let unreached = sometimes.iter().copied().filter(|p| !discoveries.contains_key(p)).collect();
+    let mut violations: Vec<(&'static str, String)> = discoveries
         .into_iter()
+        .filter(|(name, _)| !sometimes.contains(name))
         .map(|(name, path)| (name, trace(checker.model(), &path.into_vec())))
         .collect();
     violations.sort_by_key(|(n, _)| *n);
@@ -79,6 +95,7 @@ pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Re
         took,
         violations,
         properties,
+        unreached,
     })
 }
 
@@ -131,7 +148,19 @@ pub fn describe(world: &World, last: &State, action: Action, next: &State) -> St
     };
     let told_any = || (0..world.cfg.agents).filter_map(told).collect::<Vec<_>>().join("");
     let what = match action {
-        Action::Confirm { agent, filter } => format!("agent {agent} sends a confirm to filter {filter}"),
+        Action::Confirm { agent, filter, ruled } => {
+            let route = match (world.cfg.approval, ruled) {
+                (false, _) => "",
+                (true, true) => " (the route with the approval rule)",
+                (true, false) => " (the scope's route without the rule)",
+            };
+            format!("agent {agent} sends a confirm to filter {filter}{route}")
+        }
+        Action::Decide { approve } => {
+            format!("the approver {}", if approve { "approves" } else { "rejects" })
+        }
+        Action::Lapse => "idemd's sweep lapses the approval (past exp, nothing executed)".into(),
+        Action::ReapApproval => "reaper deletes the decided approval row".into(),
         Action::Poll { agent, filter } => format!("agent {agent} polls the status route on filter {filter}"),
         Action::Idemd { stream: i, crash_at } => {
             let call = match last.streams.get(i).map(|s| &s.wait) {
@@ -172,5 +201,9 @@ fn summary(s: &State) -> String {
         (None, _) => "-".to_string(),
         (Some(c), _) => format!("{:?}", c.state),
     };
-    format!("sql {sql}, redis {redis}, executions {}, streams {}", s.upstream.executions, s.streams.len())
+    let approval = match &s.stores.approval {
+        None => String::new(),
+        Some(a) => format!("approval {:?}, ", a.state),
+    };
+    format!("sql {sql}, {approval}redis {redis}, executions {}, streams {}", s.upstream.executions, s.streams.len())
 }

@@ -9,7 +9,7 @@ use idemd::reconcile::decide::StatusAnswer;
 
 use crate::config::{world, Config, Mutation};
 use crate::filter::{self, Answer, Ev, Kind};
-use crate::idemd::{Run, St, Stores};
+use crate::idemd::{Ap, Run, St, Stores};
 
 pub const FILTERS: u8 = 2;
 
@@ -85,6 +85,14 @@ pub struct Ghost {
     pub told_nothing_ran_after_it_ran: bool,
     /// An agent was given a result other than the first execution's.
     pub told_another_result: bool,
+    /// Approval: what the operation's approval came to, once it is final (REJECTED, or LAPSED /
+    /// an agent told `approval_lapsed`): every later answer must say it.
+    pub verdict: Option<Ap>,
+    /// An agent was told something else about the operation after its verdict (or the verdict
+    /// changed).
+    pub verdict_contradicted: bool,
+    /// The upstream ran the operation while its approval row was not APPROVED.
+    pub ran_unapproved: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -119,9 +127,12 @@ pub enum Up {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
+    /// `ruled`: on the route whose rule asks a person (approval on; the operation's first confirm
+    /// always, every later one on either route of the scope).
     Confirm {
         agent: u8,
         filter: u8,
+        ruled: bool,
     },
     Poll {
         agent: u8,
@@ -144,6 +155,14 @@ pub enum Action {
         lookup_fails: bool,
     },
     Reap,
+    /// The approver decides (`POST /v1/approvals/{key}`), at any moment, late ones too.
+    Decide {
+        approve: bool,
+    },
+    /// idemd's lapse sweep (the store probe's, every `--probe-interval-ms`).
+    Lapse,
+    /// The reaper deletes a decided approval row.
+    ReapApproval,
     CrashFilter(u8),
     RedisFlush,
     RedisFailover,
@@ -209,9 +228,22 @@ impl World {
             if a.waiting {
                 continue;
             }
+            // With approval, confirms take the route with the rule; by default, once the operation
+            // waits (its approval row exists), they may take the scope's route without it too: the
+            // case the SQL defence claims ("a route of the same scope that lacks the rule cannot run
+            // it either once it waits", docs/approvals.md). Before that, such a route runs it without
+            // a person, which is why one scope has one rule (`Routes::Any` shows it).
+            use crate::config::Routes;
+            let routes: &[bool] = match (cfg.approval, cfg.routes, s.stores.approval.is_some()) {
+                (false, _, _) => &[false],
+                (true, Routes::Ruled, _) | (true, Routes::RuledFirst, false) => &[true],
+                (true, Routes::RuledFirst, true) | (true, Routes::Any, _) => &[true, false],
+            };
             for filter in 0..FILTERS {
                 if !budgets || a.confirms < cfg.confirms {
-                    out.push(Action::Confirm { agent, filter });
+                    for &ruled in routes {
+                        out.push(Action::Confirm { agent, filter, ruled });
+                    }
                 }
                 if (!budgets || a.polls < cfg.polls) && a.last.is_some() {
                     out.push(Action::Poll { agent, filter });
@@ -267,6 +299,19 @@ impl World {
         if s.stores.sql.as_ref().is_some_and(|r| matches!(r.state, St::Done | St::Failed)) {
             out.push(Action::Reap);
         }
+        if let Some(a) = s.stores.approval.as_ref().filter(|_| !s.stores.sql_down) {
+            if a.state == Ap::Awaiting {
+                out.push(Action::Decide { approve: true });
+                out.push(Action::Decide { approve: false });
+            }
+            let open = matches!(a.state, Ap::Awaiting | Ap::Approved);
+            if open && s.stores.sql.is_none() && now_ms(s.now_s) >= a.fp_exp_ms {
+                out.push(Action::Lapse);
+            }
+            if a.state != Ap::Awaiting {
+                out.push(Action::ReapApproval);
+            }
+        }
         if s.stores.redis_down {
             out.push(Action::RedisUp);
         }
@@ -301,7 +346,7 @@ impl World {
         }
         let now = world::T0 + s.now_s;
         match action {
-            Action::Confirm { agent, filter } => {
+            Action::Confirm { agent, filter, ruled } => {
                 // The operation's first confirm carries the memo as previewed; every later one (a
                 // retry, the other agent's) was regenerated. A rule of the world, not of an agent, so
                 // that the agents stay alike (the symmetry reduction, docs/model.md).
@@ -314,7 +359,7 @@ impl World {
                     let answer = Answer { http: 410, kind: "fingerprint_expired".into(), execution: None };
                     self.tell(&mut s, agent, answer);
                 } else {
-                    self.start(&mut s, agent, filter, Kind::Confirm { drifted });
+                    self.start(&mut s, agent, filter, Kind::Confirm { drifted, ruled });
                 }
             }
             Action::Poll { agent, filter } => {
@@ -336,7 +381,7 @@ impl World {
             Action::Upstream { stream, how } => {
                 let ev = match how {
                     Up::Execute => {
-                        let n = Self::execute(&mut s.upstream, self.cfg.upstream);
+                        let n = self.execute(&mut s);
                         Ev::Response { now_s: now, status: 201, details: "via_upstream", body: transfer(n) }
                     }
                     Up::Busy => Ev::Response {
@@ -346,7 +391,7 @@ impl World {
                         body: br#"{"error":"busy"}"#.to_vec(),
                     },
                     Up::CommitThenReset => {
-                        Self::execute(&mut s.upstream, self.cfg.upstream);
+                        self.execute(&mut s);
                         self.envoy_reply(now, "upstream_reset_before_response_started{connection_termination}")
                     }
                     Up::Timeout => {
@@ -363,7 +408,7 @@ impl World {
             }
             Action::LateExecute => {
                 s.upstream.late_until = None;
-                Self::execute(&mut s.upstream, self.cfg.upstream);
+                self.execute(&mut s);
             }
             Action::Tick => {
                 // A callout still out when time passes has hit the filter's sidecar timeout (shorter
@@ -408,6 +453,25 @@ impl World {
                     return None;
                 }
             }
+            Action::Decide { approve } => {
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
+                if !run.decide(approve) {
+                    // Refused (decided already, lapsed): nothing changed.
+                    return None;
+                }
+            }
+            Action::Lapse => {
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
+                if !run.lapse() {
+                    return None;
+                }
+            }
+            Action::ReapApproval => {
+                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
+                if !run.reap_approval() {
+                    return None;
+                }
+            }
             Action::CrashFilter(f) => {
                 s.caches[usize::from(f)] = None;
                 let (gone, kept): (Vec<Stream>, Vec<Stream>) = s.streams.drain(..).partition(|st| st.filter == f);
@@ -442,15 +506,19 @@ impl World {
     }
 
     /// The upstream runs a request: execution `n`, or the recorded one when it deduplicates.
-    fn execute(up: &mut Upstream, keys: crate::config::UpstreamKeys) -> u8 {
-        if keys == crate::config::UpstreamKeys::Honoured {
+    fn execute(&self, s: &mut State) -> u8 {
+        let up = &mut s.upstream;
+        if self.cfg.upstream == crate::config::UpstreamKeys::Honoured {
             if let Some(n) = up.recorded {
                 return n;
             }
         }
         up.executions += 1;
         up.recorded = up.recorded.or(Some(up.executions));
-        up.executions
+        if self.cfg.approval && s.stores.approval.as_ref().is_none_or(|a| a.state != Ap::Approved) {
+            s.ghost.ran_unapproved = true;
+        }
+        s.upstream.executions
     }
 
     fn envoy_reply(&self, now: u64, details: &'static str) -> Ev {
@@ -598,6 +666,14 @@ impl World {
         if answer.is_result() && answer.execution != Some(1) {
             s.ghost.told_another_result = true;
         }
+        if self.cfg.approval && !answer.is_unknowing() {
+            match (s.ghost.verdict, answer.kind.as_str()) {
+                (None, "rejected") => s.ghost.verdict = Some(Ap::Rejected),
+                (None, "approval_lapsed") => s.ghost.verdict = Some(Ap::Lapsed),
+                (None, _) | (Some(Ap::Rejected), "rejected") | (Some(Ap::Lapsed), "approval_lapsed") => {}
+                (Some(_), _) => s.ghost.verdict_contradicted = true,
+            }
+        }
         let a = &mut s.agents[usize::from(agent)];
         a.waiting = false;
         a.last = Some(Told { answer, fresh: true });
@@ -605,6 +681,15 @@ impl World {
 
     /// Update what the checker remembers about the history.
     fn judge(s: &mut State) {
+        if let Some(a) = &s.stores.approval {
+            let final_state = matches!(a.state, Ap::Rejected | Ap::Lapsed).then_some(a.state);
+            match (s.ghost.verdict, final_state) {
+                (_, None) => {}
+                (None, v) => s.ghost.verdict = v,
+                (Some(was), Some(now)) if was != now => s.ghost.verdict_contradicted = true,
+                (Some(_), Some(_)) => {}
+            }
+        }
         if let Some(row) = &s.stores.sql {
             if matches!(row.state, St::Done | St::Failed) {
                 let now = (row.state, row.result.clone());
@@ -616,6 +701,10 @@ impl World {
             }
         }
     }
+}
+
+fn now_ms(now_s: u64) -> i64 {
+    crate::idemd::ms_of(now_s)
 }
 
 fn transfer(n: u8) -> Vec<u8> {

@@ -12,10 +12,15 @@ fn threads() -> usize {
 }
 
 fn holds(upstream: UpstreamKeys) {
-    let outcome = check(Config::bounded(upstream), threads()).expect("model");
+    holds_in(Config::bounded(upstream));
+}
+
+fn holds_in(cfg: Config) {
+    let outcome = check(cfg, threads()).expect("model");
     println!("{outcome}");
     assert!(outcome.unique > 1_000, "the check explored almost nothing: {outcome}");
     assert!(outcome.violations.is_empty(), "{outcome}");
+    assert!(outcome.unreached.is_empty(), "paths the check never reached: {outcome}");
 }
 
 #[test]
@@ -28,9 +33,25 @@ fn the_design_holds_with_an_upstream_that_ignores_keys() {
     holds(UpstreamKeys::Ignored);
 }
 
+/// Approval (docs/approvals.md): a person approves or rejects at any moment (late too), idemd
+/// lapses what nobody approved by `exp`, and retries may take the scope's route without the rule.
+#[test]
+fn the_design_holds_with_approval_and_an_upstream_that_deduplicates_by_key() {
+    holds_in(Config::bounded_approval(UpstreamKeys::Honoured));
+}
+
+#[test]
+fn the_design_holds_with_approval_and_an_upstream_that_ignores_keys() {
+    holds_in(Config::bounded_approval(UpstreamKeys::Ignored));
+}
+
 /// Each mutation, the upstream it is checked against, and the property that must refute it.
 fn refuted(m: Mutation, upstream: UpstreamKeys, property: &str) {
-    let cfg = Config { check_settle: false, ..Config::bounded(upstream) }.mutated(m);
+    refuted_in(Config::bounded(upstream), m, property);
+}
+
+fn refuted_in(cfg: Config, m: Mutation, property: &str) {
+    let cfg = Config { check_settle: false, ..cfg }.mutated(m);
     let outcome = check(cfg, threads()).expect("model");
     println!("{m:?}: {outcome}");
     let found = outcome.violations.iter().find(|(p, _)| *p == property);
@@ -75,13 +96,40 @@ fn a_lease_shorter_than_envoys_wait_is_refuted() {
     refuted(Mutation::LeaseShorterThanEnvoyWait, UpstreamKeys::Honoured, props::NOTHING_RAN_IS_TRUE);
 }
 
+/// Without the insert's `NOT EXISTS` over `idem_approval`, a retry on the scope's route that lacks
+/// the rule runs what waits for a person.
+#[test]
+fn an_acquire_ignoring_the_approval_is_refuted() {
+    let cfg = Config::bounded_approval(UpstreamKeys::Honoured);
+    refuted_in(cfg, Mutation::AcquireIgnoresApproval, props::APPROVED_FIRST);
+}
+
+/// A decision past `exp` (before the sweep lapsed it) turns an operation an agent was told had
+/// lapsed into a rejected one.
+#[test]
+fn a_decision_after_the_lapse_is_refuted() {
+    let cfg = Config::bounded_approval(UpstreamKeys::Honoured);
+    refuted_in(cfg, Mutation::DecideAfterLapse, props::VERDICT_KEPT);
+}
+
 /// The symmetry reduction is sound only if renaming the agents or the filters, or reordering the
 /// streams, is a symmetry of the world: every renamed state has the renamed successors. Checked
 /// on every 5th of the first 30,000 states the bounded world reaches, breadth first (to depth 9:
 /// every kind of step occurs).
 #[test]
 fn renaming_agents_filters_or_streams_is_a_symmetry_of_the_world() {
-    let world = World::new(Config::bounded(UpstreamKeys::Honoured)).expect("model");
+    symmetry_of(Config::bounded(UpstreamKeys::Honoured));
+}
+
+/// The same with approval on: the approver, the sweep and the choice of route single out no
+/// agent or filter either.
+#[test]
+fn renaming_is_a_symmetry_of_the_world_with_approval() {
+    symmetry_of(Config::bounded_approval(UpstreamKeys::Honoured));
+}
+
+fn symmetry_of(cfg: Config) {
+    let world = World::new(cfg).expect("model");
     let successors = |s: &State| -> std::collections::BTreeSet<u64> {
         let mut actions = Vec::new();
         world.enabled(s, s.faults < world.cfg.faults, true, &mut actions);
@@ -120,4 +168,44 @@ fn renaming_agents_filters_or_streams_is_a_symmetry_of_the_world() {
         }
     }
     assert_eq!(checked, 6_000, "the bounded world has fewer states than the check expects");
+}
+
+/// A finding against the design as built (docs/model.md, "What the check found"): the approval gate
+/// reads `idem_approval` only, so an operation that already ran without the rule (a scope with two
+/// rules, or the rule added to its route by a reload while the operation was live) is recorded
+/// AWAITING_APPROVAL on its next confirm, a person is asked about it, and once they reject it every
+/// confirm hears `rejected` ("it was not executed") about an operation that executed. Scripted (the
+/// bounded check's budgets give no agent the confirm after the rejection); `IDEM_MODEL_ROUTES=any`
+/// shows the rest of it. When the gate answers from `idem_record` first, this assertion turns.
+#[test]
+fn finding_the_gate_asks_a_person_about_an_operation_that_already_ran() {
+    use idem_model::config::Routes;
+    use idem_model::world::Action;
+    let cfg = Config { routes: Routes::Any, ..Config::bounded_approval(UpstreamKeys::Honoured) };
+    let world = World::new(cfg).expect("model");
+    let script = [
+        Action::Confirm { agent: 0, filter: 0, ruled: false },
+        Action::Idemd { stream: 0, crash_at: None },
+        Action::Upstream { stream: 0, how: idem_model::world::Up::Execute },
+        Action::Idemd { stream: 0, crash_at: None },
+        Action::Confirm { agent: 1, filter: 1, ruled: true },
+        Action::Idemd { stream: 0, crash_at: None },
+        Action::Decide { approve: false },
+        Action::Confirm { agent: 1, filter: 1, ruled: true },
+        Action::Idemd { stream: 0, crash_at: None },
+    ];
+    let mut path = vec![];
+    let mut s = world.initial();
+    for a in script {
+        let next = world.step(&s, a).unwrap_or_else(|| panic!("{a:?} disabled in {s:?}"));
+        path.push((s, Some(a)));
+        s = next;
+    }
+    path.push((s.clone(), None));
+    println!("{}", idem_model::report::trace(&world, &path));
+    assert_eq!(s.upstream.executions, 1);
+    let told = |agent: usize| s.agents[agent].last.as_ref().map(|t| t.answer.kind.clone());
+    assert_eq!(told(0).as_deref(), Some("upstream"), "agent 0 was told it executed");
+    assert_eq!(told(1).as_deref(), Some("rejected"), "agent 1 is told rejected about the executed operation");
+    assert!(s.ghost.told_nothing_ran_after_it_ran);
 }

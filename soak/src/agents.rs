@@ -85,6 +85,8 @@ enum Step {
 #[derive(Debug, Clone)]
 struct Plan {
     short_ttl: bool,
+    /// On the routes whose rule asks a person first (`/approve/…`, scope payments.large_transfer).
+    approval: bool,
     amount: (&'static str, f64),
     payee: String,
     steps: Vec<Step>,
@@ -129,7 +131,15 @@ fn draw_plan(rng: &mut ChaCha8Rng) -> Plan {
             steps.push(step);
         }
     }
-    Plan { short_ttl, amount, payee, steps, think_ms: rng.gen_range(20..400) }
+    Plan { short_ttl, approval: false, amount, payee, steps, think_ms: rng.gen_range(20..400) }
+}
+
+/// Amounts of the approval workload: each at or over the rule's 1000 (and under the demo's limit).
+const APPROVAL_AMOUNTS: &[(&str, f64)] = &[("1000.00", 1000.0), ("2500.00", 2500.0), ("9999.99", 9999.99)];
+
+/// The agents that run the approval workload (one in eight; the others' plans stay as they were).
+pub fn runs_approvals(agent: usize) -> bool {
+    agent % 8 == 7
 }
 
 /// The seed of agent `id` (and of the fault schedule, `id = usize::MAX`).
@@ -149,6 +159,10 @@ pub async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) {
     let mut rng = rng_for(seed, id);
     let subject = subject_of(id);
     while Instant::now() < ctx.deadline {
+        if runs_approvals(id) {
+            approval_op(&ctx, id, &subject, &mut rng).await;
+            continue;
+        }
         let plan = draw_plan(&mut rng);
         if let Some(op) = preview(&ctx, id, &subject, &plan).await {
             for step in &plan.steps {
@@ -160,7 +174,11 @@ pub async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) {
 }
 
 async fn preview(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan) -> Option<Op> {
-    let path = if plan.short_ttl { "/short/v1/transfers/preview" } else { "/v1/transfers/preview" };
+    let path = match (plan.approval, plan.short_ttl) {
+        (true, _) => "/approve/v1/transfers/preview",
+        (false, true) => "/short/v1/transfers/preview",
+        (false, false) => "/v1/transfers/preview",
+    };
     let body = transfer(json!(plan.amount.0), &plan.payee, "preview");
     let r = send(ctx, agent, None, Req::Preview, path, subject, Some(&body), &[]).await;
     let op = r.as_ref().and_then(|(r, _)| {
@@ -174,6 +192,7 @@ async fn preview(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan) -> Op
             exp: claims["exp"].as_u64()?,
             fingerprint: fp,
             short_ttl: plan.short_ttl,
+            approval: plan.approval,
             amount: json!(plan.amount.0),
         })
     });
@@ -205,8 +224,7 @@ async fn run_step(ctx: &Arc<Ctx>, op: &Op, plan: &Plan, step: &Step) {
             while set.join_next().await.is_some() {}
         }
         Step::Status => {
-            let path = format!("/v1/transfers/status?fingerprint={}", op.fingerprint);
-            send(ctx, op.agent, Some(op), Req::Status, &path, &op.subject, None, &[]).await;
+            send(ctx, op.agent, Some(op), Req::Status, &status_path(op), &op.subject, None, &[]).await;
         }
         Step::Tamper => {
             let tampered = json!(format!("{:.2}", plan.amount.1 + 1.0));
@@ -265,13 +283,82 @@ async fn confirm(
     if delay_ms > 0 && ctx.slow() {
         headers.push(("x-demo-delay-ms", delay_ms.to_string()));
     }
-    send(ctx, op.agent, Some(op), req, "/v1/transfers", subject, Some(&body), &headers).await
+    let path = if op.approval { "/approve/v1/transfers" } else { "/v1/transfers" };
+    send(ctx, op.agent, Some(op), req, path, subject, Some(&body), &headers).await
+}
+
+/// The status route of the operation's scope.
+fn status_path(op: &Op) -> String {
+    let prefix = if op.approval { "/approve" } else { "" };
+    format!("{prefix}/v1/transfers/status?fingerprint={}", op.fingerprint)
+}
+
+/// One operation of the approval workload: the confirm waits for a person (`approval_required`); the agent polls
+/// the status route (and now and then confirms again, which must not run it) until it hears `approved`, then
+/// confirms (sometimes several at once: one executes), or until it hears a definite answer (`rejected`,
+/// `approval_lapsed` once `exp` passed, the execution or its replay). Then, sometimes, one more confirm (the
+/// replay of what it was told).
+async fn approval_op(ctx: &Arc<Ctx>, agent: usize, subject: &str, rng: &mut ChaCha8Rng) {
+    let amount = *APPROVAL_AMOUNTS.choose(rng).unwrap_or(&APPROVAL_AMOUNTS[0]);
+    let payee = format!("payee-{}", rng.gen_range(1..6));
+    let plan = Plan { short_ttl: false, approval: true, amount, payee, steps: Vec::new(), think_ms: 0 };
+    let Some(op) = preview(ctx, agent, subject, &plan).await else {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        return;
+    };
+    let confirm_now = |req: Req, memo: String| {
+        let (ctx, op, payee) = (ctx.clone(), op.clone(), plan.payee.clone());
+        async move {
+            let subject = op.subject.clone();
+            confirm(&ctx, &op, req, json!(amount.0), &payee, &memo, false, 0, &subject).await.map(|(_, k)| k)
+        }
+    };
+    let mut last = confirm_now(Req::Confirm, "large transfer".into()).await;
+    // The fingerprint lives 6 s: past it every answer is definite (lapsed, rejected, or the execution's).
+    let give_up = Instant::now() + Duration::from_millis((op.exp * 1000 + 8_000).saturating_sub(unix_ms()));
+    // `not_executed` is definite, and says "safe to retry": this agent does (it executes, or hears it lapsed).
+    let done = |k: &Option<String>| k.as_deref().is_some_and(|k| settled(k) && k != "not_executed");
+    while !done(&last) && Instant::now() < give_up {
+        if last.as_deref() == Some("approved") {
+            let k = if rng.gen_bool(0.3) { rng.gen_range(2..4) } else { 1 };
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..k {
+                let req = if k > 1 { Req::Race } else { Req::Confirm };
+                set.spawn(confirm_now(req, format!("approved, go {i}")));
+            }
+            last = None;
+            while let Some(r) = set.join_next().await {
+                if let Ok(Some(kind)) = r {
+                    if last.as_deref().is_none_or(|l| !settled(l)) {
+                        last = Some(kind);
+                    }
+                }
+            }
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(250..700))).await;
+        last = if last.as_deref() == Some("not_executed") || rng.gen_bool(0.25) {
+            confirm_now(Req::Confirm, "again, while it waits".into()).await
+        } else {
+            send(ctx, op.agent, Some(&op), Req::Status, &status_path(&op), &op.subject, None, &[]).await.map(|(_, k)| k)
+        };
+    }
+    if rng.gen_bool(0.5) {
+        confirm_now(Req::Confirm, "once more".into()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(rng.gen_range(20..400))).await;
 }
 
 /// The crash-after-commit fault: an operation of its own whose confirm makes the demo exit right after it committed.
 pub async fn crash_confirm(ctx: &Arc<Ctx>, agent: usize) -> Option<Op> {
-    let plan =
-        Plan { short_ttl: false, amount: AMOUNTS[1], payee: "payee-crash".into(), steps: Vec::new(), think_ms: 0 };
+    let plan = Plan {
+        short_ttl: false,
+        approval: false,
+        amount: AMOUNTS[1],
+        payee: "payee-crash".into(),
+        steps: Vec::new(),
+        think_ms: 0,
+    };
     let subject = subject_of(agent);
     let op = preview(ctx, agent, &subject, &plan).await?;
     let body = transfer(json!(plan.amount.0), &plan.payee, "crash after commit");
@@ -298,7 +385,7 @@ pub async fn resolve_open(ctx: &Arc<Ctx>, within: Duration) -> usize {
     for op in open {
         let ctx = ctx.clone();
         set.spawn(async move {
-            let path = format!("/v1/transfers/status?fingerprint={}", op.fingerprint);
+            let path = status_path(&op);
             loop {
                 let r = send(&ctx, op.agent, Some(&op), Req::Final, &path, &op.subject, None, &[]).await;
                 let kind = r.map(|(_, kind)| kind).unwrap_or_default();

@@ -28,6 +28,21 @@ pub struct Evidence {
     pub sql: HashMap<String, SqlRow>,
     /// Why each NEEDS_REVIEW row went there (the audit trail).
     pub review_reasons: HashMap<String, String>,
+    /// `idem_approval` by key.
+    pub approvals: HashMap<String, ApprovalRow>,
+    /// The approver's decisions idemd accepted (200): key → "approve" | "reject".
+    pub decided: HashMap<String, &'static str>,
+    /// Keys whose decision idemd refused as lapsed (410).
+    pub refused_lapsed: Vec<String>,
+}
+
+/// One `idem_approval` row after the run.
+#[derive(Debug, Clone)]
+pub struct ApprovalRow {
+    pub state: String,
+    pub decided_by: Option<String>,
+    /// The fingerprint's `exp`, unix ms.
+    pub fp_exp_ms: i64,
 }
 
 /// The transfer id in a stored result (the body the replay sends back).
@@ -171,11 +186,112 @@ pub fn check(log: &Log, ev: &Evidence) -> Vec<Violation> {
             }
         }
     }
+    check_approvals(log, ev, &events_of, &mut v);
     let stray = ev.sql.iter().filter(|(k, r)| r.state == "IN_FLIGHT" && !by_nonce.contains_key(k.as_str())).count();
     if stray > 0 {
         v("left_in_flight", format!("{stray} IN_FLIGHT rows of unknown operations"));
     }
     out
+}
+
+/// Approval (DESIGN §4): nothing runs unless its approval is APPROVED; rejected and lapsed never run; what the
+/// agents were told agrees with the row; what the approver decided is what the row says.
+fn check_approvals(
+    log: &Log,
+    ev: &Evidence,
+    events_of: &HashMap<usize, Vec<&Event>>,
+    v: &mut impl FnMut(&'static str, String),
+) {
+    let by_nonce: HashMap<&str, &Op> = log.ops.iter().map(|o| (o.nonce.as_str(), o)).collect();
+    // The ledger against idem_approval: every execution of an operation a person was (or should have been) asked
+    // about happened with its approval APPROVED.
+    for (key, n) in &ev.ledger_counts {
+        let op = by_nonce.get(key.as_str());
+        let row = ev.approvals.get(key);
+        let asked = op.is_some_and(|o| o.approval) || row.is_some();
+        if *n == 0 || !asked {
+            continue;
+        }
+        match row.map(|r| r.state.as_str()) {
+            Some("APPROVED") => {}
+            Some("REJECTED") => v("rejected_executed", format!("{key}: REJECTED in idem_approval, executed {n} times")),
+            Some("LAPSED") => v("lapsed_executed", format!("{key}: LAPSED in idem_approval, executed {n} times")),
+            other => v("executed_without_approval", format!("{key}: approval {other:?}, executed {n} times")),
+        }
+    }
+    for op in log.ops.iter().filter(|o| o.approval) {
+        let who = format!("approval op {} agent {} ({})", op.id, op.agent, op.nonce);
+        let row = ev.approvals.get(&op.nonce);
+        let state = row.map(|r| r.state.as_str());
+        let executed = ev.ledger_counts.get(&op.nonce).copied().unwrap_or(0) > 0;
+        let mut about: Vec<&Event> = events_of.get(&op.id).cloned().unwrap_or_default();
+        about.retain(|e| e.req.about_the_operation() && e.kind != "transport_error");
+        about.sort_by(|a, b| recv_ms(a).total_cmp(&recv_ms(b)));
+        for e in &about {
+            let bad = match e.kind.as_str() {
+                // Told it ran: only an approved one may have.
+                "executed" | "already_completed" | "already_failed" => state != Some("APPROVED"),
+                // Acquired once approved; released later (proof it never ran) and then lapsed at exp is as true.
+                "in_progress" => !(state == Some("APPROVED") || (state == Some("LAPSED") && !executed)),
+                "rejected" => state != Some("REJECTED") || executed,
+                // Lapsed: LAPSED by the sweep, or not yet swept but past exp; and never run.
+                "approval_lapsed" => {
+                    let past_exp = row.is_some_and(|r| e.sent_unix_ms as i64 >= r.fp_exp_ms);
+                    executed
+                        || !(state == Some("LAPSED")
+                            || (past_exp && matches!(state, Some("AWAITING_APPROVAL" | "APPROVED"))))
+                }
+                // A person was asked: a row must say so; while it waits, nothing ran.
+                "approval_required" | "awaiting_approval" | "approved" => row.is_none(),
+                _ => false,
+            };
+            if bad {
+                v(
+                    "approval_answer_disagrees",
+                    format!(
+                        "{who}: {} at t={} ms → {}, idem_approval {state:?}, executed {executed}",
+                        e.req.name(),
+                        e.t_ms,
+                        e.kind
+                    ),
+                );
+            }
+        }
+        // A decided approval's last word says what was decided.
+        let last = about.last().map(|e| e.kind.as_str());
+        match state {
+            Some("REJECTED") if last != Some("rejected") => {
+                v("approval_last_answer", format!("{who}: REJECTED, last answer {last:?}"))
+            }
+            // `not_executed` (released, then nobody confirmed before exp) is as true.
+            Some("LAPSED") if !matches!(last, Some("approval_lapsed" | "not_executed")) => {
+                v("approval_last_answer", format!("{who}: LAPSED, last answer {last:?}"))
+            }
+            _ => {}
+        }
+    }
+    // What idemd accepted from the approver is what the row holds (an approved one may lapse unused, never flip).
+    for (key, decision) in &ev.decided {
+        let state = ev.approvals.get(key).map(|r| r.state.as_str());
+        let ok = match *decision {
+            "approve" => matches!(state, Some("APPROVED" | "LAPSED")),
+            _ => state == Some("REJECTED"),
+        };
+        if !ok {
+            v("decision_lost", format!("{key}: the approver's {decision} was accepted (200), idem_approval {state:?}"));
+        }
+        if ev.approvals.get(key).and_then(|r| r.decided_by.as_deref()).is_none() {
+            v("decision_lost", format!("{key}: the approver's {decision} was accepted, no decided_by in the row"));
+        }
+    }
+    // A decision refused as lapsed left the approval undecided: it lapsed, and nothing ran.
+    for key in &ev.refused_lapsed {
+        let row = ev.approvals.get(key);
+        let state = row.map(|r| r.state.as_str());
+        if !ev.decided.contains_key(key) && row.is_some_and(|r| r.decided_by.is_some() || state != Some("LAPSED")) {
+            v("late_decision_taken", format!("{key}: a decision refused as lapsed (410), idemd_approval {row:?}"));
+        }
+    }
 }
 
 /// Each invariant fires on the history that breaks it (a check that cannot fail is no check).
@@ -195,6 +311,7 @@ mod tests {
             nonce: KEY.into(),
             exp: 0,
             short_ttl: false,
+            approval: false,
             amount: serde_json::json!("10.00"),
         }
     }
@@ -224,6 +341,9 @@ mod tests {
             executed: [(KEY.to_owned(), Executed { transfer_id: "t_1".into(), created_at_s: 1000 })].into(),
             sql: [(KEY.to_owned(), SqlRow { state: "DONE".into(), transfer_id: Some("t_1".into()) })].into(),
             review_reasons: HashMap::new(),
+            approvals: HashMap::new(),
+            decided: HashMap::new(),
+            refused_lapsed: Vec::new(),
         }
     }
 
@@ -306,6 +426,99 @@ mod tests {
         assert_eq!(kinds(&check(&l, &e)), ["needs_review_without_reason"]);
         e.review_reasons.insert(KEY.into(), "status lookups failed past the retry budget".into());
         assert_eq!(kinds(&check(&l, &e)), Vec::<&str>::new());
+    }
+
+    fn approval_row(state: &str) -> ApprovalRow {
+        ApprovalRow { state: state.into(), decided_by: Some("approver-soak".into()), fp_exp_ms: 1_006_000 }
+    }
+
+    fn approval_log(events: Vec<Event>) -> Log {
+        Log { events, ops: vec![Op { approval: true, ..op() }], ..Default::default() }
+    }
+
+    #[test]
+    fn an_approved_operation_runs_once_and_says_so() {
+        let l = approval_log(vec![
+            ev(0, Req::Confirm, "approval_required", None),
+            ev(900, Req::Status, "approved", None),
+            ev(1000, Req::Confirm, "executed", Some("t_1")),
+        ]);
+        let mut e = evidence();
+        e.approvals.insert(KEY.into(), approval_row("APPROVED"));
+        e.decided.insert(KEY.into(), "approve");
+        assert_eq!(kinds(&check(&l, &e)), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn an_execution_whose_approval_is_not_approved() {
+        let l = approval_log(vec![ev(0, Req::Confirm, "executed", Some("t_1"))]);
+        let mut e = evidence();
+        assert_eq!(kinds(&check(&l, &e)), ["executed_without_approval", "approval_answer_disagrees"]);
+        e.approvals.insert(KEY.into(), approval_row("AWAITING_APPROVAL"));
+        assert_eq!(kinds(&check(&l, &e)), ["executed_without_approval", "approval_answer_disagrees"]);
+        e.approvals.insert(KEY.into(), approval_row("REJECTED"));
+        assert!(kinds(&check(&l, &e)).contains(&"rejected_executed"));
+        e.approvals.insert(KEY.into(), approval_row("LAPSED"));
+        assert!(kinds(&check(&l, &e)).contains(&"lapsed_executed"));
+    }
+
+    #[test]
+    fn a_rejected_operation_says_rejected_to_the_end() {
+        let mut e = evidence();
+        e.ledger_counts.clear();
+        e.executed.clear();
+        e.sql.clear();
+        e.approvals.insert(KEY.into(), approval_row("REJECTED"));
+        e.decided.insert(KEY.into(), "reject");
+        let fine =
+            approval_log(vec![ev(0, Req::Confirm, "approval_required", None), ev(9, Req::Confirm, "rejected", None)]);
+        assert_eq!(kinds(&check(&fine, &e)), Vec::<&str>::new());
+        let lapsed = approval_log(vec![
+            ev(0, Req::Confirm, "approval_required", None),
+            ev(9, Req::Status, "approval_lapsed", None),
+        ]);
+        assert_eq!(kinds(&check(&lapsed, &e)), ["approval_answer_disagrees", "approval_last_answer"]);
+        // The approver's accepted approval turned into a rejection.
+        e.decided.insert(KEY.into(), "approve");
+        assert!(kinds(&check(&fine, &e)).contains(&"decision_lost"));
+    }
+
+    #[test]
+    fn approved_in_flight_released_then_lapsed_is_consistent() {
+        let mut e = evidence();
+        e.ledger_counts.clear();
+        e.executed.clear();
+        e.sql.clear();
+        e.approvals.insert(KEY.into(), approval_row("LAPSED"));
+        e.decided.insert(KEY.into(), "approve");
+        let l = approval_log(vec![
+            ev(0, Req::Confirm, "approval_required", None),
+            ev(900, Req::Status, "approved", None),
+            ev(1000, Req::Confirm, "in_progress", None),
+            ev(7000, Req::Status, "approval_lapsed", None),
+        ]);
+        assert_eq!(kinds(&check(&l, &e)), Vec::<&str>::new());
+        // In progress about a rejected one is not.
+        e.approvals.insert(KEY.into(), approval_row("REJECTED"));
+        e.decided.insert(KEY.into(), "reject");
+        assert!(kinds(&check(&l, &e)).contains(&"approval_answer_disagrees"));
+    }
+
+    #[test]
+    fn a_decision_refused_as_lapsed_leaves_it_lapsed() {
+        let mut e = evidence();
+        e.ledger_counts.clear();
+        e.executed.clear();
+        e.sql.clear();
+        e.refused_lapsed.push(KEY.into());
+        e.approvals.insert(KEY.into(), ApprovalRow { decided_by: None, ..approval_row("LAPSED") });
+        let l = approval_log(vec![
+            ev(0, Req::Confirm, "approval_required", None),
+            ev(9, Req::Status, "approval_lapsed", None),
+        ]);
+        assert_eq!(kinds(&check(&l, &e)), Vec::<&str>::new());
+        e.approvals.insert(KEY.into(), approval_row("REJECTED"));
+        assert!(kinds(&check(&l, &e)).contains(&"late_decision_taken"));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! what the agents were told with the demo's ledger and the SQL truth.
 
 pub mod agents;
+pub mod approver;
 pub mod check;
 pub mod faults;
 pub mod record;
@@ -88,6 +89,8 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
     for id in 0..cfg.agents {
         agents.spawn(agents::agent(ctx.clone(), id, cfg.seed));
     }
+    let sidecars = [stack.sidecar_url(0, ""), stack.sidecar_url(1, "")];
+    let approver = tokio::spawn(approver::approver(ctx.clone(), sidecars, cfg.seed, stack::APPROVER.1.to_owned()));
     let (injected, mut problems) = faults::play(&ctx, &mut stack, &plan, cfg.agents).await;
     let drain = tokio::time::timeout(ctx.deadline.saturating_duration_since(Instant::now()) + AGENTS_DRAIN, async {
         while agents.join_next().await.is_some() {}
@@ -97,6 +100,10 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
         problems.push(format!("agents still busy {} s after the chaos ended: aborted", AGENTS_DRAIN.as_secs()));
         agents.abort_all();
     }
+    let approver = approver.await.unwrap_or_else(|e| {
+        problems.push(format!("the approver task failed: {e}"));
+        approver::ApproverLog::default()
+    });
     println!("soak: chaos over after {:.1} s; settling", start.elapsed().as_secs_f64());
 
     // Settle: everything up, then the reconciler decides every stuck operation.
@@ -144,8 +151,31 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
         let key: String = row.try_get(0)?;
         review_reasons.insert(key.trim().to_owned(), row.try_get::<String, _>(1)?);
     }
+    let mut approvals = HashMap::new();
+    let mut approval_states: BTreeMap<String, u64> = BTreeMap::new();
+    for row in sqlx::query("SELECT idem_key, state, decided_by, fp_exp_ms FROM idem_approval").fetch_all(&pool).await? {
+        let key: String = row.try_get(0)?;
+        let state: String = row.try_get(1)?;
+        *approval_states.entry(state.clone()).or_default() += 1;
+        let a = check::ApprovalRow { state, decided_by: row.try_get(2)?, fp_exp_ms: row.try_get(3)? };
+        approvals.insert(key.trim().to_owned(), a);
+    }
     pool.close().await;
-    let evidence = check::Evidence { ledger_counts, executed, sql, review_reasons };
+    let decided: HashMap<String, &'static str> =
+        approver.sent.iter().filter(|d| d.http == 200).map(|d| (d.key.clone(), d.intent.name())).collect();
+    let approved_executed = approvals
+        .iter()
+        .filter(|(k, a)| a.state == "APPROVED" && ledger_counts.get(k.as_str()).is_some_and(|n| *n > 0))
+        .count();
+    // Refused as lapsed, where no earlier attempt went unanswered (one that may have committed before the lapse).
+    let unanswered: Vec<&str> = approver.sent.iter().filter(|d| d.http == 0).map(|d| d.key.as_str()).collect();
+    let refused_lapsed = approver
+        .sent
+        .iter()
+        .filter(|d| d.http == 410 && !unanswered.contains(&d.key.as_str()))
+        .map(|d| d.key.clone())
+        .collect();
+    let evidence = check::Evidence { ledger_counts, executed, sql, review_reasons, approvals, decided, refused_lapsed };
 
     let log = ctx.log.lock().map_err(|_| "the agents' log is poisoned")?;
     let mut violations = log.violations.clone();
@@ -162,6 +192,9 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
         polled_at_end,
         executions: evidence.ledger_counts.values().sum(),
         sql_states,
+        approval_states,
+        approved_executed,
+        approver,
     };
     let summary = report::summary(&log, &injected, &violations, &facts);
     std::fs::create_dir_all(&cfg.out_dir)?;

@@ -77,6 +77,8 @@ pub struct Op {
     pub nonce: String,
     pub exp: u64,
     pub short_ttl: bool,
+    /// On the approval routes: a person approves (or not) before it may run.
+    pub approval: bool,
     pub amount: Value,
 }
 
@@ -100,6 +102,8 @@ pub fn definite(kind: &str) -> bool {
             | "forbidden"
             | "fingerprint_invalid"
             | "fingerprint_missing"
+            | "rejected"
+            | "approval_lapsed"
     ) || kind.starts_with("upstream_4")
 }
 

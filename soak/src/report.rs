@@ -19,6 +19,45 @@ pub struct RunFacts {
     pub polled_at_end: usize,
     pub executions: i64,
     pub sql_states: BTreeMap<String, u64>,
+    /// `idem_approval` rows by state after the run.
+    pub approval_states: BTreeMap<String, u64>,
+    /// APPROVED operations the demo executed.
+    pub approved_executed: usize,
+    pub approver: crate::approver::ApproverLog,
+}
+
+fn join_counts(m: &BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "none".into();
+    }
+    m.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", ")
+}
+
+fn approval_ops(log: &Log) -> String {
+    let ops: Vec<usize> = log.ops.iter().filter(|o| o.approval).map(|o| o.id).collect();
+    let confirms = log.events.iter().filter(|e| e.req.is_confirm() && e.op.is_some_and(|o| ops.contains(&o))).count();
+    format!("{} ({} confirms)", ops.len(), confirms)
+}
+
+fn approver_seen(a: &crate::approver::ApproverLog) -> String {
+    use crate::approver::Intent;
+    let n = |i: Intent| a.seen.values().filter(|x| **x == i).count();
+    format!("{} ({} / {} / {})", a.seen.len(), n(Intent::Approve), n(Intent::Reject), n(Intent::Leave))
+}
+
+fn approver_sent(a: &crate::approver::ApproverLog) -> String {
+    let n = |h: u16| a.sent.iter().filter(|s| s.http == h).count();
+    let other = a.sent.iter().filter(|s| ![200, 409, 410, 0].contains(&s.http)).count();
+    format!("{} ({} / {} / {} / {} / {})", a.sent.len(), n(200), n(409), n(410), other, n(0))
+}
+
+fn approval_answers(log: &Log) -> String {
+    let ops: Vec<usize> = log.ops.iter().filter(|o| o.approval).map(|o| o.id).collect();
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for e in log.events.iter().filter(|e| e.op.is_some_and(|o| ops.contains(&o)) && e.req != Req::Preview) {
+        *by.entry(e.kind.clone()).or_default() += 1;
+    }
+    join_counts(&by)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -59,6 +98,12 @@ pub fn summary(log: &Log, faults: &[Injected], violations: &[Violation], f: &Run
         ("status polls (+ at the end)", format!("{} (+ {})", count(Req::Status), count(Req::Final))),
         ("tampered amounts / wrong subjects", format!("{} / {}", count(Req::Tamper), count(Req::WrongSubject))),
         ("executions (demo ledger)", f.executions.to_string()),
+        ("approval operations (confirms on the approval route)", approval_ops(log)),
+        ("approval rows after settling", join_counts(&f.approval_states)),
+        ("approver: waiting operations seen (drawn approve / reject / leave)", approver_seen(&f.approver)),
+        ("approver: decisions sent (200 / 409 decided / 410 lapsed / other / no answer)", approver_sent(&f.approver)),
+        ("approved operations executed (demo ledger)", f.approved_executed.to_string()),
+        ("approval answers to agents", approval_answers(log)),
         ("SQL rows after settling", states),
         (
             "settled (no IN_FLIGHT) after the run",

@@ -15,13 +15,19 @@ use std::time::{Duration, Instant};
 pub const ENVOY_CONFIG: &str = "soak.yaml";
 pub const SECOND_SIDECAR_PLACEHOLDER: &str = "port_value: 9091";
 
-/// The demo's by-key endpoint (the harness points 127.0.0.1:8080 at this run's demo).
-const STATUS_ENDPOINT: &str = "payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}";
+/// The demo's by-key endpoint (the harness points 127.0.0.1:8080 at this run's demo), for both scopes.
+const STATUS_ENDPOINT: &str = "payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key},\
+payments.large_transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}";
+
+/// The soak's approver (`--approvers`): its identity and bearer credential (not a filter token, not
+/// an agent's subject).
+pub const APPROVER: (&str, &str) = ("approver-soak", "soak-approver-credential-0123456789");
 
 /// idemd: 5 s leases (the routes' `lease_ms`) covering what the soak does to the upstream (slow answers < 2.4 s, the
 /// confirm route's 2 s timeout), a reconciler pass every 200 ms, a 404 trusted 1 s after the lease ended, and a retry
 /// budget that outlasts a demo restart (a lookup failing while the demo is down must not give up).
 fn idemd_args(instance: &str) -> Vec<String> {
+    let approvers = format!("{}={}", APPROVER.0, APPROVER.1);
     [
         "--lease-ms",
         "5000",
@@ -43,6 +49,11 @@ fn idemd_args(instance: &str) -> Vec<String> {
         STATUS_ENDPOINT,
         "--instance-id",
         instance,
+        // The approval workload: the approver's own credential, and the lapse sweep every 200 ms.
+        "--approvers",
+        approvers.as_str(),
+        "--probe-interval-ms",
+        "200",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -129,6 +140,11 @@ impl SoakStack {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.ports.listener)
+    }
+
+    /// idemd replica `i`'s own API (the approver's way in).
+    pub fn sidecar_url(&self, i: usize, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.sidecar_ports[i % 2])
     }
 
     pub fn demo_url(&self, path: &str) -> String {

@@ -1,8 +1,10 @@
 //! The deep run (`make model`): the design as built, both upstream kinds, with larger bounds
 //! than `make test`'s (`IDEM_MODEL_FAULTS`, `IDEM_MODEL_CONFIRMS`, `IDEM_MODEL_POLLS`,
-//! `IDEM_MODEL_HORIZON`), printing the figures docs/model.md quotes.
+//! `IDEM_MODEL_HORIZON`), printing the figures docs/model.md quotes. `IDEM_MODEL_APPROVAL=1`: the
+//! confirm route asks a person first; `IDEM_MODEL_ROUTES=ruled|any`: which routes of its scope a
+//! confirm may take (`config::Routes`).
 
-use idem_model::config::{Config, UpstreamKeys};
+use idem_model::config::{Config, Routes, UpstreamKeys};
 use idem_model::report::check_telling;
 
 fn env(name: &str, default: u8) -> u8 {
@@ -18,12 +20,18 @@ fn main() -> std::process::ExitCode {
             confirms: env("IDEM_MODEL_CONFIRMS", 1),
             polls: env("IDEM_MODEL_POLLS", 1),
             horizon_s: env("IDEM_MODEL_HORIZON", 8),
+            approval: env("IDEM_MODEL_APPROVAL", 0) == 1,
+            routes: match std::env::var("IDEM_MODEL_ROUTES").as_deref() {
+                Ok("ruled") => Routes::Ruled,
+                Ok("any") => Routes::Any,
+                _ => Routes::RuledFirst,
+            },
             ..Config::bounded(upstream)
         };
         println!("== upstream keys {upstream:?}: {cfg:?}");
         match check_telling(cfg, threads, Some(std::time::Duration::from_secs(10))) {
             Ok(outcome) => {
-                failed |= !outcome.violations.is_empty();
+                failed |= !outcome.violations.is_empty() || !outcome.unreached.is_empty();
                 println!("{outcome}");
             }
             Err(e) => {
