@@ -342,7 +342,15 @@ impl<'a> Run<'a> {
             let Some(row) = self.approval_get()? else {
                 return Ok(Some(gated(AcquireOutcome::StoreUnavailable, None)));
             };
-            match rules::approval_gate(row.as_ref(), binding, now) {
+            // No approval row yet: has the operation started without one? Then its row answers.
+            let started = match &row {
+                Some(_) => false,
+                None => match self.sql_get()? {
+                    Some(record) => record.is_some(),
+                    None => return Ok(Some(gated(AcquireOutcome::StoreUnavailable, None))),
+                },
+            };
+            match rules::approval_gate(row.as_ref(), started, binding, now) {
                 Gate::Proceed => return Ok(None),
                 Gate::Answer(outcome) => {
                     let view = row.as_ref().filter(|_| outcome != AcquireOutcome::ParamMismatch);
@@ -452,7 +460,8 @@ impl<'a> Run<'a> {
             let current = self.s.sql.as_ref().map(Row::record);
             // The insert's `NOT EXISTS` over `idem_approval`: the approval belongs to the record.
             let approval = self.s.approval.as_ref().map(Approval::row);
-            let allowed = self.cfg.is(Mutation::AcquireIgnoresApproval) || rules::acquire_allowed(approval.as_ref());
+            let allowed =
+                self.cfg.is(Mutation::AcquireIgnoresApproval) || rules::acquire_allowed(approval.as_ref(), now);
             if let Some(inserted) = rules::insert_in_flight(current.as_ref(), &new).filter(|_| allowed) {
                 self.sql_put(Some(&inserted));
                 return Ok(AcquireResponse {
@@ -471,10 +480,10 @@ impl<'a> Run<'a> {
                 // No row: the insert was refused by an approval not (yet) given, or the row was
                 // released between the insert and the read (then insert again).
                 Some(None) => match self.approval_get()? {
-                    Some(Some(a)) if !rules::acquire_allowed(Some(&a)) => {
+                    Some(Some(a)) if !rules::acquire_allowed(Some(&a), now) => {
                         self.undo_acquire(owner, gate)?;
                         let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
-                        let outcome = match rules::approval_gate(Some(&a), binding, self.now_ms()) {
+                        let outcome = match rules::approval_gate(Some(&a), false, binding, now) {
                             Gate::Answer(o) => o,
                             Gate::Proceed | Gate::Record => AcquireOutcome::AwaitingApproval,
                         };

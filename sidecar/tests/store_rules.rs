@@ -239,7 +239,7 @@ async fn approval_rules_match_their_statements(sql: SqlStore) {
         }
         assert_eq!(decided(sql.approval(&p.key).await.expect("get").as_ref()), decided(model.as_ref()));
     }
-    assert!(!rules::acquire_allowed(model.as_ref()));
+    assert!(!rules::acquire_allowed(model.as_ref(), now));
     let a = new_owner();
     let refused = NewInFlight {
         key: &p.key,
@@ -271,7 +271,10 @@ async fn approval_rules_match_their_statements(sql: SqlStore) {
     );
     let second = ApprovalRow { state: ApprovalState::Rejected, ..next.clone() };
     assert!(!sql.decide(&second, now, &AUDIT).await.expect("decide"));
-    assert!(rules::acquire_allowed(model.as_ref()));
+    assert!(rules::acquire_allowed(model.as_ref(), now));
+    assert!(!rules::acquire_allowed(model.as_ref(), now + 60_000), "an approval past exp has lapsed");
+    let late = NewInFlight { now_ms: now + 60_000, lease_until_ms: now + 61_000, ..refused };
+    assert!(!sql.insert_in_flight(&late, &AUDIT).await.expect("insert"), "approved, but past its exp: lapsed, refused");
     assert!(p.insert(&a, now, Some(now + 60_000)).await, "approved: the insert wins once");
     let b = new_owner();
     assert!(!p.insert(&b, now, Some(now + 60_000)).await, "and only once");
@@ -292,7 +295,7 @@ async fn approval_rules_match_their_statements(sql: SqlStore) {
     assert!(sql.lapse(&p.key, now, &AUDIT).await.expect("lapse"));
     assert!(!sql.lapse(&p.key, now, &AUDIT).await.expect("lapse"), "once");
     assert_eq!(decided(sql.approval(&p.key).await.expect("get").as_ref()), decided(Some(&lapsed)));
-    assert!(!rules::acquire_allowed(Some(&lapsed)));
+    assert!(!rules::acquire_allowed(Some(&lapsed), now));
 }
 
 async fn sqlite() -> (tempfile::TempDir, SqlStore) {

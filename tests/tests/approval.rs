@@ -300,6 +300,31 @@ async fn nothing_reaches_the_upstream_before_approval_whatever_the_agent_tries()
     Ok(())
 }
 
+/// An operation that already ran before its route asked a person (here the scope's route without
+/// the rule, envoy/e2e.yaml's deliberate fixture; in production, a rule added by a reload) is
+/// answered from its row on the ruled route: the first result, never "approval required" about a
+/// payment that happened, and no approval row for anyone to reject (the model found this).
+#[tokio::test]
+async fn an_operation_that_ran_before_its_rule_is_answered_from_its_row_never_asked_about() -> TestResult {
+    // Without Envoy's replay cache, so the ruled confirm reaches idemd's approval gate.
+    let mut opts = with_approvers(sqlite_only(false));
+    opts.envoy_edits.push(without_replay_cache());
+    let stack = Stack::start(opts).await?;
+    let fp = preview(&stack, "/approve/v1/transfers/preview", json!("4200.00")).await?;
+    let key = nonce_of(&fp)?;
+    let ran = confirm_on(&stack, "/unruled/v1/transfers", &fp, json!("4200.00"), SUBJECT).await?;
+    assert_eq!(ran.status, 201, "the route without the rule ran it: {ran:?}");
+    assert_eq!(counts(&stack).await?, (1, 1));
+    let again = confirm(&stack, &fp, json!("4200.00")).await?;
+    assert_eq!((again.status, again.header("idempotent-replayed")), (201, Some("true")), "{again:?}");
+    again.assert_prompt("already_completed");
+    assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 0, "idemd answered, not the cache");
+    let (code, body) = decide(&stack, ANN.1, &key, "reject", "too late to ask").await?;
+    assert_eq!(code, 404, "no approval exists to decide: {body}");
+    assert_eq!(counts(&stack).await?, (1, 1), "ran once, and only once");
+    Ok(())
+}
+
 async fn concurrent_confirms_after_approval_execute_once(opts: StackOpts) -> TestResult {
     let stack = Stack::start(with_approvers(opts)).await?;
     let fp = preview(&stack, "/approve/v1/transfers/preview", json!("7500.00")).await?;

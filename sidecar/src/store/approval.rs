@@ -221,7 +221,18 @@ impl Store {
                     return Some(answer(AcquireOutcome::StoreUnavailable, None));
                 }
             };
-            match rules::approval_gate(row.as_ref(), binding, now) {
+            // No approval row yet: has the operation started without one? Then its row answers.
+            let started = match &row {
+                Some(_) => false,
+                None => match self.sql_timed("get", self.sql.get(&req.key)).await {
+                    Ok(record) => record.is_some(),
+                    Err(e) => {
+                        warn!(key = %req.key, error = %e, "SQL read of the record failed: STORE_UNAVAILABLE");
+                        return Some(answer(AcquireOutcome::StoreUnavailable, None));
+                    }
+                },
+            };
+            match rules::approval_gate(row.as_ref(), started, binding, now) {
                 Gate::Proceed => return None,
                 Gate::Answer(outcome) => {
                     let view = row.as_ref().filter(|_| outcome != AcquireOutcome::ParamMismatch);

@@ -322,10 +322,10 @@ impl Store {
                 // No row: the insert was refused by an approval not (yet) given, or the row was
                 // released between our insert and our read (then try the insert again).
                 Ok(None) => match self.sql_timed("approval_get", self.sql.approval(&req.key)).await {
-                    Ok(Some(a)) if !rules::acquire_allowed(Some(&a)) => {
+                    Ok(Some(a)) if !rules::acquire_allowed(Some(&a), now) => {
                         self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
                         let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
-                        let outcome = match rules::approval_gate(Some(&a), binding, now_ms()) {
+                        let outcome = match rules::approval_gate(Some(&a), false, binding, now) {
                             rules::Gate::Answer(o) => o,
                             // Not allowed, so not APPROVED: awaiting is the closest honest word.
                             rules::Gate::Proceed | rules::Gate::Record => AcquireOutcome::AwaitingApproval,

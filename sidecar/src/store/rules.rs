@@ -282,12 +282,18 @@ pub enum Gate {
 /// The gate an approval acquire passes: by the row's binding first (another binding is a
 /// mismatch before anything is shown), then its state as of `now_ms` (past `exp`, awaiting or
 /// approved reads as lapsed: expiry only refuses to start an operation, and this one never started).
+///
+/// `started`: an `idem_record` row exists for the key (the operation started or ran before the
+/// route asked for approval: a rule added by a reload, or a route of the scope without it). With no
+/// approval row, the gate then steps aside and that row answers: a person is never asked about an
+/// operation that already ran, and "rejected, not executed" is never said of one.
 pub fn approval_gate(
     row: Option<&ApprovalRow>,
+    started: bool,
     (param_hash, subject_hash, scope): (&str, &str, &str),
     now_ms: i64,
 ) -> Gate {
-    let Some(row) = row else { return Gate::Record };
+    let Some(row) = row else { return if started { Gate::Proceed } else { Gate::Record } };
     if row.param_hash != param_hash || row.subject_hash != subject_hash || row.scope != scope {
         return Gate::Answer(AcquireOutcome::ParamMismatch);
     }
@@ -317,11 +323,13 @@ pub fn insert_awaiting(row: Option<&ApprovalRow>, new: &ApprovalRow) -> Option<A
     }
 }
 
-/// May a fresh IN_FLIGHT row be inserted for this key? The insert's `NOT EXISTS` over
-/// `idem_approval`: no approval row, or an APPROVED one. So nothing reaches the upstream before a
-/// person approved it, whichever route (or a route that forgot its rule) sends the acquire.
-pub fn acquire_allowed(approval: Option<&ApprovalRow>) -> bool {
-    approval.is_none_or(|a| a.state == ApprovalState::Approved)
+/// May a fresh IN_FLIGHT row be inserted for this key at `now_ms`? The insert's `NOT EXISTS` over
+/// `idem_approval`: no approval row, or an APPROVED one before its `exp` (after it, the approval has
+/// lapsed for every reader: an acquire that reached idemd late must not start what an agent was
+/// told will never run). So nothing reaches the upstream before a person approved it, whichever
+/// route (or a route that forgot its rule) sends the acquire.
+pub fn acquire_allowed(approval: Option<&ApprovalRow>, now_ms: i64) -> bool {
+    approval.is_none_or(|a| a.state == ApprovalState::Approved && now_ms < a.fp_exp_ms)
 }
 
 /// Why a decision was refused.

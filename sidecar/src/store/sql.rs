@@ -230,7 +230,8 @@ impl Queries {
         let insert_values = format!(
             "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at, fp_exp_ms, \
              upstream_ignores_keys, business_ref) SELECT ?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{from_dual} \
-             WHERE NOT EXISTS (SELECT 1 FROM idem_approval WHERE idem_key = ?k AND state <> 'APPROVED')"
+             WHERE NOT EXISTS (SELECT 1 FROM idem_approval WHERE idem_key = ?k \
+             AND (state <> 'APPROVED' OR fp_exp_ms <= ?))"
         );
         let insert = match backend {
             // INSERT IGNORE also downgrades data errors to warnings; every value
@@ -462,8 +463,9 @@ impl SqlStore {
             Bind::OptInt(row.fp_exp_ms),
             Bind::Int(i64::from(row.upstream_ignores_keys)),
             Bind::OptText(row.business_ref),
-            // The approval gate's key.
+            // The approval gate's key, and its clock (an approval past exp has lapsed).
             Bind::Text(row.key),
+            Bind::Int(row.now_ms),
         ];
         let change = Change { key: row.key, from: None, to: Some("IN_FLIGHT"), at_ms: row.now_ms, audit };
         self.change(&self.q.insert, &binds, &change).await
