@@ -2,7 +2,8 @@
 //!
 //! `GET /approvals` lists what waits for a person (the bound fields, scope, subject hash, age and
 //! expiry) with an approve/reject form each, and the NEEDS_REVIEW operations with a resolve form
-//! (`release`, or `failed` with a reason for the agent, as `idemd ops resolve` does).
+//! (`release`, `done` with the result the agent gets, or `failed` with a reason for it, checked and
+//! written as `idemd ops resolve` does: `store::review::planned`).
 //! `POST /approvals/{key}` and `POST /approvals/review/{key}` take the forms and answer 303 back to
 //! the page. Behind the approvers' credential (HTTP Basic in a browser, `crate::approvals`); every
 //! value printed is HTML-escaped; every form carries a CSRF token bound to the approver, and a POST
@@ -16,12 +17,12 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use idem_core::protocol::{encode_body, Decision, OpKey, OpState, StoredResult, TerminalState};
+use idem_core::protocol::{Decision, OpKey, OpState};
 
 use crate::approvals::{ApprovalsState, Approver};
 use crate::store::audit::Audit;
 use crate::store::now_ms;
-use crate::store::review::Resolution;
+use crate::store::review::{planned, Planned, Resolution, ResolveAs};
 
 /// Text for HTML (element content and double-quoted attributes).
 pub fn escape(text: &str) -> String {
@@ -107,7 +108,10 @@ pub async fn page(
              <form method=\"post\" action=\"/approvals/review/{key}\">\
              <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
              <label>Outcome <select name=\"outcome\"><option value=\"release\">never ran: release</option>\
+             <option value=\"done\">it ran: done</option>\
              <option value=\"failed\">refused: failed</option></select></label>\
+             <label>Result the agent gets (done: the upstream's JSON answer) <textarea name=\"result\" rows=\"3\" \
+             maxlength=\"65536\"></textarea></label>\
              <label>Reason for the agent (failed) <input type=\"text\" name=\"reason\" maxlength=\"1000\"></label>\
              <label>Why (audit) <input type=\"text\" name=\"why\" required maxlength=\"1000\"></label>\
              <button type=\"submit\">Resolve</button></form></section>",
@@ -242,7 +246,8 @@ pub async fn decide(
     }
 }
 
-/// `POST /approvals/review/{key}`: `outcome` (`release` | `failed`), `reason`, `why`, `csrf`.
+/// `POST /approvals/review/{key}`: `outcome` (`release` | `done` | `failed`), `result` (done), `reason`
+/// (failed), `why`, `csrf`.
 pub async fn resolve(
     State(state): State<ApprovalsState>,
     Extension(approver): Extension<Approver>,
@@ -263,27 +268,23 @@ pub async fn resolve(
         return back(Err(format!("{key} is {}, not NEEDS_REVIEW", rec.state.as_str())));
     }
     let actor = format!("operator:{}", approver.0);
-    let (resolution_json, action) = match f.get("outcome").map(String::as_str) {
-        Some("release") => (None, "resolve_release"),
-        Some("failed") => {
-            let reason = f.get("reason").map(|r| r.trim()).unwrap_or("");
-            if reason.is_empty() {
-                return back(Err("failed needs a reason for the agent".into()));
-            }
-            let body = serde_json::json!({"error": "resolved_failed", "reason": reason}).to_string();
-            let result = StoredResult {
-                status: 422,
-                headers: vec![("content-type".into(), "application/json".into())],
-                body_b64: encode_body(body.as_bytes()),
-            };
-            (serde_json::to_string(&result).ok(), "resolve_failed")
+    // The same checks and result as `idemd ops resolve` (store::review::planned).
+    let said = match f.get("outcome").map(String::as_str) {
+        Some("release") => ResolveAs::Release,
+        Some("done") => {
+            ResolveAs::Done { status: None, body: f.get("result").map_or(&b""[..], |r| r.trim().as_bytes()) }
         }
-        _ => return back(Err("choose release or failed".into())),
+        Some("failed") => ResolveAs::Failed { status: None, reason: f.get("reason").map_or("", String::as_str) },
+        _ => return back(Err("choose release, done or failed".into())),
+    };
+    let Planned { terminal, action } = match planned(said) {
+        Ok(p) => p,
+        Err(e) => return back(Err(e)),
     };
     let audit = Audit { actor: &actor, action, why, trace_id: "" };
-    let resolution = match &resolution_json {
+    let resolution = match &terminal {
         None => Resolution::Release,
-        Some(json) => Resolution::Terminal { state: TerminalState::Failed, result_json: json },
+        Some((state, json)) => Resolution::Terminal { state: *state, result_json: json },
     };
     match sql.resolve(&rec, resolution, &audit).await {
         Ok(true) => {

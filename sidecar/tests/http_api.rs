@@ -370,3 +370,82 @@ async fn strangers_get_401_and_change_nothing() {
         plain.get(format!("{}/metrics", rotated.base)).send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("idem_auth_rejected_total 15"), "{metrics}");
 }
+
+/// The approvers' console resolves a NEEDS_REVIEW operation as `idemd ops resolve` does
+/// (`store::review::planned`): `done` with the result the agent gets (replayed as the first result
+/// from then on); a result that is not JSON is refused and changes nothing; the CSRF token is
+/// required.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_resolves_needs_review_as_done_with_its_result() {
+    let Some(fx) = fixture().await else { return };
+    let store = fx.store().await;
+    let key = new_key();
+    assert_eq!(store.acquire(&acq(&key)).await.outcome, AcquireOutcome::Acquired);
+    fx.set_state(&key, "NEEDS_REVIEW").await;
+    const ANN: &str = "ann-console-credential-0123456789";
+    let approvers =
+        idemd::approvals::Approvers::new(&[format!("ann={ANN}")], &[TOKEN.to_string()], false).expect("approvers");
+    let tokens = Tokens::new(&[TOKEN.to_string()]).expect("tokens");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr: SocketAddr = listener.local_addr().expect("addr");
+    let router = idemd::api::router_with(Arc::clone(&store), tokens, approvers);
+    let _task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    let base = format!("http://{addr}");
+    let ann = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .default_headers({
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(reqwest::header::AUTHORIZATION, format!("Bearer {ANN}").parse().expect("header"));
+            h
+        })
+        .build()
+        .expect("client");
+    let page = ann.get(format!("{base}/approvals")).send().await.expect("page").text().await.expect("text");
+    assert!(page.contains(&format!("review-{key}")) && page.contains("value=\"done\""), "{page}");
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a csrf token on the form")
+        .to_string();
+    let resolve = |fields: Vec<(&'static str, String)>| {
+        let (ann, url) = (ann.clone(), format!("{base}/approvals/review/{key}"));
+        async move {
+            let r = ann.post(url).form(&fields).send().await.expect("resolve");
+            (r.status().as_u16(), r.headers().get("location").and_then(|l| l.to_str().ok()).unwrap_or("").to_string())
+        }
+    };
+    let state = || async { store.sql().get(&key).await.expect("get").map(|r| r.state) };
+    // Without the token: refused, nothing changed.
+    let (code, _) = resolve(vec![("outcome", "done".into()), ("result", "{}".into()), ("why", "x".into())]).await;
+    assert_eq!(code, 403);
+    // A result that is not JSON: told why, nothing changed.
+    let bad = vec![
+        ("outcome", "done".into()),
+        ("result", "t_42 went out".into()),
+        ("why", "found in the ledger".into()),
+        ("csrf", csrf.clone()),
+    ];
+    let (code, location) = resolve(bad).await;
+    assert_eq!((code, location.contains("error=") && location.contains("not%20JSON")), (303, true), "{location}");
+    assert_eq!(state().await, Some(OpState::NeedsReview));
+    let done = vec![
+        ("outcome", "done".into()),
+        ("result", r#"{"transfer_id":"t_42","status":"sent"}"#.into()),
+        ("why", "found t_42 in the ledger".into()),
+        ("csrf", csrf.clone()),
+    ];
+    let (code, location) = resolve(done).await;
+    assert_eq!((code, location.contains("resolve_done")), (303, true), "{location}");
+    assert_eq!(state().await, Some(OpState::Done));
+    // The agent's next confirm gets it as the first result.
+    let again = store.acquire(&acq(&key)).await;
+    assert_eq!(again.outcome, AcquireOutcome::Done);
+    let result = again.result.expect("the recorded result");
+    assert_eq!(result.status, 200);
+    let body: Value =
+        serde_json::from_slice(&idem_core::protocol::decode_body(&result.body_b64).expect("body")).expect("json");
+    assert_eq!(body["transfer_id"], "t_42");
+}

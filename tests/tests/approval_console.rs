@@ -143,7 +143,7 @@ async fn drive(
     // Approve the first: type a reason, click.
     section.find(Locator::Css("input[name=reason]")).await?.send_keys("checked with the payee").await?;
     section.find(Locator::Css("button.approve")).await?.click().await?;
-    let notice = browser.wait().for_element(Locator::Id("notice")).await?.text().await?;
+    let notice = notice_saying(&browser, "APPROVED").await?;
     assert!(notice.contains("APPROVED"), "{notice}");
     let done = confirm(stack, fp, large).await?;
     assert_eq!(done.status, 201, "{done:?}");
@@ -154,7 +154,7 @@ async fn drive(
     let section = browser.find(Locator::Id(&format!("approval-{key2}"))).await?;
     section.find(Locator::Css("input[name=reason]")).await?.send_keys("over the monthly limit").await?;
     section.find(Locator::Css("button.reject")).await?.click().await?;
-    let notice = browser.wait().for_element(Locator::Id("notice")).await?.text().await?;
+    let notice = notice_saying(&browser, "REJECTED").await?;
     assert!(notice.contains("REJECTED"), "{notice}");
     let r = confirm(stack, fp2, refused).await?;
     assert_eq!(r.status, 403);
@@ -165,4 +165,23 @@ async fn drive(
     let (_, out, _) = idemd_ops(&stack.database_url(), &["show", key2])?;
     assert!(out.contains("approver:approver-ann") && out.contains("over the monthly limit"), "{out}");
     Ok(())
+}
+
+/// The page's notice once it says `word`. After a click the old page (with the last action's notice) may still be
+/// there, or go stale while it is read: look again until the new page's notice says it (10 s at most).
+async fn notice_saying(browser: &fantoccini::Client, word: &str) -> Result<String, BoxError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut last = String::new();
+    while std::time::Instant::now() < deadline {
+        if let Ok(el) = browser.find(Locator::Id("notice")).await {
+            if let Ok(text) = el.text().await {
+                if text.contains(word) {
+                    return Ok(text);
+                }
+                last = text;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Err(format!("the notice never said {word}: {last:?}").into())
 }

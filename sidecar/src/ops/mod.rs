@@ -14,7 +14,7 @@ mod print;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idem_core::protocol::{encode_body, OpState, StoredResult, TerminalState};
+use idem_core::protocol::{OpState, TerminalState};
 
 use crate::api::is_token;
 use crate::config::ops::{OpsCommand, ResolveArgs};
@@ -23,7 +23,7 @@ use crate::redact::redact_url;
 use crate::store::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
 use crate::store::now_ms;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::store::review::Resolution;
+use crate::store::review::{self, Resolution, ResolveAs};
 use crate::store::sql::{SqlOptions, SqlStore};
 
 #[derive(Debug)]
@@ -162,60 +162,25 @@ impl Planned {
         if why.len() > MAX_WHY {
             return Err(OpsError::Usage(format!("--why is longer than {MAX_WHY} bytes")));
         }
-        let json = "application/json".to_string();
-        let (terminal, action) = if r.done {
-            let status = r.status.unwrap_or(200);
-            if !(200..=299).contains(&status) {
-                return Err(OpsError::Usage(format!("--done needs a 2xx --status, not {status}")));
-            }
+        let body;
+        let said = if r.done {
             let path = r.result_file.as_ref().ok_or_else(|| OpsError::Usage("--done needs --result-file".into()))?;
-            let body = std::fs::read(path)
+            body = std::fs::read(path)
                 .map_err(|e| OpsError::Unreachable(format!("cannot read {}: {e}", path.display())))?;
-            if let Err(e) = serde_json::from_slice::<serde_json::Value>(&body) {
-                return Err(OpsError::Usage(format!(
-                    "{} is not JSON ({e}): it is replayed to the agent as JSON",
-                    path.display()
-                )));
-            }
-            if body.len() > crate::api::MAX_BODY_BYTES {
-                return Err(OpsError::Usage(format!(
-                    "{} is larger than {} bytes",
-                    path.display(),
-                    crate::api::MAX_BODY_BYTES
-                )));
-            }
-            let result =
-                StoredResult { status, headers: vec![("content-type".into(), json)], body_b64: encode_body(&body) };
-            (Some((TerminalState::Done, result)), "resolve_done")
+            ResolveAs::Done { status: r.status, body: &body }
         } else if r.failed {
-            let status = r.status.unwrap_or(422);
-            if !(400..=599).contains(&status) {
-                return Err(OpsError::Usage(format!("--failed needs a 4xx or 5xx --status, not {status}")));
-            }
-            let reason = r.reason.as_deref().map(str::trim).unwrap_or("");
-            if reason.is_empty() {
-                return Err(OpsError::Usage("--failed needs a --reason for the agent".into()));
-            }
-            let body = serde_json::json!({"error": "resolved_failed", "reason": reason}).to_string();
-            let result = StoredResult {
-                status,
-                headers: vec![("content-type".into(), json)],
-                body_b64: encode_body(body.as_bytes()),
-            };
-            (Some((TerminalState::Failed, result)), "resolve_failed")
+            ResolveAs::Failed { status: r.status, reason: r.reason.as_deref().unwrap_or("") }
         } else {
             if r.status.is_some() {
                 return Err(OpsError::Usage("--release replays nothing: --status does not apply".into()));
             }
-            (None, "resolve_release")
+            ResolveAs::Release
         };
-        let terminal = match terminal {
-            None => None,
-            Some((state, result)) => {
-                let text = serde_json::to_string(&result).map_err(|e| OpsError::Usage(e.to_string()))?;
-                Some((state, text))
-            }
-        };
+        let review::Planned { terminal, action } =
+            review::planned(said).map_err(|e| match r.result_file.as_ref().filter(|_| r.done) {
+                Some(path) => OpsError::Usage(format!("{}: {e}", path.display())),
+                None => OpsError::Usage(e),
+            })?;
         Ok(Self { terminal, action, why: why.to_string() })
     }
 }
