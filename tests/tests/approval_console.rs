@@ -143,7 +143,7 @@ async fn drive(
     // Approve the first: type a reason, click.
     section.find(Locator::Css("input[name=reason]")).await?.send_keys("checked with the payee").await?;
     section.find(Locator::Css("button.approve")).await?.click().await?;
-    let notice = notice_saying(&browser, "APPROVED").await?;
+    let notice = notice_saying(browser, "APPROVED").await?;
     assert!(notice.contains("APPROVED"), "{notice}");
     let done = confirm(stack, fp, large).await?;
     assert_eq!(done.status, 201, "{done:?}");
@@ -154,7 +154,7 @@ async fn drive(
     let section = browser.find(Locator::Id(&format!("approval-{key2}"))).await?;
     section.find(Locator::Css("input[name=reason]")).await?.send_keys("over the monthly limit").await?;
     section.find(Locator::Css("button.reject")).await?.click().await?;
-    let notice = notice_saying(&browser, "REJECTED").await?;
+    let notice = notice_saying(browser, "REJECTED").await?;
     assert!(notice.contains("REJECTED"), "{notice}");
     let r = confirm(stack, fp2, refused).await?;
     assert_eq!(r.status, 403);
