@@ -359,19 +359,7 @@ impl<'a> Run<'a> {
                 Gate::Record => {}
             }
             let Some(exp_ms) = exp_ms else { return Ok(Some(gated(AcquireOutcome::StoreUnavailable, None))) };
-            let new = ApprovalRow {
-                key: req.key.to_string(),
-                state: ApprovalState::AwaitingApproval,
-                param_hash: req.param_hash.clone(),
-                subject_hash: req.subject_hash.clone(),
-                scope: req.scope.clone(),
-                fields: ask.fields.clone(),
-                fp_exp_ms: exp_ms,
-                created_at_ms: now,
-                updated_at_ms: now,
-                decided_by: None,
-                reason: None,
-            };
+            let new = ApprovalRow::awaiting(req, ask, exp_ms, now);
             self.call()?;
             if self.s.sql_down {
                 return Ok(Some(gated(AcquireOutcome::StoreUnavailable, None)));

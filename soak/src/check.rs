@@ -335,6 +335,15 @@ mod tests {
     }
 
     /// Executed once as t_1 (arrived at unix second 1000), DONE in SQL with it.
+    /// The evidence of an operation that never ran: no ledger row, no execution, no `idem_record` row.
+    fn unexecuted() -> Evidence {
+        let mut e = evidence();
+        e.ledger_counts.clear();
+        e.executed.clear();
+        e.sql.clear();
+        e
+    }
+
     fn evidence() -> Evidence {
         Evidence {
             ledger_counts: [(KEY.to_owned(), 1)].into(),
@@ -464,10 +473,7 @@ mod tests {
 
     #[test]
     fn a_rejected_operation_says_rejected_to_the_end() {
-        let mut e = evidence();
-        e.ledger_counts.clear();
-        e.executed.clear();
-        e.sql.clear();
+        let mut e = unexecuted();
         e.approvals.insert(KEY.into(), approval_row("REJECTED"));
         e.decided.insert(KEY.into(), "reject");
         let fine =
@@ -485,10 +491,7 @@ mod tests {
 
     #[test]
     fn approved_in_flight_released_then_lapsed_is_consistent() {
-        let mut e = evidence();
-        e.ledger_counts.clear();
-        e.executed.clear();
-        e.sql.clear();
+        let mut e = unexecuted();
         e.approvals.insert(KEY.into(), approval_row("LAPSED"));
         e.decided.insert(KEY.into(), "approve");
         let l = approval_log(vec![
@@ -506,10 +509,7 @@ mod tests {
 
     #[test]
     fn a_decision_refused_as_lapsed_leaves_it_lapsed() {
-        let mut e = evidence();
-        e.ledger_counts.clear();
-        e.executed.clear();
-        e.sql.clear();
+        let mut e = unexecuted();
         e.refused_lapsed.push(KEY.into());
         e.approvals.insert(KEY.into(), ApprovalRow { decided_by: None, ..approval_row("LAPSED") });
         let l = approval_log(vec![

@@ -242,19 +242,7 @@ impl Store {
             }
             // An approval belongs to a fingerprint, and lapses at its exp; a client key has none.
             let Some(exp_ms) = exp_ms else { return Some(answer(AcquireOutcome::StoreUnavailable, None)) };
-            let new = ApprovalRow {
-                key: req.key.to_string(),
-                state: ApprovalState::AwaitingApproval,
-                param_hash: req.param_hash.clone(),
-                subject_hash: req.subject_hash.clone(),
-                scope: req.scope.clone(),
-                fields: ask.fields.clone(),
-                fp_exp_ms: exp_ms,
-                created_at_ms: now,
-                updated_at_ms: now,
-                decided_by: None,
-                reason: None,
-            };
+            let new = ApprovalRow::awaiting(req, ask, exp_ms, now);
             let audit = Audit {
                 actor: "filter",
                 action: "await_approval",

@@ -56,6 +56,29 @@ pub struct ApprovalRow {
 }
 
 impl ApprovalRow {
+    /// The row an approval acquire records: `req`'s operation, AWAITING_APPROVAL until `exp_ms`,
+    /// showing `ask`'s bound fields (idemd's gate and the model's both record this one).
+    pub fn awaiting(
+        req: &idem_core::protocol::AcquireRequest,
+        ask: &idem_core::protocol::ApprovalAsk,
+        exp_ms: i64,
+        now_ms: i64,
+    ) -> ApprovalRow {
+        ApprovalRow {
+            key: req.key.to_string(),
+            state: idem_core::protocol::ApprovalState::AwaitingApproval,
+            param_hash: req.param_hash.clone(),
+            subject_hash: req.subject_hash.clone(),
+            scope: req.scope.clone(),
+            fields: ask.fields.clone(),
+            fp_exp_ms: exp_ms,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            decided_by: None,
+            reason: None,
+        }
+    }
+
     /// The row as the API answers it; `console` is where a person approves.
     pub fn view(&self, console: Option<&str>) -> Option<idem_core::protocol::ApprovalView> {
         let decided = !matches!(self.state, idem_core::protocol::ApprovalState::AwaitingApproval);
