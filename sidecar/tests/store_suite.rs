@@ -50,3 +50,10 @@ backend_suite!(redis_sqlite, Backend::Sqlite, true);
 backend_suite!(sql_only_postgres, Backend::Postgres, false);
 backend_suite!(sql_only_mariadb, Backend::MariaDb, false);
 backend_suite!(sql_only_sqlite, Backend::Sqlite, false);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_groups_concurrent_commits_each_with_its_audit_line() {
+    if let Some(fx) = Fixture::new(Backend::Sqlite, false).await {
+        common::scenarios::sqlite_groups_concurrent_commits_each_with_its_audit_line(&fx).await;
+    }
+}

@@ -32,6 +32,7 @@ pub mod approval;
 pub mod audit;
 pub mod backlog;
 mod claims;
+mod group_commit;
 pub mod record;
 pub mod redis;
 pub mod retention;

@@ -21,6 +21,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::Row;
 
 use super::audit::Audit;
+use super::group_commit::{GroupCommit, Statement, Write};
 use super::now_ms;
 use super::record::Record;
 
@@ -386,6 +387,10 @@ pub struct SqlStore {
     backend: Backend,
     q: std::sync::Arc<Queries>,
     timeout: Duration,
+    /// SQLite's writes go through one writer that commits them in groups (`group_commit`);
+    /// `None` for Postgres and MySQL, whose writers lock rows, not the database, and whose
+    /// commits already share a log flush.
+    group: Option<GroupCommit>,
 }
 
 impl SqlStore {
@@ -433,8 +438,12 @@ impl SqlStore {
                 )
             }
         };
-        let store = Self { pool, backend, q: std::sync::Arc::new(Queries::new(backend)), timeout: opts.timeout };
+        let mut store =
+            Self { pool, backend, q: std::sync::Arc::new(Queries::new(backend)), timeout: opts.timeout, group: None };
         store.migrate().await?;
+        if let Pool::Lite(p) = &store.pool {
+            store.group = Some(GroupCommit::start(p.clone()));
+        }
         Ok(store)
     }
 
@@ -447,6 +456,11 @@ impl SqlStore {
         fut: impl std::future::Future<Output = Result<T, SqlError>>,
     ) -> Result<T, SqlError> {
         tokio::time::timeout(self.timeout, fut).await.map_err(|_| SqlError::Timeout)?
+    }
+
+    /// SQLite's group commit so far: (commits, writes they carried); `None` on Postgres and MySQL.
+    pub fn commit_groups(&self) -> Option<(u64, u64)> {
+        self.group.as_ref().map(|g| g.grouped().get())
     }
 
     /// Insert the IN_FLIGHT row. `false`: a row with this key already exists.
@@ -515,6 +529,10 @@ impl SqlStore {
         let now = now_ms();
         let binds = [Bind::Int(until_ms), Bind::Int(until_ms), Bind::Int(now), Bind::Text(key), Bind::Text(owner)];
         let text = self.q.renew.as_str();
+        if let Some(group) = &self.group {
+            let write = Write { first: Statement::new(text, &binds), if_one_row: None };
+            return self.bounded(group.write(write)).await.map(|n| n == 1);
+        }
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 let n = bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected();
@@ -539,6 +557,12 @@ impl SqlStore {
             Bind::OptText(Some(c.audit.trace_id).filter(|t| !t.is_empty())),
         ];
         let audit_sql = self.q.audit.as_str();
+        if let Some(group) = &self.group {
+            let audit: Vec<Bind<'_>> = std::iter::once(Bind::Text(c.key)).chain(trail.iter().copied()).collect();
+            let write =
+                Write { first: Statement::new(text, binds), if_one_row: Some(Statement::new(audit_sql, &audit)) };
+            return self.bounded(group.write(write)).await.map(|n| n == 1);
+        }
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 if self.backend == Backend::Postgres {
@@ -560,6 +584,9 @@ impl SqlStore {
 
     /// One statement on the pool; how many rows it touched.
     pub(super) async fn execute(&self, text: &str, binds: &[Bind<'_>]) -> Result<u64, SqlError> {
+        if let Some(group) = &self.group {
+            return self.bounded(group.write(Write { first: Statement::new(text, binds), if_one_row: None })).await;
+        }
         self.bounded(async {
             on_pool!(&self.pool, p => Ok(bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected()))
         })

@@ -456,3 +456,40 @@ pub async fn all(fx: &Fixture) {
     release_that_missed_redis_frees_the_nonce(fx).await;
     renewal_extends_the_lease_of_its_owner_only(fx).await;
 }
+
+/// SQLite's writes are committed in groups by one writer (`store::group_commit`): 48 fresh
+/// operations at once, each acquired and completed, every write answered as its own, every state
+/// change with its audit line, and fewer commits than writes. Not a backend scenario: SQLite only.
+pub async fn sqlite_groups_concurrent_commits_each_with_its_audit_line(fx: &Fixture) {
+    let store = Arc::new(fx.store().await);
+    let before = store.sql().commit_groups().expect("SQLite commits in groups");
+    let start = Arc::new(tokio::sync::Barrier::new(48));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..48 {
+        let (store, start) = (Arc::clone(&store), Arc::clone(&start));
+        tasks.spawn(async move {
+            let key = new_key();
+            start.wait().await;
+            let owner = acquired(&store, &key).await;
+            let ack = complete(&store, &key, &owner, TerminalState::Done, &simple_result("tr_group")).await;
+            (key, ack)
+        });
+    }
+    let mut keys = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        let (key, ack) = r.expect("task");
+        assert_eq!(ack, Ack::Ok, "{key}");
+        keys.push(key);
+    }
+    for key in &keys {
+        let row = store.operation(key).await.expect("sql").expect("row");
+        assert_eq!(row.state, OpState::Done, "{key}");
+        let actions: Vec<String> =
+            store.sql().history(key).await.expect("audit").into_iter().map(|l| l.action).collect();
+        assert_eq!(actions, ["acquire", "complete"], "{key}: one audit line per state change");
+    }
+    let (commits, writes) = store.sql().commit_groups().expect("SQLite commits in groups");
+    let (commits, writes) = (commits - before.0, writes - before.1);
+    assert_eq!(writes, 96, "48 inserts and 48 completes went through the writer");
+    assert!(commits < writes, "concurrent writes shared commits: {commits} commits for {writes} writes");
+}

@@ -64,15 +64,47 @@ pub(crate) struct Opts {
     pub(crate) reps: usize,
     pub(crate) conns: usize,
     pub(crate) warmup: f64,
-    /// Only the cases without idemd (unannotated, preview), on the SQLite stack: a quick look
-    /// while changing the filter's hot paths. The figures in docs/performance.md come from full runs.
-    pub(crate) proxy_only: bool,
+    /// Which case groups run (`--cases proxy,duplicate,fresh`; all by default; `--proxy-only` is
+    /// `--cases proxy`, on the SQLite stack): an A/B of one path without the rest. The figures in
+    /// docs/performance.md come from full runs.
+    pub(crate) cases: Cases,
+}
+
+/// The case groups: the cases without idemd, the duplicate confirm, the fresh confirm.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cases {
+    pub(crate) proxy: bool,
+    pub(crate) duplicate: bool,
+    pub(crate) fresh: bool,
+}
+
+impl Cases {
+    const ALL: Cases = Cases { proxy: true, duplicate: true, fresh: true };
+
+    fn parse(list: &str) -> Result<Cases, BoxError> {
+        let mut c = Cases { proxy: false, duplicate: false, fresh: false };
+        for name in list.split(',').map(str::trim) {
+            match name {
+                "proxy" => c.proxy = true,
+                "duplicate" => c.duplicate = true,
+                "fresh" => c.fresh = true,
+                other => return Err(format!("unknown case group {other} (proxy, duplicate, fresh)").into()),
+            }
+        }
+        Ok(c)
+    }
+
+    fn idemd(self) -> bool {
+        self.duplicate || self.fresh
+    }
 }
 
 const HELP: &str = "\
-filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5] [--proxy-only]
+filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5] [--proxy-only] [--cases proxy,duplicate,fresh]
 
 --proxy-only: only the cases without idemd (unannotated route, preview), on the SQLite stack.
+--cases: only these case groups (all by default): proxy (unannotated route, preview), duplicate (the replay),
+    fresh (the fresh confirm); for an A/B of one path. Full runs make the published figures.
 
 The agent filter as proxy-wasm (.wasm) and as the native Envoy dynamic module (make native), side by side
 in one Envoy, against plain Envoy and an empty proxy-wasm filter; writes target/bench/summary.md and chart.svg.
@@ -87,7 +119,7 @@ Environment:
   IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL  the backends (default 127.0.0.1:6379, postgres@127.0.0.1:5432/test).";
 
 fn parse_args() -> Result<Opts, BoxError> {
-    let mut o = Opts { seconds: 2.0, reps: 3, conns: 16, warmup: 0.5, proxy_only: false };
+    let mut o = Opts { seconds: 2.0, reps: 3, conns: 16, warmup: 0.5, cases: Cases::ALL };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -96,7 +128,8 @@ fn parse_args() -> Result<Opts, BoxError> {
             "--reps" => o.reps = val()?.parse()?,
             "--conns" => o.conns = val()?.parse()?,
             "--warmup" => o.warmup = val()?.parse()?,
-            "--proxy-only" => o.proxy_only = true,
+            "--proxy-only" => o.cases = Cases { proxy: true, duplicate: false, fresh: false },
+            "--cases" => o.cases = Cases::parse(&val()?)?,
             "-h" | "--help" => {
                 println!("{HELP}");
                 std::process::exit(0);
@@ -168,7 +201,7 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
     let mut proxied = false;
 
     // 1) idemd on Redis + Postgres.
-    let pg_up = !o.proxy_only
+    let pg_up = o.cases.idemd()
         && backends::available("redis", &backends::redis_url())?
         && backends::available("postgres", &backends::postgres_url())?;
     if pg_up {
@@ -180,10 +213,17 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
         let raw = RawDb::postgres(&backends::postgres_url()).await?;
         lines.extend(pg_diagnostics(&backends::postgres_url()).await);
         let r = async {
-            proxy_cases(&mut st, &o, &mut rows).await?;
-            proxied = true;
-            duplicate_case(&mut st, &o, Some(&standalone), &mut rows).await?;
-            fresh_case(&mut st, &raw, "postgres", &o, &mut rows).await
+            if o.cases.proxy {
+                proxy_cases(&mut st, &o, &mut rows).await?;
+                proxied = true;
+            }
+            if o.cases.duplicate {
+                duplicate_case(&mut st, &o, Some(&standalone), &mut rows).await?;
+            }
+            if o.cases.fresh {
+                fresh_case(&mut st, &raw, "postgres", &o, &mut rows).await?;
+            }
+            Ok::<(), BoxError>(())
         }
         .await;
         lines.push(format!("foreign CPU during the redis+postgres stack: {:.2} cores", foreign.cores(&pids)));
@@ -195,7 +235,7 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
             eprintln!("envoy log:\n{}", st.envoy.log_text());
             return Err(e);
         }
-    } else if o.proxy_only {
+    } else if !o.cases.idemd() {
         lines.push("--proxy-only: the unannotated route and the preview only".into());
     } else {
         lines.push("SKIPPED BACKEND: idemd on redis+postgres (unreachable, see above)".into());
@@ -208,14 +248,16 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
     let foreign = Foreign::start(&pids);
     let raw = RawDb::sqlite(&st.sql_url).await?;
     let r = async {
-        if !proxied {
+        if o.cases.proxy && !proxied {
             proxy_cases(&mut st, &o, &mut rows).await?;
         }
-        if o.proxy_only {
-            return Ok(());
+        if o.cases.duplicate {
+            duplicate_case(&mut st, &o, None, &mut rows).await?;
         }
-        duplicate_case(&mut st, &o, None, &mut rows).await?;
-        fresh_case(&mut st, &raw, "sqlite", &o, &mut rows).await
+        if o.cases.fresh {
+            fresh_case(&mut st, &raw, "sqlite", &o, &mut rows).await?;
+        }
+        Ok::<(), BoxError>(())
     }
     .await;
     lines.push(format!("foreign CPU during the sqlite-only stack: {:.2} cores", foreign.cores(&pids)));
