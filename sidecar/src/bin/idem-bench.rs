@@ -33,6 +33,10 @@ struct Args {
     /// Run only the cases whose name contains this.
     #[arg(long)]
     only: Option<String>,
+    /// SQL pool size of idemd's store in the idemd cases (idemd's `--sql-max-connections`); the raw
+    /// cases keep one connection per worker. Default: as many as `--concurrency`.
+    #[arg(long)]
+    pool: Option<u32>,
 }
 
 const HTTP_CASE: &str = "idemd redis+postgres over HTTP";
@@ -243,7 +247,8 @@ async fn raw_sql(label: &str, url: &str, args: &Args, keys: Arc<Keys>) -> Option
 // ---- idemd's store --------------------------------------------------------
 
 async fn open_store(args: &Args, sql_url: &str, redis: bool) -> Option<Arc<Store>> {
-    let opts = SqlOptions { max_connections: args.concurrency as u32, timeout: Duration::from_secs(5) };
+    let max_connections = args.pool.unwrap_or(args.concurrency as u32);
+    let opts = SqlOptions { max_connections, timeout: Duration::from_secs(5) };
     let sql = SqlStore::connect(sql_url, &opts).await.ok()?;
     let redis = if redis {
         Some(
