@@ -27,13 +27,13 @@ use sqlx::sqlite::{SqliteArguments, SqlitePool};
 use sqlx::Sqlite;
 use tokio::sync::{mpsc, oneshot};
 
-use super::sql::{Bind, SqlError};
+use super::sql::{bind_all, Bind, SqlError};
 
 /// The most writes one commit carries.
-pub(super) const MAX_BATCH: usize = 64;
+const MAX_BATCH: usize = 64;
 
 /// A bind value the writer task owns (the callers' [`Bind`]s borrow).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(super) enum Value {
     Text(String),
     OptText(Option<String>),
@@ -52,8 +52,19 @@ impl From<&Bind<'_>> for Value {
     }
 }
 
+impl Value {
+    fn as_bind(&self) -> Bind<'_> {
+        match self {
+            Value::Text(v) => Bind::Text(v),
+            Value::OptText(v) => Bind::OptText(v.as_deref()),
+            Value::Int(v) => Bind::Int(*v),
+            Value::OptInt(v) => Bind::OptInt(*v),
+        }
+    }
+}
+
 /// One statement with its values.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(super) struct Statement {
     pub text: String,
     pub values: Vec<Value>,
@@ -189,16 +200,8 @@ async fn commit(pool: &SqlitePool, writes: &[&Write], grouped: &Grouped) -> Resu
 }
 
 fn query(s: &Statement) -> sqlx::query::Query<'_, Sqlite, SqliteArguments<'_>> {
-    let mut q = sqlx::query(&s.text);
-    for v in &s.values {
-        q = match v {
-            Value::Text(v) => q.bind(v.as_str()),
-            Value::OptText(v) => q.bind(v.as_deref()),
-            Value::Int(v) => q.bind(*v),
-            Value::OptInt(v) => q.bind(*v),
-        };
-    }
-    q
+    let binds: Vec<Bind<'_>> = s.values.iter().map(Value::as_bind).collect();
+    bind_all!(sqlx::query(&s.text), binds)
 }
 
 #[cfg(test)]
