@@ -528,18 +528,7 @@ impl SqlStore {
     pub async fn renew(&self, key: &str, owner: &str, until_ms: i64) -> Result<bool, SqlError> {
         let now = now_ms();
         let binds = [Bind::Int(until_ms), Bind::Int(until_ms), Bind::Int(now), Bind::Text(key), Bind::Text(owner)];
-        let text = self.q.renew.as_str();
-        if let Some(group) = &self.group {
-            let write = Write { first: Statement::new(text, &binds), if_one_row: None };
-            return self.bounded(group.write(write)).await.map(|n| n == 1);
-        }
-        self.bounded(async {
-            on_pool!(&self.pool, p => {
-                let n = bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected();
-                Ok(n == 1)
-            })
-        })
-        .await
+        Ok(self.execute(&self.q.renew, &binds).await? == 1)
     }
 
     /// Run `text` (from [`audited`]) and, when it changed the row, append the

@@ -236,7 +236,7 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
             return Err(e);
         }
     } else if !o.cases.idemd() {
-        lines.push("--proxy-only: the unannotated route and the preview only".into());
+        lines.push("only the cases without idemd: the unannotated route and the preview".into());
     } else {
         lines.push("SKIPPED BACKEND: idemd on redis+postgres (unreachable, see above)".into());
         rows.push(standalone::unmeasured_row("not measured (Redis unreachable)"));
