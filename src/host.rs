@@ -94,10 +94,6 @@ mod wasm {
             warn_on_err("remove request header", hostcalls::remove_map_value(MapType::HttpRequestHeaders, name));
         }
 
-        fn response_header(&self, name: &str) -> Option<String> {
-            hostcalls::get_map_value(MapType::HttpResponseHeaders, name).ok().flatten()
-        }
-
         fn response_headers(&self) -> Vec<(String, String)> {
             hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default()
         }

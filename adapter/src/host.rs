@@ -24,7 +24,6 @@ pub trait Host: Env {
     fn request_headers(&self) -> Vec<(String, String)>;
     fn set_request_header(&mut self, name: &str, value: &str);
     fn remove_request_header(&mut self, name: &str);
-    fn response_header(&self, name: &str) -> Option<String>;
     fn response_headers(&self) -> Vec<(String, String)>;
     fn set_response_header(&mut self, name: &str, value: &str);
     fn remove_response_header(&mut self, name: &str);

@@ -210,30 +210,39 @@ impl<H: Host> Stream<H> {
         head
     }
 
+    /// The answer facts the machine needs, from one read of the header map: a read per header
+    /// is a host crossing each (in the `.wasm`, two: the call, and the VM's allocation for its
+    /// answer), and a preview reads four, a forwarded confirm five.
     fn read_response_head(&self) -> ResponseHead {
         let full = self.machine.response_needs_headers();
         let framing = self.machine.response_needs_framing();
-        ResponseHead {
-            status: self.host.response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
-            content_type: self.host.response_header("content-type"),
-            code_details: if full {
-                self.host.property(&["response", "code_details"]).and_then(|b| String::from_utf8(b).ok())
-            } else {
-                None
-            },
-            attempts: if full {
-                self.host.response_header("x-envoy-attempt-count").and_then(|a| a.parse().ok()).unwrap_or(1)
-            } else {
-                1
-            },
-            headers: if full { self.host.response_headers() } else { Vec::new() },
-            content_length: if framing {
-                self.host.response_header("content-length").and_then(|l| l.trim().parse().ok())
-            } else {
-                None
-            },
-            content_encoding: if framing { self.host.response_header("content-encoding") } else { None },
+        let headers = self.host.response_headers();
+        let values = |name: &'static str| header_values(&headers, name);
+        let first = |name: &'static str| values(name).next();
+        let mut head = ResponseHead {
+            status: first(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
+            content_type: first("content-type").map(str::to_owned),
+            attempts: 1,
+            ..ResponseHead::default()
+        };
+        if framing {
+            // Repeated, a length counts only if every copy agrees, and the codings are one list
+            // (RFC 9110 §5.3): a splice is never planned on the first of two disagreeing values.
+            let mut lengths = values("content-length").map(|l| l.trim().parse::<u64>().ok());
+            head.content_length = match lengths.next().flatten() {
+                Some(l) if lengths.all(|o| o == Some(l)) => Some(l),
+                _ => None,
+            };
+            let codings: Vec<&str> = values("content-encoding").collect();
+            head.content_encoding = (!codings.is_empty()).then(|| codings.join(", "));
         }
+        if full {
+            head.code_details =
+                self.host.property(&["response", "code_details"]).and_then(|b| String::from_utf8(b).ok());
+            head.attempts = first("x-envoy-attempt-count").and_then(|a| a.parse().ok()).unwrap_or(1);
+            head.headers = headers;
+        }
+        head
     }
 
     fn apply_outcome(&mut self, outcome: Outcome) -> Action {
@@ -352,6 +361,11 @@ impl<H: Host> Stream<H> {
         }
         flow
     }
+}
+
+/// Every value of header `name` (names compared as HTTP does, without case), in order.
+fn header_values<'h>(headers: &'h [(String, String)], name: &'static str) -> impl Iterator<Item = &'h str> {
+    headers.iter().filter(move |(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
 }
 
 /// A stream Envoy ends early (a reset, the client gone) stops renewing its lease: from then on

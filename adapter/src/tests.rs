@@ -25,6 +25,7 @@ struct Fake {
     properties: HashMap<String, Vec<u8>>,
     property_reads: Cell<usize>,
     header_reads: Cell<usize>,
+    response_header_reads: Cell<usize>,
     request_body: Vec<u8>,
     response_body: Vec<u8>,
     calls: Vec<(Vec<(String, String)>, Option<Vec<u8>>)>,
@@ -93,10 +94,8 @@ impl Host for Fake {
     fn remove_request_header(&mut self, name: &str) {
         self.request_headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
     }
-    fn response_header(&self, name: &str) -> Option<String> {
-        Fake::header(&self.response_headers, name)
-    }
     fn response_headers(&self) -> Vec<(String, String)> {
+        self.response_header_reads.set(self.response_header_reads.get() + 1);
         self.response_headers.clone()
     }
     fn set_response_header(&mut self, name: &str, value: &str) {
@@ -228,6 +227,38 @@ fn preview(shared: &Rc<Shared>) -> Result<String, Box<dyn std::error::Error>> {
     assert_eq!(Fake::header(&s.host().response_headers, "agent-fingerprint").as_deref(), body["fingerprint"].as_str());
     assert!(s.host().calls.is_empty(), "a preview does no I/O");
     Ok(body["fingerprint"].as_str().ok_or("no fingerprint")?.to_string())
+}
+
+/// A preview's answer head comes from one read of the header map; a coding or a length sent twice
+/// is read whole: two codings are a list (the body is not spliced), two lengths that disagree are
+/// no length (the answer is held), never the first value alone.
+#[test]
+fn a_preview_reads_its_answer_head_once_and_repeats_whole() -> TestResult {
+    let shared = shared()?;
+    let answer = br#"{"quote":"ok"}"#;
+    let codings = [("content-encoding", "identity"), ("content-encoding", "gzip")];
+    let lengths = [("content-length", "999")];
+    for (extra, streamed, spliced) in [(&[][..], true, true), (&codings[..], true, false), (&lengths[..], false, true)]
+    {
+        let mut fake = Fake { now: 100, ..Default::default() };
+        fake.annotate(PREVIEW);
+        request(&mut fake, &json!({"amount": 10, "currency": "EUR"}), &[]);
+        let mut s = Stream::new(Rc::clone(&shared), fake);
+        assert_eq!(s.on_request_headers(false), Action::Pause);
+        let size = s.host().request_body.len();
+        assert_eq!(s.on_request_body(size, true), Action::Continue);
+        respond(&mut s, 200, answer);
+        s.host_mut().response_headers.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let action = s.on_response_headers(false);
+        assert_eq!(s.host().response_header_reads.get(), 1, "{extra:?}: one read of the answer's head");
+        assert_eq!(action == Action::Continue, streamed, "{extra:?}");
+        let n = s.host().response_body.len();
+        assert_eq!(s.on_response_body(n, true), Action::Continue);
+        let body: Value = serde_json::from_slice(&s.host().response_body)?;
+        assert_eq!(body.get("fingerprint").is_some(), spliced, "{extra:?}");
+        assert!(Fake::header(&s.host().response_headers, "agent-fingerprint").is_some(), "{extra:?}");
+    }
+    Ok(())
 }
 
 /// A confirm stream whose request body has been seen (acquire pending).

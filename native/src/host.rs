@@ -131,10 +131,6 @@ impl Host for NativeHost {
         self.envoy.set_header(HeaderType::REQUEST_HEADER, name, None);
     }
 
-    fn response_header(&self, name: &str) -> Option<String> {
-        self.envoy.header(HeaderType::RESPONSE_HEADER, name)
-    }
-
     fn request_headers(&self) -> Vec<(String, String)> {
         self.envoy.headers(HeaderType::REQUEST_HEADER)
     }

@@ -112,7 +112,8 @@ impl RequestHead {
                 }
                 ":path" if needs.path => head.path = value.clone(),
                 ":method" if needs.method => head.method = value.clone(),
-                IDEMPOTENCY_KEY_HEADER if needs.idempotency_key => {
+                // Without regard to case, as Envoy removes it: whether a removal is due is read here.
+                n if needs.idempotency_key && n.eq_ignore_ascii_case(IDEMPOTENCY_KEY_HEADER) => {
                     note(&mut head, IDEMPOTENCY_KEY_HEADER);
                     head.idempotency_key = Some(value.clone());
                 }
@@ -690,9 +691,12 @@ impl Machine {
                 Machine::Status(Status::new(ctx, subject_hash, token, head.idempotency_key.clone()))
             }
         };
-        // A client-chosen Idempotency-Key never reaches a guarded upstream: only the nonce may.
+        // A client-chosen Idempotency-Key never reaches a guarded upstream: only the nonce may. The
+        // head saw every header, so a confirm without one spends no host call removing nothing.
         let first = match machine {
-            Machine::Confirm(_) => Step::pause().with(Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)),
+            Machine::Confirm(_) if head.idempotency_key.is_some() => {
+                Step::pause().with(Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER))
+            }
             _ => Step::pause(),
         };
         let next = if end_of_stream {

@@ -104,7 +104,8 @@ fn answer(status: u16, body: Value) -> CalloutAnswer {
 fn acquiring(env: &mut FixedEnv) -> Result<(Machine, Step), Box<dyn std::error::Error>> {
     let (mut m, first) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, env);
     assert_eq!(first.flow, Flow::Pause);
-    assert!(first.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)));
+    // No Idempotency-Key came: nothing to remove (the forward sets the nonce in its place).
+    assert!(!first.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)));
     assert_eq!(m.on_request_data(10, true), Step::need_body());
     let step = m.on_request_body(&body(json!("10.00")), env)?;
     Ok((m, step))
@@ -837,8 +838,9 @@ fn program(key: Option<&str>, c: Ctx) -> Result<(Machine, Step), Box<dyn std::er
     let mut env = FixedEnv::at(999, NONCE);
     let h = RequestHead { idempotency_key: key.map(str::to_owned), path: "/v1/charges".into(), ..head(None) };
     let (mut m, first) = Machine::start(c, &h, false, &mut env);
-    assert!(
+    assert_eq!(
         first.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER)),
+        key.is_some(),
         "the client's key never goes up as is"
     );
     let step = m.on_request_body(br#"{"amount": 5, "note": "x"}"#, &mut env)?;
@@ -1396,6 +1398,25 @@ fn the_head_is_read_from_every_header_entry_and_repeats_are_noted() {
     let mcp = HeadNeeds::for_role(Role::Mcp);
     let h = RequestHead::from_headers(&pairs(&[("mcp-name", "a"), ("mcp-name", "b")]), mcp, None);
     assert_eq!(h.repeated, Some(MCP_NAME_HEADER));
+}
+
+/// The start removes a client's Idempotency-Key only when one came, however its name is spelled
+/// (Envoy's removal ignores case): the head decides, and it reads every entry.
+#[test]
+fn a_client_key_is_removed_when_it_came_in_any_case_and_only_then() -> TestResult {
+    let mut env = FixedEnv::at(999, NONCE);
+    for (headers, removed) in [
+        (vec![("x-agent-subject", "alice")], false),
+        (vec![("x-agent-subject", "alice"), ("idempotency-key", "k")], true),
+        (vec![("x-agent-subject", "alice"), ("Idempotency-Key", "k")], true),
+    ] {
+        let h =
+            RequestHead::from_headers(&pairs(&headers), HeadNeeds::for_role(Role::Confirm), Some("x-agent-subject"));
+        let (_, first) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+        let removes = first.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER));
+        assert_eq!(removes, removed, "{headers:?}");
+    }
+    Ok(())
 }
 
 #[test]
