@@ -5,7 +5,9 @@
 //! `/metrics`, all per request.
 
 use crate::baselines::{plain_duplicate_key, plain_fresh_confirms, RawDb};
-use crate::client::{confirm_request, drive, mint, nonce_of, once, preview_request, Measured, Requests};
+use crate::client::{
+    confirm_request, confirm_request_to, drive, mint, nonce_of, once, preview_request, Measured, Requests,
+};
 use crate::report::{median, Row, StoreShare};
 use crate::stack::{
     cpu_ticks, envoy_counter, host_name, replay_hits_counter, server_ticks, store_delta, store_times, BenchStack, HOSTS,
@@ -22,6 +24,8 @@ const MAX_MINT: usize = 60_000;
 const WARMUP_FRESH: usize = 400;
 /// What a replay is measured against: the demo's own dedup behind plain Envoy.
 pub(crate) const DEDUP_BASELINE: &str = "plain Envoy, same confirm, demo dedup";
+/// A path no route serves but the catch-all direct_response (envoy/bench.yaml's `no_route`).
+const OWN_ANSWER_PATH: &str = "/no-route/v1/transfers";
 
 /// What one side sends.
 pub(crate) enum Load<'a> {
@@ -422,6 +426,12 @@ pub(crate) async fn duplicate_case(
     for (host, port, _, confirm) in &confirms {
         sides.push(Side::new(format!("filter ({}) replay", host_name(*host)), same(*port, confirm, 201)));
     }
+    // Envoy's own floor for a replay: the same confirm (headers and body) held whole by Envoy's buffer
+    // filter, as the filter holds it, then answered by Envoy itself (the catch-all direct_response).
+    let itself = Arc::new(confirm_request_to(OWN_ANSWER_PATH, &fp, None));
+    check("Envoy answering itself", st.buffered, &itself, 404, &["no_such_route"], &[]).await?;
+    sides.push(Side::new("Envoy buffer filter -> its own answer", same(st.buffered, &itself, 404)));
+    let own_answer = sides.len() - 1;
     let proxy = match standalone {
         Some(Standalone::Running(p)) => {
             let req = Arc::new(p.confirm(&fp));
@@ -452,6 +462,19 @@ pub(crate) async fn duplicate_case(
             rows.push(row(&stats, &Pair { num: i + 1, den, case, baseline, target: Some(1.0) }));
         }
     }
+    rows.push(row(
+        &stats,
+        &Pair {
+            num: own_answer,
+            den: 0,
+            case: format!(
+                "(reference) the same confirm held by Envoy's buffer filter, answered by Envoy itself [{}]",
+                st.label
+            ),
+            baseline: DEDUP_BASELINE.into(),
+            target: None,
+        },
+    ));
     match (proxy, standalone) {
         (Some(num), _) => {
             let (case, baseline) = (standalone::row_case(), DEDUP_BASELINE.into());
