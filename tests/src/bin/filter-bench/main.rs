@@ -43,7 +43,9 @@
 //!
 //! The duplicate and fresh confirms run on idemd with Redis + Postgres and on SQLite
 //! alone. An unreachable backend is skipped loudly. Rows written to the shared
-//! Postgres/Redis are removed at the end.
+//! Postgres/Redis are removed at the end. Beside the replays runs Envoy's own floor for
+//! them: the same confirm held whole by Envoy's buffer filter (`buffered`) and answered by
+//! Envoy itself (the catch-all direct_response), so a replay's cost reads as floor + filter.
 
 mod baselines;
 mod cases;
