@@ -236,6 +236,62 @@ async fn two_mcp_method_or_name_headers_are_32020() -> TestResult {
     Ok(())
 }
 
+// ---------------------------------------------------------------- `_` for `-`
+
+/// Envoy forwards `idempotency_key`, `agent_fingerprint`, `x_agent_subject`, `mcp_method` (underscores are
+/// allowed by default), and a CGI-style upstream (WSGI, Rack, PHP) reads each as the dashed header: one
+/// more copy of a header the guard reads, alone or beside the dashed one. A 400, nothing forwarded.
+#[tokio::test]
+async fn an_underscore_spelling_of_a_guarded_header_is_refused() -> TestResult {
+    let stack = Stack::start(sqlite_only(false)).await?;
+    let call = tools_call(json!(12), "execute_transfer", mcp_args("9999.00", "payee-mallory", None));
+    for proto in BOTH {
+        let (key, other) = (fresh_key("dashed"), fresh_key("underscored"));
+        for h in [
+            vec![("x-agent-subject", SUBJECT), ("idempotency-key", key.as_str()), ("idempotency_key", other.as_str())],
+            vec![("x-agent-subject", SUBJECT), ("idempotency_key", other.as_str())],
+        ] {
+            let before = seen(&stack).await?;
+            let r = post(&stack, proto, "/programs/v1/transfers", &h, &transfer(json!("41.00"), "m")).await?;
+            assert_problem(&r, 400, "idempotency-key-invalid");
+            seen(&stack).await?.assert_same(before, &format!("{h:?} over {proto:?}"));
+        }
+        let (_, fp) = stack.preview(json!("42.00")).await?;
+        let (_, other_fp) = stack.preview(json!("9999.00")).await?;
+        for (h, status) in [
+            (
+                vec![
+                    ("x-agent-subject", SUBJECT),
+                    ("agent-fingerprint", fp.as_str()),
+                    ("agent_fingerprint", &other_fp),
+                ],
+                "fingerprint_invalid",
+            ),
+            (
+                vec![("x-agent-subject", SUBJECT), ("x_agent_subject", "user-mallory"), ("agent-fingerprint", &fp)],
+                "invalid_header",
+            ),
+        ] {
+            let before = seen(&stack).await?;
+            let r = post(&stack, proto, "/v1/transfers", &h, &transfer(json!("42.00"), "m")).await?;
+            assert_envelope(&r, 400, status);
+            seen(&stack).await?.assert_same(before, &format!("{h:?} over {proto:?}"));
+        }
+        let mcp_key = fresh_key("mcp-underscore");
+        let before = seen(&stack).await?;
+        let h = [
+            ("x-agent-subject", SUBJECT),
+            MCP_ACCEPT,
+            ("idempotency-key", mcp_key.as_str()),
+            ("mcp_method", "tools/list"),
+        ];
+        let r = post(&stack, proto, "/mcp", &h, &call).await?;
+        assert_rpc_error(&r, 400, -32020);
+        seen(&stack).await?.assert_same(before, &format!("mcp_method over {proto:?}"));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------- istio-like.yaml (route rules), .wasm only
 
 #[tokio::test]

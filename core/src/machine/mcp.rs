@@ -466,7 +466,10 @@ fn rpc_error(id: Value, code: i64, message: &str) -> Step {
 /// read (so without the request's id).
 pub(super) fn repeated_header(name: &str) -> Step {
     let code = if name.starts_with("mcp-") { HEADER_MISMATCH } else { -32600 };
-    rpc_error(Value::Null, code, &format!("the {name} header was sent more than once: nothing was forwarded"))
+    let message = format!(
+        "the {name} header was sent more than once (`_` for `-` counts as another copy): nothing was forwarded"
+    );
+    rpc_error(Value::Null, code, &message)
 }
 
 /// `name` is not `wanted` but would be read as it by a lenient server: other case, spaces

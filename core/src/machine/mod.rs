@@ -125,6 +125,15 @@ impl RequestHead {
                     note(&mut head, MCP_NAME_HEADER);
                     head.mcp_name = Some(value.clone());
                 }
+                // `idempotency_key` for `idempotency-key`: Envoy forwards it (underscores are allowed
+                // unless a listener says otherwise), and a CGI-style server (WSGI, Rack, PHP) reads both
+                // spellings as one variable, so the upstream could read a value the guard never saw.
+                // It is one more copy of the header, whether or not the dashed one came too.
+                n if n.contains('_') => {
+                    if let Some(label) = underscore_alias(n, needs, subject_header) {
+                        head.repeated = head.repeated.or(Some(label));
+                    }
+                }
                 _ => {}
             }
         }
@@ -132,6 +141,25 @@ impl RequestHead {
         head.subject = head.subject.filter(|s| !s.trim().is_empty());
         head
     }
+}
+
+/// The guarded header (as `RequestHead::repeated` names it) that `name` spells with `_` for `-`,
+/// among those the role reads.
+fn underscore_alias(name: &str, needs: HeadNeeds, subject_header: Option<&str>) -> Option<&'static str> {
+    let dashed = name.replace('_', "-");
+    let is = |header: &str| dashed.eq_ignore_ascii_case(header);
+    if subject_header.is_some_and(is) {
+        return Some(SUBJECT_HEADER_LABEL);
+    }
+    [
+        (FINGERPRINT_HEADER, needs.fingerprint),
+        (IDEMPOTENCY_KEY_HEADER, needs.idempotency_key),
+        (MCP_METHOD_HEADER, needs.mcp),
+        (MCP_NAME_HEADER, needs.mcp),
+    ]
+    .into_iter()
+    .find(|(header, read)| *read && is(header))
+    .map(|(header, _)| header)
 }
 
 /// How a repeated subject header is named in `RequestHead::repeated` (its real name is the
@@ -490,7 +518,7 @@ impl Ctx {
             IDEMPOTENCY_KEY_HEADER => ReplyKind::KeyInvalid,
             _ => ReplyKind::InvalidHeader,
         };
-        let detail = format!("{name} was sent more than once");
+        let detail = format!("{name} was sent more than once (a spelling with `_` for `-` counts as another copy)");
         let ctx = ReplyContext { detail: Some(&detail), ..Default::default() };
         Step::pause()
             .with(Effect::Reply(self.render_as(kind, ctx, self.for_programs())))

@@ -1400,6 +1400,37 @@ fn the_head_is_read_from_every_header_entry_and_repeats_are_noted() {
     assert_eq!(h.repeated, Some(MCP_NAME_HEADER));
 }
 
+/// `_` for `-` is another copy of a header the guard reads (a CGI-style upstream reads both as one),
+/// alone or beside the dashed one; only for the headers the role reads.
+#[test]
+fn an_underscore_spelling_of_a_guarded_header_is_another_copy() {
+    let subject = Some("x-agent-subject");
+    let confirm = HeadNeeds::for_role(Role::Confirm);
+    for (name, label) in [
+        ("agent_fingerprint", FINGERPRINT_HEADER),
+        ("idempotency_key", IDEMPOTENCY_KEY_HEADER),
+        ("Idempotency_Key", IDEMPOTENCY_KEY_HEADER),
+        ("x_agent_subject", SUBJECT_HEADER_LABEL),
+        ("x-agent_subject", SUBJECT_HEADER_LABEL),
+    ] {
+        let alone = RequestHead::from_headers(&pairs(&[("x-agent-subject", "alice"), (name, "b")]), confirm, subject);
+        assert_eq!(alone.repeated, Some(label), "{name}");
+        assert!(alone.idempotency_key.is_none() && alone.fingerprint.is_none(), "{name}: never read as the header");
+    }
+    let mcp = HeadNeeds::for_role(Role::Mcp);
+    for (name, label) in [("mcp_method", MCP_METHOD_HEADER), ("mcp_name", MCP_NAME_HEADER)] {
+        assert_eq!(RequestHead::from_headers(&pairs(&[(name, "tools/call")]), mcp, None).repeated, Some(label));
+    }
+    // What the role does not read is not refused, and other underscores are nobody's business.
+    let preview = HeadNeeds::for_role(Role::Preview);
+    for name in ["idempotency_key", "agent_fingerprint"] {
+        assert_eq!(RequestHead::from_headers(&pairs(&[(name, "x")]), preview, subject).repeated, None, "{name}");
+    }
+    let h = RequestHead::from_headers(&pairs(&[("x_agent_subject", "bob")]), preview, subject);
+    assert_eq!(h.repeated, Some(SUBJECT_HEADER_LABEL));
+    assert_eq!(RequestHead::from_headers(&pairs(&[("x_custom_thing", "1")]), confirm, subject).repeated, None);
+}
+
 /// The start removes a client's Idempotency-Key only when one came, however its name is spelled
 /// (Envoy's removal ignores case): the head decides, and it reads every entry.
 #[test]
