@@ -103,7 +103,7 @@ fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
     }
     // Not a guarded request as sent. Could the upstream read it as one? (DESIGN §6)
     let mut methods = vec![method];
-    methods.extend(METHOD_OVERRIDES.iter().filter_map(|h| host.request_header(h)));
+    methods.extend(method_overrides(&host.request_headers()));
     let methods: Vec<&str> = methods.iter().map(String::as_str).collect();
     match rules.lenient_match(&methods, &authority, &path) {
         Some(canonical) => RouteLookup::NotCanonical(canonical),
@@ -113,6 +113,16 @@ fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
 
 /// Headers web frameworks read as the request's real method (Rails, Express, Spring, ...).
 const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", "x-method-override"];
+
+/// The values of every method-override header, in either spelling: Envoy forwards underscores by
+/// default, and a CGI-style server (WSGI, Rack, PHP) reads `x_http_method_override` as the dashed one.
+fn method_overrides(headers: &[(String, String)]) -> Vec<String> {
+    let is_override = |name: &str| {
+        let dashed = name.replace('_', "-");
+        METHOD_OVERRIDES.iter().any(|m| dashed.eq_ignore_ascii_case(m))
+    };
+    headers.iter().filter(|(k, _)| is_override(k)).map(|(_, v)| v.clone()).collect()
+}
 
 fn parse(pairs: &[(String, Vec<u8>)], defaults: &RouteDefaults) -> RouteLookup {
     let get = |key: &str| {
