@@ -16,6 +16,7 @@
 //! some rule's path matches, the method and authority too.
 
 use crate::host::Host;
+use idem_core::machine::read_as;
 use idem_core::policy::rules::RouteRules;
 use idem_core::policy::{self, PluginConfig, RouteDefaults, RoutePolicy, ROUTE_KEYS};
 use std::cell::RefCell;
@@ -117,10 +118,7 @@ const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", 
 /// The values of every method-override header, in either spelling: Envoy forwards underscores by
 /// default, and a CGI-style server (WSGI, Rack, PHP) reads `x_http_method_override` as the dashed one.
 fn method_overrides(headers: &[(String, String)]) -> Vec<String> {
-    let is_override = |name: &str| {
-        let dashed = name.replace('_', "-");
-        METHOD_OVERRIDES.iter().any(|m| dashed.eq_ignore_ascii_case(m))
-    };
+    let is_override = |name: &str| METHOD_OVERRIDES.iter().any(|m| read_as(name, m));
     headers.iter().filter(|(k, _)| is_override(k)).map(|(_, v)| v.clone()).collect()
 }
 

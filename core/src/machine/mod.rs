@@ -146,8 +146,7 @@ impl RequestHead {
 /// The guarded header (as `RequestHead::repeated` names it) that `name` spells with `_` for `-`,
 /// among those the role reads.
 fn underscore_alias(name: &str, needs: HeadNeeds, subject_header: Option<&str>) -> Option<&'static str> {
-    let dashed = name.replace('_', "-");
-    let is = |header: &str| dashed.eq_ignore_ascii_case(header);
+    let is = |header: &str| read_as(name, header);
     if subject_header.is_some_and(is) {
         return Some(SUBJECT_HEADER_LABEL);
     }
@@ -160,6 +159,13 @@ fn underscore_alias(name: &str, needs: HeadNeeds, subject_header: Option<&str>) 
     .into_iter()
     .find(|(header, read)| *read && is(header))
     .map(|(header, _)| header)
+}
+
+/// Whether a server that reads headers CGI-style (WSGI, Rack, PHP: case folded, `-` and `_` one
+/// character) reads header `name` as `header`.
+pub fn read_as(name: &str, header: &str) -> bool {
+    let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
+    name.len() == header.len() && name.bytes().zip(header.bytes()).all(|(a, b)| fold(a) == fold(b))
 }
 
 /// How a repeated subject header is named in `RequestHead::repeated` (its real name is the
