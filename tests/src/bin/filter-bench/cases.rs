@@ -68,6 +68,9 @@ struct Sample {
     store: Vec<(String, f64, u64)>,
     replay_hits: u64,
     problems: String,
+    /// Unix seconds when the timed requests started and stopped: the window to cut a profile of
+    /// the Envoy worker to (`perf record -k CLOCK_REALTIME`, then `perf report --time a,b`).
+    window: (f64, f64),
 }
 
 /// All timed runs of one side.
@@ -203,11 +206,13 @@ async fn run_side(
     let redis = || side.proxy_pid.map(|_| server_ticks(&["redis-server"]));
     let (envoy0, idemd0, redis0) = (proxy.map(cpu_ticks), idemd.map(cpu_ticks), redis());
     let (store0, hits0) = (store_times(probe.sidecar_port).await, replay_hits(probe.admin).await);
+    let started = unix_now();
     let mut m: Measured = match (&side.load, http) {
         (Load::Raw(db), _) => db.drive(o.conns, secs, run_tag).await,
         (_, Some((port, reqs, expect))) => drive(port, &reqs, expect, o.conns, secs).await,
         (_, None) => Measured::default(),
     };
+    let stopped = unix_now();
     let (envoy1, idemd1, redis1) = (proxy.map(cpu_ticks), idemd.map(cpu_ticks), redis());
     let (store1, hits1) = (store_times(probe.sidecar_port).await, replay_hits(probe.admin).await);
     if warmup {
@@ -230,7 +235,12 @@ async fn run_side(
         store: if through_envoy { store_delta(&store0, &store1) } else { Vec::new() },
         replay_hits: hits1.saturating_sub(hits0),
         problems: m.problems(),
+        window: (started, stopped),
     })
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
 /// Both hosts' replay-cache hits: only the host a side runs through adds to them during its run.
@@ -264,6 +274,7 @@ pub(crate) async fn run_sides(
         fastest[i] = m.rate;
     }
     let n = sides.len();
+    let windows = std::env::var_os("IDEM_BENCH_WINDOWS").is_some();
     for rep in 0..o.reps {
         for k in 0..n {
             let i = (k + rep) % n;
@@ -272,8 +283,10 @@ pub(crate) async fn run_sides(
             let m = run_side(s, probe, o, o.seconds, f, &format!("{run_tag}{rep:x}{i:x}"), nonces).await?;
             let us = |v: Option<f64>| v.map(|v| format!("{v:>5.0}")).unwrap_or_else(|| "    -".into());
             let store_us = m.store.iter().map(|(_, secs, _)| secs).fold(0.0, |a, b| a + b) * 1e6 / m.ok.max(1) as f64;
+            // IDEM_BENCH_WINDOWS=1: each run's time window, to cut a profile of Envoy to one side.
+            let window = if windows { format!("  window {:.3},{:.3}", m.window.0, m.window.1) } else { String::new() };
             eprintln!(
-                "   rep {} {:<46} {:>9.0} req/s  p50 {:>6.2} ms  envoy {} idemd {} store {store_us:>5.0} us/req{}",
+                "   rep {} {:<46} {:>9.0} req/s  p50 {:>6.2} ms  envoy {} idemd {} store {store_us:>5.0} us/req{}{window}",
                 rep + 1,
                 s.label,
                 m.rate,

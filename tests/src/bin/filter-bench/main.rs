@@ -118,7 +118,9 @@ Environment:
       with one tokio worker (TOKIO_WORKER_THREADS=1 unless set), and measures its duplicate-confirm replays with
       the same client and body, interleaved with the filter's replays (the Redis + Postgres stack only).
       Unset: its row says \"not measured\".
-  IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL  the backends (default 127.0.0.1:6379, postgres@127.0.0.1:5432/test).";
+  IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL  the backends (default 127.0.0.1:6379, postgres@127.0.0.1:5432/test).
+  IDEM_BENCH_WINDOWS=1  print each timed run's window in Unix seconds (`window start,end`), to cut a profile of
+      the Envoy worker recorded with `perf record -k CLOCK_REALTIME` to one side (`perf report --time start,end`).";
 
 fn parse_args() -> Result<Opts, BoxError> {
     let mut o = Opts { seconds: 2.0, reps: 3, conns: 16, warmup: 0.5, cases: Cases::ALL };
