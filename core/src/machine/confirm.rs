@@ -472,8 +472,8 @@ impl Confirm {
         let step = match (self.problem || self.ctx.policy.replay == ReplayMode::Original, result) {
             (true, Some(result)) => Step::pause().with(Effect::Reply(reply::original(result))),
             _ => {
-                let result_ref = stored_ref(result, self.ctx.policy.result_ref.as_deref());
-                self.ctx.reply(kind, ReplyContext { result, result_ref, ..Default::default() })
+                let result_ref_at = self.ctx.policy.result_ref.as_deref();
+                self.ctx.reply(kind, ReplyContext { result, result_ref_at, ..Default::default() })
             }
         };
         step.with(Effect::Count(Counter::Replayed))
@@ -682,8 +682,3 @@ fn business_ref(json: &serde_json::Value, pointer: Option<&str>) -> Result<Optio
     }
 }
 
-/// The route's `result_ref` resolved in a recorded body.
-pub(super) fn stored_ref(result: Option<&StoredResult>, pointer: Option<&str>) -> Option<String> {
-    let body = crate::protocol::decode_body(&result?.body_b64)?;
-    reply::result_ref(&body, pointer?)
-}

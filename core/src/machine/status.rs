@@ -2,7 +2,7 @@
 //! subject are checked; expiry is not (an agent may poll long after), but it
 //! decides what "never confirmed" means: still possible, or too late.
 
-use super::confirm::{lookup_path, stored_ref};
+use super::confirm::lookup_path;
 use super::{body_fingerprint, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Outcome, Step, Unexpected};
 use crate::client_key;
 use crate::protocol::{OpKey, OpState, OperationView, StoredResult};
@@ -135,7 +135,7 @@ impl Status {
     }
 
     fn outcome(&self, kind: ReplyKind, result: Option<&StoredResult>) -> Step {
-        let result_ref = stored_ref(result, self.ctx.policy.result_ref.as_deref());
-        self.ctx.reply(kind, ReplyContext { result, result_ref, status_query: true, ..Default::default() })
+        let result_ref_at = self.ctx.policy.result_ref.as_deref();
+        self.ctx.reply(kind, ReplyContext { result, result_ref_at, status_query: true, ..Default::default() })
     }
 }

@@ -188,7 +188,11 @@ pub struct ReplyContext<'a> {
     pub retry_after_ms: u64,
     /// The recorded upstream answer, for `already_completed` / `already_failed`.
     pub result: Option<&'a StoredResult>,
+    /// The reference to quote, when known; else `result_ref_at` finds it in `result`.
     pub result_ref: Option<String>,
+    /// The route's `result_ref` pointer, resolved in the recorded body where the reply parses it
+    /// anyway (one parse of the recorded answer per replay, not two).
+    pub result_ref_at: Option<&'a str>,
     /// Unix seconds, for the status route's "not yet executed".
     pub fingerprint_expires_at: Option<u64>,
     /// The operation key (the fingerprint's nonce), for replies an operator may
@@ -244,6 +248,19 @@ impl Reply {
 }
 
 pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
+    let replayed = matches!(kind, ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed);
+    let (original, is_json) = match ctx.result.filter(|_| replayed) {
+        Some(result) => original_body(result),
+        None => (Value::Null, false),
+    };
+    let resolved;
+    let ctx = match ctx.result_ref_at.filter(|_| is_json && ctx.result_ref.is_none()) {
+        Some(pointer) => {
+            resolved = ReplyContext { result_ref: scalar_at(&original, pointer), ..ctx.clone() };
+            &resolved
+        }
+        None => ctx,
+    };
     let text = wording(kind, lang, ctx);
     let mut body = Map::new();
     body.insert("status".into(), kind.status().into());
@@ -259,7 +276,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     ];
     match kind {
         ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
-            body.insert("result".into(), ctx.result.map(original_body).unwrap_or(Value::Null));
+            body.insert("result".into(), original);
             if let Some(reference) = &ctx.result_ref {
                 body.insert("result_ref".into(), reference.clone().into());
             }
@@ -355,7 +372,10 @@ pub fn original(result: &StoredResult) -> Reply {
 /// numbers as their literal, booleans as text; `None` if absent, structured,
 /// or the body is not JSON.
 pub fn result_ref(body: &[u8], pointer: &str) -> Option<String> {
-    let value: Value = serde_json::from_slice(body).ok()?;
+    scalar_at(&serde_json::from_slice(body).ok()?, pointer)
+}
+
+fn scalar_at(value: &Value, pointer: &str) -> Option<String> {
     match value.pointer(pointer)? {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
@@ -503,14 +523,16 @@ fn retryable(kind: ReplyKind) -> bool {
 }
 
 /// The original body as JSON if it is JSON, else as text.
-fn original_body(result: &StoredResult) -> Value {
-    let Some(bytes) = decode_body(&result.body_b64) else { return Value::Null };
+/// The recorded body as the envelope's `result`: its JSON, or its text as a string when it is not
+/// JSON; `true` when it was JSON (only there does a `result_ref` pointer resolve).
+fn original_body(result: &StoredResult) -> (Value, bool) {
+    let Some(bytes) = decode_body(&result.body_b64) else { return (Value::Null, false) };
     if bytes.is_empty() {
-        return Value::Null;
+        return (Value::Null, false);
     }
     match serde_json::from_slice(&bytes) {
-        Ok(value) => value,
-        Err(_) => Value::String(String::from_utf8_lossy(&bytes).into_owned()),
+        Ok(value) => (value, true),
+        Err(_) => (Value::String(String::from_utf8_lossy(&bytes).into_owned()), false),
     }
 }
 
@@ -583,6 +605,7 @@ mod tests {
                     retry_after_ms: 1500,
                     result: Some(&result),
                     result_ref: Some("T-1".into()),
+                    result_ref_at: None,
                     fingerprint_expires_at: Some(1_753_500_000),
                     detail: Some("/amount"),
                     operation: Some("0123456789abcdef0123456789abcdef"),
@@ -674,6 +697,27 @@ mod tests {
             .get("instruction")
             .and_then(Value::as_str)
             .is_some_and(|i| i.contains("Do not call") && i.contains("T-9")));
+        Ok(())
+    }
+
+    /// The route's pointer is resolved in the body the envelope carries (one parse of the
+    /// recorded answer), in the instruction and in `result_ref`; a body that is not JSON has
+    /// nothing to point into, not even with the whole-document pointer.
+    #[test]
+    fn the_result_ref_pointer_resolves_in_the_recorded_body() -> Result<(), serde_json::Error> {
+        let result = stored(201, br#"{"transfer":{"id":"T-7","seq":12}}"#);
+        for (at, want) in [("/transfer/id", Some("T-7")), ("/transfer/seq", Some("12")), ("/transfer", None)] {
+            let ctx = ReplyContext { result: Some(&result), result_ref_at: Some(at), ..Default::default() };
+            let body = json(&render(ReplyKind::AlreadyCompleted, Language::En, &ctx))?;
+            assert_eq!(body.get("result_ref").and_then(Value::as_str), want, "{at}");
+            let said = body.get("instruction").and_then(Value::as_str).unwrap_or_default();
+            assert_eq!(want.is_some_and(|r| said.contains(r)), want.is_some(), "{at}: {said}");
+        }
+        let text = stored(402, b"insufficient funds");
+        let ctx = ReplyContext { result: Some(&text), result_ref_at: Some(""), ..Default::default() };
+        let body = json(&render(ReplyKind::AlreadyFailed, Language::En, &ctx))?;
+        assert_eq!(body.get("result_ref"), None);
+        assert_eq!(body.get("result").and_then(Value::as_str), Some("insufficient funds"));
         Ok(())
     }
 
