@@ -681,4 +681,3 @@ fn business_ref(json: &serde_json::Value, pointer: Option<&str>) -> Result<Optio
         _ => Err(CanonError::WrongType { pointer: pointer.to_string(), expected: BUSINESS_REF_TYPE }),
     }
 }
-
