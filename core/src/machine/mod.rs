@@ -134,6 +134,11 @@ impl RequestHead {
                         head.repeated = head.repeated.or(Some(label));
                     }
                 }
+                // The same the other way round: a subject header configured with `_` (`x_agent_subject`)
+                // has its dashed spelling as the alias.
+                n if subject_header.is_some_and(|s| s.contains('_') && read_as(n, s)) => {
+                    head.repeated = head.repeated.or(Some(SUBJECT_HEADER_LABEL));
+                }
                 _ => {}
             }
         }

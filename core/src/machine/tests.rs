@@ -1429,6 +1429,16 @@ fn an_underscore_spelling_of_a_guarded_header_is_another_copy() {
     let h = RequestHead::from_headers(&pairs(&[("x_agent_subject", "bob")]), preview, subject);
     assert_eq!(h.repeated, Some(SUBJECT_HEADER_LABEL));
     assert_eq!(RequestHead::from_headers(&pairs(&[("x_custom_thing", "1")]), confirm, subject).repeated, None);
+    // A subject header configured with `_`: its dashed spelling, alone or beside it, is the other copy.
+    let underscored = Some("x_agent_subject");
+    for headers in [vec![("x_agent_subject", "alice"), ("X-Agent-Subject", "mallory")], vec![("x-agent-subject", "m")]]
+    {
+        let h = RequestHead::from_headers(&pairs(&headers), preview, underscored);
+        assert_eq!(h.repeated, Some(SUBJECT_HEADER_LABEL), "{headers:?}");
+        assert_ne!(h.subject.as_deref(), Some("mallory"), "{headers:?}: never read as the subject");
+    }
+    let h = RequestHead::from_headers(&pairs(&[("X_Agent_Subject", "alice")]), preview, underscored);
+    assert_eq!((h.repeated, h.subject.as_deref()), (None, Some("alice")));
 }
 
 /// The start removes a client's Idempotency-Key only when one came, however its name is spelled
