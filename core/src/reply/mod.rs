@@ -368,9 +368,9 @@ pub fn original(result: &StoredResult) -> Reply {
     Reply::raw(status, headers, decode_body(&result.body_b64).unwrap_or_default())
 }
 
-/// Resolve a route's `result_ref` pointer against a JSON body: strings as-is,
-/// numbers as their literal, booleans as text; `None` if absent, structured,
-/// or the body is not JSON.
+/// Resolve a route's `result_ref` pointer against a recorded body: strings as-is, numbers as their
+/// literal, booleans as text; `None` if absent, structured, or the body is not JSON. A replay reads
+/// it through `render`'s own parse (`ReplyContext::result_ref_at`); the fuzz harness reads it here.
 pub fn result_ref(body: &[u8], pointer: &str) -> Option<String> {
     scalar_at(&serde_json::from_slice(body).ok()?, pointer)
 }
@@ -522,7 +522,6 @@ fn retryable(kind: ReplyKind) -> bool {
     }
 }
 
-/// The original body as JSON if it is JSON, else as text.
 /// The recorded body as the envelope's `result`: its JSON, or its text as a string when it is not
 /// JSON; `true` when it was JSON (only there does a `result_ref` pointer resolve).
 fn original_body(result: &StoredResult) -> (Value, bool) {
