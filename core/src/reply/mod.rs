@@ -188,10 +188,8 @@ pub struct ReplyContext<'a> {
     pub retry_after_ms: u64,
     /// The recorded upstream answer, for `already_completed` / `already_failed`.
     pub result: Option<&'a StoredResult>,
-    /// The reference to quote, when known; else `result_ref_at` finds it in `result`.
-    pub result_ref: Option<String>,
-    /// The route's `result_ref` pointer, resolved in the recorded body where the reply parses it
-    /// anyway (one parse of the recorded answer per replay, not two).
+    /// The route's `result_ref` pointer: the reference to quote is read from the recorded body
+    /// where the reply parses it anyway (one parse of the recorded answer per replay, not two).
     pub result_ref_at: Option<&'a str>,
     /// Unix seconds, for the status route's "not yet executed".
     pub fingerprint_expires_at: Option<u64>,
@@ -253,15 +251,8 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
         Some(result) => original_body(result),
         None => (Value::Null, false),
     };
-    let resolved;
-    let ctx = match ctx.result_ref_at.filter(|_| is_json && ctx.result_ref.is_none()) {
-        Some(pointer) => {
-            resolved = ReplyContext { result_ref: scalar_at(&original, pointer), ..ctx.clone() };
-            &resolved
-        }
-        None => ctx,
-    };
-    let text = wording(kind, lang, ctx);
+    let result_ref = ctx.result_ref_at.filter(|_| is_json).and_then(|pointer| scalar_at(&original, pointer));
+    let text = wording(kind, lang, ctx, result_ref.as_deref());
     let mut body = Map::new();
     body.insert("status".into(), kind.status().into());
     body.insert("meaning".into(), text.meaning.into());
@@ -277,8 +268,8 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     match kind {
         ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
             body.insert("result".into(), original);
-            if let Some(reference) = &ctx.result_ref {
-                body.insert("result_ref".into(), reference.clone().into());
+            if let Some(reference) = result_ref {
+                body.insert("result_ref".into(), reference.into());
             }
             if let Some(result) = ctx.result {
                 body.insert("original_status".into(), result.status.into());
@@ -541,8 +532,8 @@ struct Wording {
 }
 
 /// The variant is chosen once (`say`), then looked up in the language's table.
-fn wording(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Wording {
-    let (meaning, instruction) = say::say(kind, ctx);
+fn wording(kind: ReplyKind, lang: Language, ctx: &ReplyContext, result_ref: Option<&str>) -> Wording {
+    let (meaning, instruction) = say::say(kind, ctx, result_ref);
     match lang {
         Language::En => Wording { meaning: en::meaning(meaning), instruction: en::instruction(instruction) },
         Language::Zh => Wording { meaning: zh::meaning(meaning), instruction: zh::instruction(instruction) },
@@ -603,8 +594,7 @@ mod tests {
                     poll_after_ms: 2000,
                     retry_after_ms: 1500,
                     result: Some(&result),
-                    result_ref: Some("T-1".into()),
-                    result_ref_at: None,
+                    result_ref_at: Some("/id"),
                     fingerprint_expires_at: Some(1_753_500_000),
                     detail: Some("/amount"),
                     operation: Some("0123456789abcdef0123456789abcdef"),
@@ -682,8 +672,12 @@ mod tests {
     #[test]
     fn replay_carries_the_original_result() -> Result<(), serde_json::Error> {
         let result = stored(201, br#"{"transfer_id":"T-9","amount":"10.00"}"#);
-        let ctx =
-            ReplyContext { trace_id: "t", result: Some(&result), result_ref: Some("T-9".into()), ..Default::default() };
+        let ctx = ReplyContext {
+            trace_id: "t",
+            result: Some(&result),
+            result_ref_at: Some("/transfer_id"),
+            ..Default::default()
+        };
         let reply = render(ReplyKind::AlreadyCompleted, Language::En, &ctx);
         let body = json(&reply)?;
         assert_eq!(reply.http_status, 201);
@@ -917,8 +911,8 @@ mod tests {
         for kind in ReplyKind::ALL {
             for status_query in [false, true] {
                 let ctx = ReplyContext { status_query, ..Default::default() };
-                let en = wording(kind, Language::En, &ctx).meaning.to_lowercase();
-                let zh = wording(kind, Language::Zh, &ctx).meaning;
+                let en = wording(kind, Language::En, &ctx, None).meaning.to_lowercase();
+                let zh = wording(kind, Language::Zh, &ctx, None).meaning;
                 let claims_en = en.contains("nothing was executed") || en.contains("was not executed");
                 let claims_zh = zh.contains("什么都没有") || zh.contains("没有被执行");
                 if about_operation.contains(&kind) {

@@ -135,12 +135,16 @@ pub(super) enum Instruction<'a> {
 }
 
 /// The one place a reply's variant is chosen.
-pub(super) fn say<'a>(kind: ReplyKind, ctx: &'a ReplyContext<'a>) -> (Meaning<'a>, Instruction<'a>) {
+/// `result_ref`: the reference read from the recorded answer, where the route names one.
+pub(super) fn say<'a>(
+    kind: ReplyKind,
+    ctx: &'a ReplyContext<'a>,
+    result_ref: Option<&'a str>,
+) -> (Meaning<'a>, Instruction<'a>) {
     use Instruction as I;
     use Meaning as M;
     let status = ctx.result.map_or(0, |r| r.status);
     let reference = ctx.operation.unwrap_or(ctx.trace_id);
-    let result_ref = ctx.result_ref.as_deref();
     let poll = |wait_ms| match ctx.poll_with {
         Some(tool) => I::Poll { tool, wait_ms },
         None => I::CallAgain { wait_ms },
