@@ -10,7 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
+use idem_testkit::envoy_config::{filter_disabled, static_cluster, Doc};
+use serde_json::{json, Value};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -138,8 +139,10 @@ fn committed_configurations() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>
 /// With idemd's defaults: the settings `make run`, docker-compose.yml and deploy/ run idemd with.
 #[test]
 fn every_committed_configuration_passes() -> TestResult {
-    let (fixture, rel): (Vec<PathBuf>, Vec<PathBuf>) =
-        committed_configurations()?.into_iter().partition(|p| p.ends_with("e2e.yaml"));
+    let (fixture, rel): (Vec<PathBuf>, Vec<PathBuf>) = committed_configurations()?
+        .into_iter()
+        .filter(|p| !p.ends_with("bench.yaml"))
+        .partition(|p| p.ends_with("e2e.yaml"));
     let refs: Vec<&Path> = rel.iter().map(PathBuf::as_path).collect();
     let run = check(&refs)?;
     assert_ok(&run);
@@ -160,8 +163,21 @@ fn every_committed_configuration_passes() -> TestResult {
     assert_eq!(findings.len(), 1, "{findings:?}");
     assert!(findings.iter().all(|l| l.contains("is confirmed at") && l.contains("approval_confirm")), "{findings:?}");
 
+    // bench.yaml's baselines are plain Envoy on the same route table: listeners that reach the demo's confirm
+    // without the filter, on purpose (make bench measures what the filter costs against them). It is refused for
+    // them and for nothing else; it is a benchmark, never a deployment.
     let dir = tempfile::tempdir()?;
-    assert_ok(&check_text(dir.path(), "bench-as-run.yaml", &bench_as_run()?)?);
+    let baselines = |run: &Run, listeners: &[&str]| {
+        assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+        let findings: Vec<&str> = run.stderr.lines().filter(|l| l.contains("] ")).collect();
+        assert!(findings.iter().all(|l| l.contains("[unfiltered-listener-to-guarded-path]")), "{findings:?}");
+        for l in listeners {
+            assert!(findings.iter().any(|f| f.contains(&format!("listener {l}: "))), "{l}: {findings:?}");
+        }
+        assert_eq!(findings.len(), listeners.len(), "{findings:?}");
+    };
+    baselines(&check(&[Path::new("envoy/bench.yaml")])?, &["plain", "buffered"]);
+    baselines(&check_text(dir.path(), "bench-as-run.yaml", &bench_as_run()?)?, &["plain", "buffered", "empty"]);
     Ok(())
 }
 
@@ -254,7 +270,7 @@ fn a_catch_all_to_a_cluster_that_serves_guarded_routes_is_refused() -> TestResul
     )?;
     let run = check_text(dir.path(), "disabled.yaml", &disabled)?;
     assert_refused(&run, "catch-all-to-guarded-cluster", "route passthrough");
-    assert!(run.stderr.contains("the filter is disabled on it"), "{}", run.stderr);
+    assert!(run.stderr.contains("the agent filter is disabled on the route"), "{}", run.stderr);
     // A catch-all to a cluster that serves no guarded route is fine.
     let elsewhere = edit(&e2e, NO_ROUTE, &PASSTHROUGH.replacen("cluster: demo", "cluster: idem_sidecar", 1))?;
     assert_ok(&check_text(dir.path(), "elsewhere.yaml", &elsewhere)?);
@@ -279,10 +295,15 @@ fn a_catch_all_in_an_rds_file_is_refused() -> TestResult {
     )?;
     let run = check_text(dir.path(), "e2e-rds.yaml", &config)?;
     assert_refused(&run, "catch-all-to-guarded-cluster", "route passthrough");
-    // An RDS file that is not there is said, not silently passed.
+    // An RDS file that is not there is refused, not silently passed: the check cannot show its routes are safe.
     let gone = edit(&committed("e2e-rds.yaml")?, "path: envoy/e2e-rds-routes.yaml", "path: /nonexistent/routes.yaml")?;
     let run = check_text(dir.path(), "gone.yaml", &gone)?;
-    assert!(run.stderr.contains("RDS file /nonexistent/routes.yaml (routes transfers) not checked"), "{}", run.stderr);
+    assert_refused(&run, "unreadable-routes", "gone.yaml: listener agents");
+    assert!(
+        run.stderr.contains("RDS file /nonexistent/routes.yaml (routes transfers) cannot be read"),
+        "{}",
+        run.stderr
+    );
     Ok(())
 }
 
@@ -466,5 +487,373 @@ fn a_retried_confirm_needs_the_attempt_count_and_an_upstream_that_honours_keys()
     )?;
     let run = check_text(dir.path(), "e2e.yaml", &keyless)?;
     assert_refused(&run, "no-retry-without-upstream-keys", "route transfer_confirm_retrying");
+    Ok(())
+}
+
+// Hole 8 (issue 35): every way to a guarded upstream path that does not pass the guard. Each configuration below
+// is a committed one changed the way the issue found it live (tests/tests/check_live.rs runs them in Envoy).
+
+fn doc(text: &str) -> Result<Doc, Box<dyn std::error::Error>> {
+    Doc::parse(text)
+}
+
+fn check_doc(dir: &Path, name: &str, doc: &Doc) -> Result<Run, Box<dyn std::error::Error>> {
+    check_text(dir, name, &doc.to_yaml()?)
+}
+
+/// The route `name`'s action, to change.
+fn action<'a>(
+    doc: &'a mut Doc,
+    name: &str,
+) -> Result<&'a mut serde_json::Map<String, Value>, Box<dyn std::error::Error>> {
+    let r = doc.route_named(name)?;
+    doc.object_mut(&format!("{r}/route"))
+}
+
+/// A route to `cluster` for exactly `path`, unannotated, with `extra` fields in its action.
+fn exact_route(name: &str, path: &str, cluster: &str, extra: Value) -> Value {
+    let mut action = json!({ "cluster": cluster });
+    if let (Some(a), Some(e)) = (action.as_object_mut(), extra.as_object()) {
+        a.extend(e.clone());
+    }
+    json!({ "name": name, "match": { "path": path }, "route": action })
+}
+
+/// The first virtual host of the first connection manager.
+fn first_host(doc: &Doc) -> Result<String, Box<dyn std::error::Error>> {
+    Ok(doc.virtual_hosts().into_iter().next().ok_or("no virtual host")?)
+}
+
+/// Only `rule`'s findings, and exactly one per `at`.
+fn findings_of(run: &Run, rule: &str) -> Vec<String> {
+    run.stderr.lines().filter(|l| l.contains(&format!("[{rule}]"))).map(str::to_string).collect()
+}
+
+#[test]
+fn a_mirror_on_a_confirm_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let rule = "request-mirror";
+    // The issue's: a confirm whose upstream ignores keys, mirrored to the same upstream: executed twice.
+    let mut d = doc(&committed_e2e()?)?;
+    action(&mut d, "nokey_confirm")?.insert("request_mirror_policies".into(), json!([{ "cluster": "demo" }]));
+    let run = check_doc(dir.path(), "mirror.yaml", &d)?;
+    assert_refused(&run, rule, "virtual host transfers: route nokey_confirm");
+    assert!(run.stderr.contains("every confirm is sent twice"), "{}", run.stderr);
+    // To another upstream, on an upstream that honours keys, from the virtual host: refused all the same.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let host = first_host(&d)?;
+    d.object_mut(&host)?.insert("request_mirror_policies".into(), json!([{ "cluster": "idem_sidecar" }]));
+    let run = check_doc(dir.path(), "vhost-mirror.yaml", &d)?;
+    assert_refused(&run, rule, "route transfer_confirm");
+    assert_refused(&run, rule, "route mcp");
+    // A mirror of an unguarded route that copies its requests onto a guarded path.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let host = first_host(&d)?;
+    let shadow = exact_route(
+        "shadow",
+        "/shadow/v1/transfers",
+        "idem_sidecar",
+        json!({ "prefix_rewrite": "/v1/transfers", "request_mirror_policies": [{ "cluster": "demo" }] }),
+    );
+    d.insert_route(&host, 0, shadow)?;
+    let run = check_doc(dir.path(), "shadow.yaml", &d)?;
+    assert_refused(&run, rule, "route shadow: its request mirror");
+    assert_eq!(findings_of(&run, rule).len(), 1, "{}", run.stderr);
+    // A mirror that reaches no guarded path is none of this rule's business.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    action(&mut d, "healthz")?.insert("request_mirror_policies".into(), json!([{ "cluster": "demo" }]));
+    assert_ok(&check_doc(dir.path(), "healthz-mirror.yaml", &d)?);
+    Ok(())
+}
+
+#[test]
+fn an_unannotated_route_to_a_guarded_path_in_another_virtual_host_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let rule = "exact-route-to-guarded-path";
+    // What envoy/e2e.yaml had: `other.example` sent /v1/transfers straight to the demo.
+    let e2e = committed_e2e()?;
+    let namesake = "                route: { cluster: demo, prefix_rewrite: /v1/executions }\n              - name: no_route\n                match: { prefix: / }\n                direct_response: *no_route\n";
+    let run = check_text(
+        dir.path(),
+        "other.yaml",
+        &edit(&e2e, namesake, &namesake.replacen(", prefix_rewrite: /v1/executions", "", 1))?,
+    )?;
+    assert_refused(&run, rule, "virtual host other: route transfer_confirm");
+    assert!(run.stderr.contains("sends path /v1/transfers to /v1/transfers on cluster demo"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("the path route transfer_confirm guards")
+            || run.stderr.contains("virtual host transfers: route transfer_confirm guards"),
+        "{}",
+        run.stderr
+    );
+    // A near miss the demo's router would not take, but a lenient upstream does.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let host = first_host(&d)?;
+    d.insert_route(&host, 0, exact_route("shouting", "/V1/Transfers/", "demo", json!({})))?;
+    assert_refused(&check_doc(dir.path(), "case.yaml", &d)?, rule, "route shouting");
+    // Another cluster with the demo's address is the demo.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    d.add_cluster(static_cluster("demo_again", "127.0.0.1", 8080))?;
+    let host = first_host(&d)?;
+    d.insert_route(
+        &host,
+        0,
+        exact_route("again", "/again/v1/transfers", "demo_again", json!({ "prefix_rewrite": "/v1/transfers" })),
+    )?;
+    let run = check_doc(dir.path(), "same-address.yaml", &d)?;
+    assert_refused(&run, rule, "route again");
+    assert!(
+        run.stderr.contains("cluster demo_again, the same upstream as cluster demo (127.0.0.1:8080)"),
+        "{}",
+        run.stderr
+    );
+    // The filter disabled on such a route changes nothing; an exact route to a path nothing guards passes.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let host = first_host(&d)?;
+    let mut off = exact_route("off", "/off/v1/transfers", "demo", json!({ "prefix_rewrite": "/v1/transfers" }));
+    off["typed_per_filter_config"] = filter_disabled("envoy.filters.http.wasm");
+    d.insert_route(&host, 0, off)?;
+    d.insert_route(&host, 0, exact_route("ledger", "/ledger", "demo", json!({ "prefix_rewrite": "/v1/executions" })))?;
+    let run = check_doc(dir.path(), "off.yaml", &d)?;
+    assert_refused(&run, rule, "route off");
+    assert_eq!(findings_of(&run, rule).len(), 1, "route ledger passes: {}", run.stderr);
+    Ok(())
+}
+
+#[test]
+fn a_rewrite_onto_a_guarded_path_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let rule = "exact-route-to-guarded-path";
+    // What envoy/e2e.yaml had: /plain/v1/transfers, prefix_rewrite /v1/transfers.
+    let mut d = doc(&committed_e2e()?)?;
+    let plain = d.route_named("transfer_confirm").and_then(|_| {
+        // The unannotated namesake is the second route of that name.
+        d.routes()
+            .into_iter()
+            .find(|r| d.0.pointer(&format!("{r}/match/path")).and_then(Value::as_str) == Some("/plain/v1/transfers"))
+            .ok_or_else(|| "no /plain/v1/transfers route".into())
+    })?;
+    d.object_mut(&format!("{plain}/route"))?.insert("prefix_rewrite".into(), json!("/v1/transfers"));
+    let run = check_doc(dir.path(), "prefix.yaml", &d)?;
+    assert_refused(&run, rule, "virtual host transfers: route transfer_confirm");
+    assert!(
+        run.stderr.contains("sends path /plain/v1/transfers after prefix_rewrite /v1/transfers to /v1/transfers"),
+        "{}",
+        run.stderr
+    );
+    // The same with regex_rewrite: the check applies the pattern to the route's path.
+    let route = d.object_mut(&format!("{plain}/route"))?;
+    route.remove("prefix_rewrite");
+    route.insert("regex_rewrite".into(), json!({ "pattern": { "regex": "^/plain(/.*)$" }, "substitution": "\\1" }));
+    let run = check_doc(dir.path(), "regex.yaml", &d)?;
+    assert_refused(&run, rule, "virtual host transfers: route transfer_confirm");
+    assert!(run.stderr.contains("regex_rewrite ^/plain(/.*)$"), "{}", run.stderr);
+    // A regex rewrite that lands elsewhere is followed too, and passes.
+    d.object_mut(&format!("{plain}/route"))?.insert(
+        "regex_rewrite".into(),
+        json!({ "pattern": { "regex": "^/plain/v1/transfers$" }, "substitution": "/v1/executions" }),
+    );
+    assert_ok(&check_doc(dir.path(), "regex-elsewhere.yaml", &d)?);
+    // A prefix rewrite on a prefix route to the guarded upstream is a catch-all there.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let host = first_host(&d)?;
+    let legacy = json!({ "name": "legacy", "match": { "prefix": "/legacy/" }, "route": { "cluster": "demo", "prefix_rewrite": "/v1/" } });
+    d.insert_route(&host, 0, legacy)?;
+    assert_refused(&check_doc(dir.path(), "legacy.yaml", &d)?, "catch-all-to-guarded-cluster", "route legacy");
+    Ok(())
+}
+
+#[test]
+fn a_listener_without_the_filter_to_a_guarded_upstream_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let rule = "unfiltered-listener-to-guarded-path";
+    // The issue's: a second listener, the same routes, no agent filter.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let copy = d.copy_listener(0, "side_door", 10009, true)?;
+    d.add_listener(copy)?;
+    let run = check_doc(dir.path(), "side-door.yaml", &d)?;
+    assert_refused(&run, rule, "listener side_door: virtual host transfers: route transfer_confirm");
+    assert_refused(&run, rule, "listener side_door: virtual host transfers: route mcp");
+    assert!(run.stderr.contains("listener side_door does not run the agent filter"), "{}", run.stderr);
+    // With a catch-all to the demo there instead: the whole upstream.
+    let side_door = |hosts: Value| -> Result<Doc, Box<dyn std::error::Error>> {
+        let mut d = doc(&committed("envoy.yaml")?)?;
+        let copy = d.copy_listener(0, "side_door", 10009, true)?;
+        d.add_listener(copy)?;
+        let m = d.managers().pop().ok_or("no manager")?;
+        *d.at_mut(&format!("{m}/route_config/virtual_hosts"))? = hosts;
+        Ok(d)
+    };
+    let d = side_door(json!([{ "name": "all", "domains": ["*"], "routes": [
+        { "match": { "prefix": "/" }, "route": { "cluster": "demo" } }
+    ] }]))?;
+    let run = check_doc(dir.path(), "side-catch-all.yaml", &d)?;
+    assert_refused(&run, rule, "listener side_door: virtual host all: route #0 (unnamed)");
+    // Without the filter, only what nothing guards: accepted.
+    let d = side_door(json!([{ "name": "health", "domains": ["*"], "routes": [
+        { "match": { "path": "/healthz" }, "route": { "cluster": "demo" } },
+        { "match": { "prefix": "/" }, "direct_response": { "status": 404 } }
+    ] }]))?;
+    assert_ok(&check_doc(dir.path(), "side-health.yaml", &d)?);
+    Ok(())
+}
+
+#[test]
+fn a_route_the_check_cannot_follow_is_refused_unless_stated_safe() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let rule = "undecidable-route";
+    let base = doc(&committed("envoy.yaml")?)?;
+    let host = first_host(&base)?;
+    // The cluster a header names: any cluster, the demo too.
+    let mut d = base.clone();
+    let dynamic =
+        json!({ "name": "dynamic", "match": { "path": "/v1/transfers" }, "route": { "cluster_header": "x-cluster" } });
+    d.insert_route(&host, 0, dynamic.clone())?;
+    let run = check_doc(dir.path(), "header.yaml", &d)?;
+    assert_refused(&run, rule, "route dynamic");
+    assert!(run.stderr.contains("reaches_no_guarded_path"), "the way to state it: {}", run.stderr);
+    // A regex rewrite the check cannot evaluate (RE2 would refuse look-around too; the check cannot tell).
+    let mut d = base.clone();
+    let odd = exact_route(
+        "odd",
+        "/odd",
+        "demo",
+        json!({ "regex_rewrite": { "pattern": { "regex": "(?=o)odd" }, "substitution": "v1/transfers" } }),
+    );
+    d.insert_route(&host, 0, odd)?;
+    assert_refused(&check_doc(dir.path(), "odd.yaml", &d)?, rule, "route odd");
+    // Stated safe by the operator: accepted, and said.
+    let mut d = base.clone();
+    let mut stated = dynamic.clone();
+    stated["metadata"] = json!({ "filter_metadata": { "idemd_check": { "reaches_no_guarded_path": "x-cluster is set by ext_authz to reports or archive" } } });
+    d.insert_route(&host, 0, stated)?;
+    let run = check_doc(dir.path(), "stated.yaml", &d)?;
+    assert_ok(&run);
+    assert!(
+        run.stderr.contains("accepted on the operator's statement") && run.stderr.contains("set by ext_authz"),
+        "{}",
+        run.stderr
+    );
+    // A statement never covers what the check can follow.
+    let mut d = base.clone();
+    let mut wrong = exact_route("wrong", "/wrong", "demo", json!({ "prefix_rewrite": "/v1/transfers" }));
+    wrong["metadata"] = json!({ "filter_metadata": { "idemd_check": { "reaches_no_guarded_path": "trust me" } } });
+    d.insert_route(&host, 0, wrong)?;
+    let run = check_doc(dir.path(), "wrong.yaml", &d)?;
+    assert_refused(&run, "exact-route-to-guarded-path", "route wrong");
+    assert!(run.stderr.contains("is contradicted"), "{}", run.stderr);
+    Ok(())
+}
+
+#[test]
+fn hedging_and_internal_redirects_on_a_confirm_are_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    action(&mut d, "transfer_confirm")?.insert(
+        "hedge_policy".into(),
+        json!({ "initial_requests": 1, "additional_request_chance": { "numerator": 50 } }),
+    );
+    assert_refused(&check_doc(dir.path(), "hedge.yaml", &d)?, "hedge-on-guarded-route", "route transfer_confirm");
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    action(&mut d, "transfer_confirm")?
+        .insert("internal_redirect_policy".into(), json!({ "max_internal_redirects": 1 }));
+    assert_refused(
+        &check_doc(dir.path(), "redirect.yaml", &d)?,
+        "internal-redirect-on-guarded-route",
+        "route transfer_confirm",
+    );
+    // On a preview neither sends a confirm twice.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    action(&mut d, "transfer_preview")?
+        .insert("internal_redirect_policy".into(), json!({ "max_internal_redirects": 1 }));
+    assert_ok(&check_doc(dir.path(), "preview-redirect.yaml", &d)?);
+    Ok(())
+}
+
+#[test]
+fn a_preview_or_mcp_route_rewritten_onto_a_confirm_path_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let rule = "role-on-guarded-path";
+    let mut d = doc(&committed_e2e()?)?;
+    action(&mut d, "manual_preview")?.insert("prefix_rewrite".into(), json!("/v1/transfers"));
+    let run = check_doc(dir.path(), "preview.yaml", &d)?;
+    assert_refused(&run, rule, "route manual_preview");
+    assert!(run.stderr.contains("annotated as preview"), "{}", run.stderr);
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    action(&mut d, "mcp_sse")?.insert("prefix_rewrite".into(), json!("/v1/transfers"));
+    assert_refused(&check_doc(dir.path(), "mcp.yaml", &d)?, rule, "route mcp_sse");
+    Ok(())
+}
+
+#[test]
+fn a_filter_that_may_reroute_after_the_agent_filter_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let lua = json!({ "name": "envoy.filters.http.lua", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "default_source_code": { "inline_string": "function envoy_on_request(h) h:headers():replace(':path', '/v1/transfers') end" } } });
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let m = d.managers().into_iter().next().ok_or("no manager")?;
+    let (i, _) = d.agent_filter(&m).ok_or("no agent filter")?;
+    d.array_mut(&format!("{m}/http_filters"))?.insert(i + 1, lua.clone());
+    let run = check_doc(dir.path(), "lua-after.yaml", &d)?;
+    assert_refused(&run, "filter-after-agent", "lua-after.yaml: listener agents");
+    assert!(
+        run.stderr.contains("envoy.extensions.filters.http.lua.v3.Lua runs after the agent filter"),
+        "{}",
+        run.stderr
+    );
+    // Before it, the agent filter judges what the other one made.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    d.array_mut(&format!("{m}/http_filters"))?.insert(i, lua);
+    assert_ok(&check_doc(dir.path(), "lua-before.yaml", &d)?);
+    Ok(())
+}
+
+/// A route rule takes the methods it names; the methods a route lets through beyond them reach the upstream
+/// unguarded (the mesh's catch-all takes a PUT to /v1/transfers as it takes the POST).
+#[test]
+fn a_route_rule_guards_only_the_methods_it_names() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let istio = committed("istio-like.yaml")?;
+    let post_only =
+        edit(&istio, r#""match":{"path":"/v1/transfers"}"#, r#""match":{"method":"POST","path":"/v1/transfers"}"#)?;
+    let run = check_text(dir.path(), "istio-post.yaml", &post_only)?;
+    assert_refused(&run, "catch-all-to-guarded-cluster", "istio-post.yaml: listener virtualInbound");
+    assert!(run.stderr.contains("rule transfer_confirm"), "{}", run.stderr);
+    // A rewrite on the mesh's catch-all lands paths no rule matched (`/`) on a rule's upstream path: the rules
+    // judge the path the client sent, the upstream runs the one Envoy wrote (found by the generated configurations,
+    // seed 11, #47).
+    let rewritten = edit(
+        &istio,
+        "                  cluster: \"inbound|8080||\"\n",
+        "                  cluster: \"inbound|8080||\"\n                  prefix_rewrite: /v1/transfers\n",
+    )?;
+    let run = check_text(dir.path(), "istio-rewrite.yaml", &rewritten)?;
+    assert_refused(&run, "catch-all-to-guarded-cluster", "istio-rewrite.yaml: listener virtualInbound");
+    // Envoy Gateway's routes take only POST: a rule that takes only POST is enough there; a route that lets every
+    // method through to that rule's path is refused.
+    let gateway = committed("gateway-like.yaml")?;
+    let post_rule =
+        edit(&gateway, r#""match":{"path":"/v1/transfers"}"#, r#""match":{"method":"POST","path":"/v1/transfers"}"#)?;
+    assert_ok(&check_text(dir.path(), "gateway-post.yaml", &post_rule)?);
+    let confirm_route = "                match: { path: /v1/transfers, headers: [{ name: \":method\", string_match: { exact: POST } }] }\n";
+    let any = edit(&post_rule, confirm_route, "                match: { path: /v1/transfers }\n")?;
+    let run = check_text(dir.path(), "gateway-any.yaml", &any)?;
+    assert_refused(&run, "exact-route-to-guarded-path", "route httproute/payments/transfers/rule/0/match/1/*");
+    assert!(run.stderr.contains("route rule transfer_confirm takes only POST requests"), "{}", run.stderr);
+    Ok(())
+}
+
+#[test]
+fn routes_from_an_xds_server_are_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let text = edit(
+        &committed("e2e-rds.yaml")?,
+        "              path_config_source:\n                path: envoy/e2e-rds-routes.yaml\n                # Reload when an entry is moved into this directory (the rename that replaces the file).\n                watched_directory: { path: envoy }\n",
+        "              ads: {}\n",
+    )?;
+    let run = check_text(dir.path(), "ads.yaml", &text)?;
+    assert_refused(&run, "unreadable-routes", "ads.yaml: listener agents");
+    assert!(run.stderr.contains("come from an xDS server"), "{}", run.stderr);
     Ok(())
 }

@@ -73,7 +73,7 @@ pub async fn jwt_subject_walk(stack: &Stack, forged: &[(&str, &str)]) -> Result<
     let fingerprint = |a: &Answer| a.json["fingerprint"].as_str().map(str::to_owned).ok_or("no fingerprint");
 
     let p = post("/v1/transfers/preview", transfer(json!("25.00"), "rent"), alice.clone(), None).await?;
-    assert_eq!(p.status, 200, "the preview rule matched by method and path: {p:?}");
+    assert_eq!(p.status, 200, "the preview rule matched by its path: {p:?}");
     let fp = fingerprint(&p)?;
     assert_eq!(fingerprint_claims(&fp)?["s"], "payments.transfer", "the rule's scope");
     let first = post("/v1/transfers", transfer(json!("25.00"), "rent"), alice.clone(), Some(fp.clone())).await?;

@@ -371,12 +371,10 @@ async fn other_methods_execute_nothing(stack: &Stack, auth: &[(&str, &str)], rul
         let a = send(stack, "GET", "/v1/transfers", &h, body("9999.00")).await?;
         assert!(!(200..300).contains(&a.status), "GET + {header}: POST: {}", show(&a));
         if rules {
-            assert_eq!(
-                (a.status, a.json["status"].as_str()),
-                (400, Some("path_not_canonical")),
-                "{header}: {}",
-                show(&a)
-            );
+            // deploy/istio's rules take every method (a rule that named POST let a PUT through the mesh's
+            // catch-all, and `idemd check` refuses that): the GET is judged as the confirm it is, and its amount
+            // is not the fingerprint's.
+            assert_eq!((a.status, a.json["status"].as_str()), (422, Some("params_changed")), "{header}: {}", show(&a));
         }
     }
     let after = seen(stack).await?;

@@ -77,6 +77,8 @@ pub struct Guarded<'a> {
     pub host: &'a VirtualHost,
     pub route: &'a Route,
     pub policy: &'a RoutePolicy,
+    /// The route rule it comes from, when it is not the route's own annotation.
+    pub rule: Option<&'a RuleGuard>,
 }
 
 impl Guarded<'_> {
@@ -102,7 +104,9 @@ pub fn guarded(config: &EnvoyConfig) -> Vec<Guarded<'_>> {
             for r in host.routes.iter().filter(|r| !matches!(r.target, Target::Local)) {
                 let at = format!("{}: virtual host {}: {}", m.at, host.name, r.label);
                 match &r.guard {
-                    Some(Ok(policy)) => out.push(Guarded { at, manager: m, settings, host, route: r, policy }),
+                    Some(Ok(policy)) => {
+                        out.push(Guarded { at, manager: m, settings, host, route: r, policy, rule: None })
+                    }
                     Some(Err(_)) => {}
                     None if r.annotation.is_some() => {}
                     None => {
@@ -114,6 +118,7 @@ pub fn guarded(config: &EnvoyConfig) -> Vec<Guarded<'_>> {
                                 host,
                                 route: r,
                                 policy: &rule.policy,
+                                rule: Some(rule),
                             });
                         }
                     }
@@ -126,7 +131,7 @@ pub fn guarded(config: &EnvoyConfig) -> Vec<Guarded<'_>> {
 
 /// Could a request the rule matches be routed by `route`? Conservative: a pattern may match anything; the
 /// method and host are not compared.
-fn may_meet(rule: &RouteMatch, route: &Matcher) -> bool {
+pub fn may_meet(rule: &RouteMatch, route: &Matcher) -> bool {
     // The literal start of every path the rule matches, and whether that is the whole path.
     let (head, whole) = match &rule.path {
         PathMatch::Prefix(p) => (p.clone(), false),

@@ -1,25 +1,36 @@
 //! `idemd check`: refuse an Envoy configuration that leaves a path to a
-//! guarded upstream around the annotations (DESIGN §6, "No path around an
-//! annotation"), before it is deployed.
+//! guarded upstream around the annotations, or sends a confirm twice (DESIGN
+//! §6, "No path around an annotation"), before it is deployed.
 //!
 //! The filter guards what Envoy routes to an annotated route (or what a route
-//! rule matches). Anything else reaches the upstream untouched, so a
-//! configuration is only as safe as its route table is tight:
+//! rule matches). Anything else reaches the upstream untouched, so the check
+//! denies by default (`ways`): for every listener and filter chain, virtual host
+//! and route (and every mirror), it computes which upstream (`clusters`: a
+//! cluster is the endpoints it sends to) and which upstream path (`paths`:
+//! after prefix_rewrite, regex_rewrite, path templates) a request reaches, and
+//! refuses every way to a guarded path that does not pass an annotated route
+//! of the same kind with the filter in its chain:
 //!
 //! * the path is normalised before routing (`normalize_path`, `merge_slashes`,
 //!   escaped slashes refused or decoded), so `//v1/transfers`, `/v1/./transfers`
-//!   or `/v1%2Ftransfers` cannot miss the route annotated for `/v1/transfers`
-//!   and land on one the upstream resolves to the same handler;
-//! * no unannotated catch-all, prefix or pattern route reaches a cluster that
-//!   also serves annotated routes (a path that misses the annotated route by a
-//!   byte would reach the same upstream unguarded);
-//! * where routes cannot carry annotations (a mesh's catch-all route), the
-//!   plugin configuration has route rules.
+//!   or `/v1%2Ftransfers` cannot miss the route annotated for `/v1/transfers`;
+//! * no unannotated exact route lands on a guarded path (another virtual host,
+//!   a rewrite, another cluster with the same endpoints), no listener without
+//!   the filter reaches one, no preview or status route is rewritten onto one;
+//! * no unannotated catch-all, prefix or pattern route reaches an upstream that
+//!   serves a guarded route (a path that misses it by a byte reaches the same
+//!   upstream), unless the filter's route rules take its requests;
+//! * no mirror, hedge or internal redirect sends a confirm twice;
+//! * what the check cannot follow (a cluster chosen per request, a rewrite it
+//!   cannot compute, routes it cannot read, a filter after the agent filter that
+//!   may re-route) is refused, saying why.
 //!
-//! There is no opt-out annotation: a broad unannotated route to a guarded
-//! cluster is safe only if the upstream serves nothing guarded under it, which
-//! nothing in the configuration can show. The fixes are always available —
-//! explicit routes, a `direct_response`, another cluster, or route rules.
+//! There is no opt-out for what the check can follow: the fixes are always
+//! available — explicit routes, a `direct_response`, another cluster, or route
+//! rules. For an exact route it cannot follow, the operator may state in the
+//! route's metadata that it reaches no guarded path
+//! (`idemd_check: { reaches_no_guarded_path: "<why>" }`): printed, and never
+//! applied to a way the check can show reaches one.
 //!
 //! The TTL rules (DESIGN §5) are checked against Envoy's own settings and
 //! idemd's flags, which `idemd check` takes with the same variables and
@@ -28,14 +39,17 @@
 //!
 //! Each rule is an entry of [`rules::RULES`] with a name every finding carries.
 
+pub mod clusters;
 pub mod forward;
 pub mod guard;
 pub mod model;
+pub mod paths;
 mod retries;
 pub mod rules;
 #[cfg(test)]
 mod testing;
 mod ttl;
+pub mod ways;
 
 use std::process::ExitCode;
 
@@ -84,6 +98,7 @@ pub fn check_envoy(label: &str, yaml: &str, idemd: &TtlArgs) -> Result<Report, S
         (rule.check)(rule, &input, &mut findings);
     }
     let mut notes = config.notes.clone();
+    notes.extend(ways::stated_safe_notes(&config));
     for m in config.managers.iter().filter(|m| m.filter.is_none()) {
         let annotated = m.routes.iter().flat_map(|t| &t.hosts).flat_map(|h| &h.routes).any(|r| r.annotation.is_some());
         if annotated {

@@ -9,8 +9,10 @@ use serde_json::Value;
 
 use idem_core::policy::{parse_plugin_config, RouteDefaults, RoutePolicy, ROUTE_NAMESPACE};
 
+use super::clusters::Clusters;
 use super::forward::{self, ManagerTimeouts, Retry, RouteTimeouts};
 use super::guard::{self, FilterSettings};
+use super::paths::{self, Rewrite, Space};
 use crate::tools::{agent_filter, is_hcm, per_route_annotation, placeholder_secret};
 
 /// One configuration file.
@@ -19,6 +21,8 @@ pub struct EnvoyConfig {
     /// The file as given on the command line.
     pub label: String,
     pub managers: Vec<Manager>,
+    /// What each cluster name stands for (its endpoints).
+    pub clusters: Clusters,
     /// What was not checked, and why (an RDS source that is not a readable file).
     pub notes: Vec<String>,
 }
@@ -36,6 +40,11 @@ pub struct Manager {
     pub escaped_slashes: Option<String>,
     /// The route table; None when it comes from a source this check cannot read.
     pub routes: Option<RouteTable>,
+    /// Why the route table could not be read, when it could not.
+    pub routes_unread: Option<String>,
+    /// The HTTP filters between the agent filter and the router (their `@type`s, else names): each runs after
+    /// the filter judged the request.
+    pub after_filter: Vec<String>,
     /// `stream_idle_timeout` and `max_stream_duration`: they end Envoy's wait on every route.
     pub timeouts: ManagerTimeouts,
 }
@@ -92,6 +101,21 @@ pub struct Route {
     pub retry: Option<Retry>,
     /// `hedge_on_per_try_timeout` (the route's hedge policy, else the virtual host's).
     pub hedges: bool,
+    /// The paths the route matches.
+    pub downstream: Space,
+    /// How Envoy rewrites them before they go upstream.
+    pub rewrite: Rewrite,
+    /// The methods the route matches (a `:method` header match); None: every method.
+    pub methods: Option<Vec<String>>,
+    /// Where Envoy mirrors its requests (`request_mirror_policies` of the route and its virtual host).
+    pub mirrors: Vec<Target>,
+    /// `internal_redirect_policy`: Envoy follows the upstream's redirects itself, sending the request again.
+    pub internal_redirect: bool,
+    /// The route's hedge policy (else its virtual host's), as written.
+    pub hedge_policy: Option<String>,
+    /// `idemd_check.reaches_no_guarded_path` in the route's metadata: the operator's statement, with its
+    /// reason, that a route the check cannot follow reaches no guarded path.
+    pub stated_safe: Option<String>,
 }
 
 /// What part of the path space a route takes.
@@ -152,7 +176,12 @@ impl EnvoyConfig {
         let Some(listeners) = doc.pointer("/static_resources/listeners").and_then(Value::as_array) else {
             return Err(format!("{label}: no static_resources.listeners"));
         };
-        let mut config = EnvoyConfig { label: label.to_string(), managers: Vec::new(), notes: Vec::new() };
+        let mut config = EnvoyConfig {
+            label: label.to_string(),
+            managers: Vec::new(),
+            clusters: Clusters::parse(&doc),
+            notes: Vec::new(),
+        };
         for listener in listeners {
             let name = listener.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
             let chains: Vec<&Value> = listener
@@ -178,13 +207,11 @@ impl EnvoyConfig {
     }
 
     fn manager(&mut self, at: String, hcm: &Value) -> Result<Manager, String> {
-        let filter = hcm
-            .get("http_filters")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .find_map(|f| agent_filter(f).map(|config| (f, config)))
-            .map(|(f, config)| {
+        let http_filters: Vec<&Value> =
+            hcm.get("http_filters").and_then(Value::as_array).into_iter().flatten().collect();
+        let position = http_filters.iter().position(|f| agent_filter(f).is_some());
+        let filter = position.and_then(|i| http_filters.get(i)).and_then(|f| agent_filter(f).map(|c| (*f, c))).map(
+            |(f, config)| {
                 let name = f.get("name").and_then(Value::as_str).unwrap_or(ROUTE_NAMESPACE).to_string();
                 let parsed = config.map(|c| parse_plugin_config(c.as_bytes(), &placeholder_secret));
                 let (rules, config_error, settings) = match parsed {
@@ -193,21 +220,37 @@ impl EnvoyConfig {
                     None => (0, Some("no plugin configuration string value".to_string()), None),
                 };
                 AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings }
-            });
+            },
+        );
+        let after_filter = match position {
+            Some(i) => http_filters.iter().skip(i + 1).map(|f| filter_kind(f)).collect(),
+            None => Vec::new(),
+        };
         let reading = Reading {
             filter: filter.as_ref().map(|f| f.name.as_str()),
             defaults: filter.as_ref().and_then(|f| f.settings.as_ref()).map(|s| &s.defaults),
             at: &at,
         };
-        let routes = if let Some(table) = hcm.get("route_config") {
+        let (routes, routes_unread) = if let Some(table) = hcm.get("route_config") {
             let name = table.get("name").and_then(Value::as_str).unwrap_or("(unnamed)");
-            Some(route_table(format!("route_config {name}"), table, &reading)?)
+            (Some(route_table(format!("route_config {name}"), table, &reading)?), None)
         } else if let Some(rds) = hcm.get("rds") {
-            self.rds(&at, rds, &reading)?
+            let name = rds.get("route_config_name").and_then(Value::as_str).unwrap_or("(unnamed)");
+            match self.rds_file(rds.get("config_source"), name)? {
+                Ok((path, table)) => (Some(route_table(format!("RDS {name} from {path}"), &table, &reading)?), None),
+                Err(why) => (None, Some(why)),
+            }
+        } else if let Some(scoped) = hcm.get("scoped_routes") {
+            match self.scoped(scoped, &reading)? {
+                Ok(table) => (Some(table), None),
+                Err(why) => (None, Some(why)),
+            }
         } else {
-            self.notes.push(format!("{at}: no route_config and no rds (scoped routes are not checked)"));
-            None
+            (None, Some("no route_config, rds or scoped_routes".to_string()))
         };
+        if let Some(why) = &routes_unread {
+            self.notes.push(format!("{at}: routes not checked: {why}"));
+        }
         let timeouts = forward::manager_timeouts(hcm).map_err(|e| format!("{at}: {e}"))?;
         Ok(Manager {
             timeouts,
@@ -217,26 +260,23 @@ impl EnvoyConfig {
             escaped_slashes: hcm.get("path_with_escaped_slashes_action").and_then(Value::as_str).map(str::to_string),
             filter,
             routes,
+            routes_unread,
+            after_filter,
         })
     }
 
-    /// The route table of an RDS subscription, when it is a file (`path_config_source`).
-    fn rds(&mut self, at: &str, rds: &Value, reading: &Reading) -> Result<Option<RouteTable>, String> {
-        let name = rds.get("route_config_name").and_then(Value::as_str).unwrap_or("(unnamed)");
-        let source = rds.get("config_source");
+    /// The route configuration `name` of an RDS subscription, when its source is a file
+    /// (`path_config_source`): Ok(Err(why)) when it is not, or cannot be read.
+    fn rds_file(&mut self, source: Option<&Value>, name: &str) -> Result<Result<(String, Value), String>, String> {
         let path = source
             .and_then(|s| s.pointer("/path_config_source/path").or_else(|| s.get("path")))
             .and_then(Value::as_str);
         let Some(path) = path else {
-            self.notes.push(format!("{at}: routes {name} come from an xDS server; they are not checked here"));
-            return Ok(None);
+            return Ok(Err(format!("routes {name} come from an xDS server, which this check cannot read")));
         };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) => {
-                self.notes.push(format!("{at}: RDS file {path} (routes {name}) not checked: {e}"));
-                return Ok(None);
-            }
+            Err(e) => return Ok(Err(format!("RDS file {path} (routes {name}) cannot be read: {e}"))),
         };
         let doc: Value = serde_norway::from_str(&text).map_err(|e| format!("{path}: not valid YAML: {e}"))?;
         let table = doc
@@ -245,8 +285,47 @@ impl EnvoyConfig {
             .into_iter()
             .flatten()
             .find(|r| r.get("name").and_then(Value::as_str) == Some(name))
-            .ok_or_else(|| format!("{at}: RDS file {path} has no route configuration {name}"))?;
-        Ok(Some(route_table(format!("RDS {name} from {path}"), table, reading)?))
+            .cloned();
+        match table {
+            Some(t) => Ok(Ok((path.to_string(), t))),
+            None => Ok(Err(format!("RDS file {path} has no route configuration {name}"))),
+        }
+    }
+
+    /// Scoped routes listed inline (`scoped_route_configurations_list`) whose route configurations come from a
+    /// file: every scope's virtual hosts, as one table (a client picks the scope with its headers).
+    fn scoped(&mut self, scoped: &Value, reading: &Reading) -> Result<Result<RouteTable, String>, String> {
+        let Some(list) = scoped.pointer("/scoped_route_configurations_list/scoped_route_configurations") else {
+            return Ok(Err("scoped routes from an xDS server (scoped_rds), which this check cannot read".into()));
+        };
+        let mut hosts = Vec::new();
+        let mut sources = Vec::new();
+        for scope in list.as_array().into_iter().flatten() {
+            let table = if let Some(inline) = scope.get("route_configuration") {
+                inline.clone()
+            } else {
+                let Some(name) = scope.get("route_configuration_name").and_then(Value::as_str) else {
+                    return Ok(Err("a scope without a route configuration".into()));
+                };
+                match self.rds_file(scoped.get("rds_config_source"), name)? {
+                    Ok((_, t)) => t,
+                    Err(why) => return Ok(Err(why)),
+                }
+            };
+            let name = table.get("name").and_then(Value::as_str).unwrap_or("(unnamed)").to_string();
+            hosts.extend(route_table(String::new(), &table, reading)?.hosts);
+            sources.push(name);
+        }
+        Ok(Ok(RouteTable { source: format!("scoped routes {}", sources.join(", ")), hosts }))
+    }
+}
+
+/// An HTTP filter's kind: its `@type` (without the type URL's host), else its name.
+fn filter_kind(f: &Value) -> String {
+    let typed = f.pointer("/typed_config/@type").and_then(Value::as_str);
+    match typed {
+        Some(t) => t.rsplit('/').next().unwrap_or(t).to_string(),
+        None => f.get("name").and_then(Value::as_str).unwrap_or("(unnamed)").to_string(),
     }
 }
 
@@ -284,8 +363,17 @@ fn route_table(source: String, table: &Value, reading: &Reading) -> Result<Route
                 Some(r) => Some(r),
                 None => host_retry.clone(),
             };
+            let mut mirrors = mirror_targets(action);
+            mirrors.extend(mirror_targets(host));
+            let stated_safe = route
+                .pointer(&format!("/metadata/filter_metadata/{CHECK_NAMESPACE}/reaches_no_guarded_path"))
+                .and_then(Value::as_str)
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(str::to_string);
+            let route_match = route.get("match");
             routes.push(Route {
-                matcher: matcher(route.get("match")),
+                matcher: matcher(route_match),
                 target: target(route),
                 annotation,
                 filter_disabled: filter.is_some_and(|f| disabled(route, f)),
@@ -294,6 +382,15 @@ fn route_table(source: String, table: &Value, reading: &Reading) -> Result<Route
                 timeouts,
                 retry,
                 hedges: forward::hedges(action, host),
+                downstream: downstream(route_match),
+                rewrite: rewrite(action),
+                methods: methods(route_match),
+                mirrors,
+                internal_redirect: action.get("internal_redirect_policy").is_some()
+                    || action.get("internal_redirect_action").and_then(Value::as_str)
+                        == Some("HANDLE_INTERNAL_REDIRECT"),
+                hedge_policy: action.get("hedge_policy").or_else(|| host.get("hedge_policy")).map(Value::to_string),
+                stated_safe,
             });
         }
         let filter_disabled = filter.is_some_and(|f| disabled(host, f));
@@ -322,6 +419,69 @@ fn matcher(m: Option<&Value>) -> Matcher {
     }
 }
 
+/// The paths a route's match takes.
+fn downstream(m: Option<&Value>) -> Space {
+    let text = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_str).map(str::to_string);
+    if let Some(p) = text("path") {
+        Space::Exact(p)
+    } else if let Some(p) = text("prefix") {
+        Space::Prefix(p)
+    } else if let Some(p) = text("path_separated_prefix") {
+        // The prefix itself, and everything below it after a `/`.
+        Space::Prefix(p)
+    } else if let Some(t) = m.and_then(|m| m.pointer("/path_match_policy/typed_config/path_template")) {
+        paths::template(t.as_str().unwrap_or_default(), &[])
+    } else if let Some(r) = m.and_then(|m| m.pointer("/safe_regex/regex")).and_then(Value::as_str) {
+        Space::Unknown(format!("the pattern {r}"))
+    } else {
+        Space::Unknown(format!("{}", matcher(m)))
+    }
+}
+
+/// How a route action rewrites the path.
+fn rewrite(action: &Value) -> Rewrite {
+    if let Some(p) = action.get("prefix_rewrite").and_then(Value::as_str) {
+        return Rewrite::Prefix(p.to_string());
+    }
+    if let Some(r) = action.get("regex_rewrite") {
+        let pattern = r.pointer("/pattern/regex").and_then(Value::as_str).unwrap_or_default().to_string();
+        let substitution = r.get("substitution").and_then(Value::as_str).unwrap_or_default().to_string();
+        return Rewrite::Regex { pattern, substitution };
+    }
+    if let Some(policy) = action.get("path_rewrite_policy") {
+        return match policy.pointer("/typed_config/path_template_rewrite").and_then(Value::as_str) {
+            Some(t) => Rewrite::Template(t.to_string()),
+            None => Rewrite::Other(format!("path_rewrite_policy {}", policy)),
+        };
+    }
+    Rewrite::None
+}
+
+/// The methods a route's `:method` header match allows; None: any.
+fn methods(m: Option<&Value>) -> Option<Vec<String>> {
+    let headers = m.and_then(|m| m.get("headers")).and_then(Value::as_array)?;
+    let method = headers.iter().find(|h| h.get("name").and_then(Value::as_str) == Some(":method"))?;
+    if method.get("invert_match").and_then(Value::as_bool) == Some(true) {
+        return None;
+    }
+    let exact = method.pointer("/string_match/exact").or_else(|| method.get("exact_match")).and_then(Value::as_str)?;
+    Some(vec![exact.to_ascii_uppercase()])
+}
+
+/// Where `request_mirror_policies` (or the older `request_mirror_policy`) of `v` send copies.
+fn mirror_targets(v: &Value) -> Vec<Target> {
+    let list = v.get("request_mirror_policies").and_then(Value::as_array).cloned().unwrap_or_default();
+    let single = v.get("request_mirror_policy").cloned();
+    list.into_iter()
+        .chain(single)
+        .map(|m| match (m.get("cluster").and_then(Value::as_str), m.get("cluster_header").and_then(Value::as_str)) {
+            (Some(c), _) if !c.is_empty() => Target::Clusters(vec![c.to_string()]),
+            (_, Some(h)) => Target::AnyCluster(format!("a mirror's cluster_header {h}")),
+            _ => Target::AnyCluster("a mirror without a cluster".into()),
+        })
+        .collect()
+}
+
 fn target(route: &Value) -> Target {
     let Some(action) = route.get("route") else { return Target::Local };
     if let Some(c) = action.get("cluster").and_then(Value::as_str) {
@@ -337,6 +497,9 @@ fn target(route: &Value) -> Target {
     }
     Target::AnyCluster("a cluster specifier plugin".into())
 }
+
+/// The route metadata namespace of the operator's statements to `idemd check` (never read by the filter).
+pub const CHECK_NAMESPACE: &str = "idemd_check";
 
 /// `typed_per_filter_config.<filter>.disabled: true` (Envoy's FilterConfig).
 fn disabled(v: &Value, filter: &str) -> bool {

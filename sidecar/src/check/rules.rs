@@ -3,10 +3,8 @@
 //! the configuration. A new rule is one more entry in [`RULES`]; the TTL rules
 //! are in `ttl`, the retry rules in `retries`.
 
-use std::collections::BTreeMap;
-
 use super::model::{EnvoyConfig, Manager, Matcher, Target};
-use super::{retries, ttl, Finding, Inputs};
+use super::{retries, ttl, ways, Finding, Inputs};
 
 pub struct Rule {
     /// The name a finding carries (and the docs use).
@@ -46,8 +44,63 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         name: "catch-all-to-guarded-cluster",
-        summary: "no unannotated catch-all, prefix or pattern route reaches a cluster that serves an annotated route",
-        check: catch_all_to_guarded_cluster,
+        summary: "no unannotated catch-all, prefix or pattern route reaches an upstream that serves a guarded route \
+                  (annotated, or a route rule's), unless the filter's route rules take every request it carries to \
+                  their paths, for every method it lets through",
+        check: ways::catch_all_to_guarded_cluster,
+    },
+    Rule {
+        name: "exact-route-to-guarded-path",
+        summary: "no unannotated route whose upstream path after rewrites (prefix_rewrite, regex_rewrite, path \
+                  templates) is a guarded path of the same upstream (any listener, any virtual host, any cluster \
+                  with the same endpoints), unless a route rule takes it for every method",
+        check: ways::exact_route_to_guarded_path,
+    },
+    Rule {
+        name: "unfiltered-listener-to-guarded-path",
+        summary: "no listener or filter chain without the agent filter routes to a guarded path, or with a broad \
+                  route to an upstream that serves one",
+        check: ways::unfiltered_listener_to_guarded_path,
+    },
+    Rule {
+        name: "role-on-guarded-path",
+        summary: "an annotated route whose upstream path is a guarded path has that path's kind of acquiring role \
+                  (a preview or status route rewritten onto a confirm's path runs it unguarded)",
+        check: ways::role_on_guarded_path,
+    },
+    Rule {
+        name: "undecidable-route",
+        summary: "a route the check cannot follow (cluster_header, a cluster specifier plugin, a cluster that sends \
+                  anywhere, a rewrite it cannot compute) that may reach a guarded path is refused, unless its \
+                  metadata states idemd_check.reaches_no_guarded_path with a reason",
+        check: ways::undecidable_route,
+    },
+    Rule {
+        name: "request-mirror",
+        summary: "no request mirror on a route that acquires (one confirm sent twice), and no mirror that copies \
+                  requests onto a guarded path",
+        check: ways::request_mirror,
+    },
+    Rule {
+        name: "hedge-on-guarded-route",
+        summary: "no hedge_policy (route or virtual host) on a route that acquires",
+        check: ways::hedge_on_guarded_route,
+    },
+    Rule {
+        name: "internal-redirect-on-guarded-route",
+        summary: "no internal_redirect_policy on a route that acquires (Envoy would send the confirm again itself)",
+        check: ways::internal_redirect_on_guarded_route,
+    },
+    Rule {
+        name: "unreadable-routes",
+        summary: "every route table is readable (inline, an RDS file, inline scoped routes) where the filter runs \
+                  or anything is guarded",
+        check: ways::unreadable_routes,
+    },
+    Rule {
+        name: "filter-after-agent",
+        summary: "between the agent filter and the router, only filters that change neither the path nor the route",
+        check: ways::filter_after_agent,
     },
     Rule {
         name: "filter-disabled-on-annotated-route",
@@ -177,71 +230,6 @@ fn escaped_slashes(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
                  an upstream that decodes %2F executes unguarded; set REJECT_REQUEST (or UNESCAPE_AND_REDIRECT)"
             ),
         ));
-    }
-}
-
-fn catch_all_to_guarded_cluster(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
-    let config = input.envoy;
-    // Every cluster an annotated route sends to, in any connection manager that runs the filter: a client
-    // chooses the listener and the Host, so a broad route anywhere in the file reaches them.
-    let mut guarded: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut guarded_anywhere = Vec::new();
-    for m in with_filter(config) {
-        for host in m.routes.iter().flat_map(|t| &t.hosts) {
-            for r in host.routes.iter().filter(|r| r.annotation.is_some()) {
-                match &r.target {
-                    Target::Clusters(cs) => {
-                        for c in cs {
-                            let labels = guarded.entry(c.clone()).or_default();
-                            if !labels.contains(&r.label) {
-                                labels.push(r.label.clone());
-                            }
-                        }
-                    }
-                    Target::AnyCluster(_) if !guarded_anywhere.contains(&r.label) => {
-                        guarded_anywhere.push(r.label.clone())
-                    }
-                    Target::AnyCluster(_) => {}
-                    Target::Local => {}
-                }
-            }
-        }
-    }
-    for m in &config.managers {
-        let Some(table) = &m.routes else { continue };
-        for host in &table.hosts {
-            for r in host.routes.iter().filter(|r| r.annotation.is_none() && r.matcher.is_broad()) {
-                let mut hit: Vec<(&str, &[String])> = guarded
-                    .iter()
-                    .filter(|(c, _)| r.target.reaches(c))
-                    .map(|(c, l)| (c.as_str(), l.as_slice()))
-                    .collect();
-                // An annotated route whose cluster is chosen per request: any forwarding broad route may meet it.
-                if hit.is_empty() && !guarded_anywhere.is_empty() && !matches!(r.target, Target::Local) {
-                    hit.push(("chosen per request", guarded_anywhere.as_slice()));
-                }
-                for (cluster, labels) in hit {
-                    let how = match &r.target {
-                        Target::AnyCluster(why) => format!("may reach any cluster ({why}), cluster {cluster} too"),
-                        _ => format!("reaches cluster {cluster}"),
-                    };
-                    let shown: Vec<&str> = labels.iter().map(String::as_str).take(4).collect();
-                    let more = if labels.len() > shown.len() { ", …" } else { "" };
-                    let filter_off = if r.filter_disabled { " (the filter is disabled on it)" } else { "" };
-                    out.push(rule.finding(
-                        format!("{}: virtual host {}: {}", m.at, host.name, r.label),
-                        format!(
-                            "{} is not annotated{filter_off} and {how}, which also serves annotated routes ({}{more}): \
-                             a path that misses an annotated route by a byte (/v1/transfers/, /V1/transfers) reaches \
-                             the upstream unguarded. Route what the upstream serves explicitly, answer the rest with a \
-                             direct_response (404), or send it to a cluster that serves no guarded route",
-                            r.matcher,
-                            shown.join(", ")
-                        ),
-                    ));
-                }
-            }
-        }
     }
 }
 

@@ -11,8 +11,10 @@ use super::TtlArgs;
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
     /// An Envoy configuration (YAML) to check: every HTTP connection manager
-    /// of its static listeners, and the route tables they use (inline, or an
-    /// RDS file named by `path_config_source`). May be given more than once.
+    /// of its static listeners, the route tables they use (inline, an RDS file
+    /// named by `path_config_source`, or scoped routes listed inline with their
+    /// route configurations in such a file) and its static clusters. A route
+    /// table it cannot read is refused. May be given more than once.
     #[arg(long, value_name = "FILE", required = true, num_args = 1..)]
     pub envoy: Vec<PathBuf>,
 
