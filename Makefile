@@ -118,11 +118,16 @@ fuzz:
 
 # Chaos soak (soak/): seeded agents and faults against the whole real stack, then the invariant checks; writes
 # target/soak/summary.md and chart.svg. A 45 s run with a fixed seed is part of `make test`.
-# `make soak SECONDS=600 SEED=7` (SEED defaults to the clock; the run prints it).
+# Then the generated configurations (tests/src/configs/): CONFIGS Envoy configurations mutated from the committed
+# ones, each judged by `idemd check`, each one it accepts run and probed; writes target/soak/configs.md (40 with a
+# fixed seed are part of `make test`).
+# `make soak SECONDS=600 SEED=7 CONFIGS=500` (SEED defaults to the clock; the runs print it).
 SECONDS ?= 60
 SEED ?=
+CONFIGS ?= 200
 soak: build
 	cargo run -p idem-soak --bin soak -- --seconds $(SECONDS) $(if $(SEED),--seed $(SEED))
+	cargo run -p idem-e2e --bin config-soak -- --count $(CONFIGS) $(if $(SEED),--seed $(SEED))
 
 clean:
 	cargo clean

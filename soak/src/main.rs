@@ -3,15 +3,7 @@
 
 use std::process::ExitCode;
 
-fn arg(args: &[String], name: &str) -> Result<Option<u64>, String> {
-    match args.iter().position(|a| a == name) {
-        None => Ok(None),
-        Some(i) => {
-            let v = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
-            v.parse().map(Some).map_err(|e| format!("{name} {v}: {e}"))
-        }
-    }
-}
+use idem_e2e::flag_number;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -22,14 +14,14 @@ async fn main() -> ExitCode {
                 return Err(format!("unknown option {a}; usage: soak [--seconds N] [--seed N] [--agents N]"));
             }
         }
-        let seed = match arg(&args, "--seed")? {
+        let seed = match flag_number(&args, "--seed")? {
             Some(s) => s,
             None => {
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)
             }
         };
-        let seconds = arg(&args, "--seconds")?.unwrap_or(60).max(5);
-        let agents = arg(&args, "--agents")?.unwrap_or(32).max(1) as usize;
+        let seconds = flag_number(&args, "--seconds")?.unwrap_or(60).max(5);
+        let agents = flag_number(&args, "--agents")?.unwrap_or(32).max(1) as usize;
         Ok(idem_soak::Config::new(seconds, seed, agents))
     })();
     let cfg = match parsed {

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub mod bypass;
+pub mod configs;
 pub mod filter_host;
 pub mod http2;
 pub mod istio;
@@ -28,6 +29,17 @@ pub const SUBJECT: &str = "user-alice";
 /// The bearer token every stack's idemd requires and its Envoy presents
 /// (`IDEM_AUTH_TOKENS` / `IDEM_SIDECAR_TOKEN`): the suite runs with auth on.
 pub const SIDECAR_TOKEN: &str = "e2e-sidecar-token-0123456789";
+
+/// `--name N` among a command line's arguments (the soak's binaries): None when absent.
+pub fn flag_number(args: &[String], name: &str) -> Result<Option<u64>, String> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) => {
+            let v = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
+            v.parse().map(Some).map_err(|e| format!("{name} {v}: {e}"))
+        }
+    }
+}
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -532,7 +544,11 @@ pub fn idemd_ops(database_url: &str, args: &[&str]) -> Result<(i32, String, Stri
 /// Rewrite the committed config's fixed addresses to this stack's ports, so the
 /// file that runs in the test is the file users read.
 pub fn render_envoy_config(config: &str, ports: &Ports) -> Result<String, BoxError> {
-    let text = std::fs::read_to_string(repo_root().join("envoy").join(config))?;
+    render_envoy_text(&std::fs::read_to_string(repo_root().join("envoy").join(config))?, ports)
+}
+
+/// `render_envoy_config` of a configuration's text.
+pub fn render_envoy_text(text: &str, ports: &Ports) -> Result<String, BoxError> {
     let wasm = wasm()?;
     Ok(text
         .replace("port_value: 10000", &format!("port_value: {}", ports.listener))
@@ -580,8 +596,13 @@ pub fn start_envoy_workers(
     let mut cmd = Command::new(envoy_bin()?);
     text = filter_host::for_current_host(&text, &mut cmd)?;
     std::fs::write(&path, text)?;
+    spawn_envoy(cmd, &path, dir, workers)
+}
+
+/// Start `cmd` (an `envoy`, with the environment its configuration needs) on the configuration file `path`.
+pub fn spawn_envoy(mut cmd: Command, path: &Path, dir: &Path, workers: u32) -> Result<Proc, BoxError> {
     cmd.arg("-c")
-        .arg(&path)
+        .arg(path)
         .arg("--disable-hot-restart")
         .arg("--concurrency")
         .arg(workers.to_string())
