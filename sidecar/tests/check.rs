@@ -857,3 +857,20 @@ fn routes_from_an_xds_server_are_refused() -> TestResult {
     assert!(run.stderr.contains("come from an xDS server"), "{}", run.stderr);
     Ok(())
 }
+
+/// docs/operations.md says what every rule refuses and why, and names no rule the check does not have.
+#[test]
+fn every_rule_is_in_the_operations_table() -> TestResult {
+    let page = std::fs::read_to_string(repo().join("docs/operations.md"))?;
+    let section = page.split("## What `idemd check` refuses").nth(1).ok_or("no section")?;
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let documented: Vec<&str> =
+        section.lines().filter_map(|l| l.strip_prefix("| `")).filter_map(|l| l.split('`').next()).collect();
+    for rule in idemd::check::rules::RULES {
+        assert!(documented.contains(&rule.name), "docs/operations.md has no row for {}", rule.name);
+    }
+    for name in &documented {
+        assert!(idemd::check::rules::RULES.iter().any(|r| r.name == *name), "{name} is not a rule");
+    }
+    Ok(())
+}

@@ -370,7 +370,9 @@ fn alias_cluster(doc: &mut Doc, rng: &mut ChaCha8Rng, ctx: &Ctx) -> Result<Optio
     let name = format!("alias{n}");
     doc.add_cluster(static_cluster(&name, "127.0.0.1", ctx.demo_port))?;
     let action = doc.object_mut(&format!("{r}/route"))?;
-    action.remove("weighted_clusters");
+    for other in ["weighted_clusters", "cluster_header", "cluster_specifier_plugin"] {
+        action.remove(other);
+    }
     action.insert("cluster".into(), json!(name));
     Ok(Some(format!("route {}: to cluster {name}, the demo's address", name_of(doc, &r))))
 }
