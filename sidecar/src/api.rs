@@ -53,6 +53,7 @@ use tracing::Instrument;
 
 use crate::approvals::{self, ApprovalsState, Approvers};
 use crate::auth::{require_token, AuthState, Tokens};
+use crate::reconcile::Lookups;
 use crate::store::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
 use crate::store::{now_ms, retention, Store};
 
@@ -75,15 +76,18 @@ pub const MAX_EXP_S: u64 = 253_402_300_799;
 /// The API; `/v1/*` answers only callers with one of `tokens` (see `auth`). No approvers: the
 /// approval routes answer 401 to everyone.
 pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
-    router_with(store, tokens, Approvers::default())
+    router_with(store, tokens, Approvers::default(), None)
 }
 
-/// The API with the approval routes (`crate::approvals`) behind the approvers' own credentials.
-pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers) -> Router {
+/// The API with the approval routes (`crate::approvals`) behind the approvers' own credentials;
+/// `lookups`: the scopes' status endpoints, which a person's release asks at that moment
+/// (`store::review`; none configured: a release rests on the person's word).
+pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers, lookups: Option<Lookups>) -> Router {
     let approvals = ApprovalsState {
         approvers: Arc::new(approvers),
         store: Arc::clone(&store),
         csrf: Arc::new(approvals::CsrfKey::random()),
+        lookups: lookups.map(Arc::new),
     };
     let approving = Router::new()
         .route("/v1/approvals", get(approvals::pending))

@@ -165,7 +165,12 @@ fn metric(store: &Store, line: &str) -> bool {
 }
 
 async fn ops(fx: &Fixture, args: &[&str]) -> Result<String, OpsError> {
-    let mut argv = vec!["idemd", "ops", "--database-url", fx.sql_url.as_str(), "--actor", "alice"];
+    ops_as(fx, "alice", args).await
+}
+
+/// `idemd ops` as operator `actor`.
+async fn ops_as(fx: &Fixture, actor: &str, args: &[&str]) -> Result<String, OpsError> {
+    let mut argv = vec!["idemd", "ops", "--database-url", fx.sql_url.as_str(), "--actor", actor];
     argv.extend_from_slice(args);
     let cli = idemd::config::Cli::try_parse_from(argv).expect("ops arguments");
     let idemd::config::Command::Ops(a) = cli.command else { panic!("not ops") };
@@ -652,7 +657,52 @@ async fn operator_needs_force_for_a_live_lease(fx: &Fixture) {
     assert!(!listed.contains(&key), "{listed}");
 }
 
+/// `idemd ops resolve --release` is the one decision that lets the agent's retry execute: where the
+/// scope has a status endpoint it is asked at that moment, and only an upstream with no record of
+/// the operation (past the grace) lets it go; a record or no answer refuses (exit 3, saying what
+/// was found) and changes nothing. And the operator never settles an operation of their own subject
+/// (`common::SUBJECT` is the hash of "test"), refused before the upstream is asked.
+async fn an_operators_release_needs_the_upstream_to_have_no_record(fx: &Fixture) {
+    let (store, rows) = stale(fx, 1).await;
+    reconciler(&store, None, rules(0, 3), "t11").pass().await.expect("pass");
+    let key = rows[0].0.as_str();
+    assert_eq!(state_of(&store, key).await, Some(OpState::NeedsReview));
+    let up = Upstream::start().await;
+    let endpoint = format!("{SCOPE}={}", up.template());
+    let release = ["resolve", key, "--release", "--why", "not in the ledger", "--status-endpoint", &endpoint];
+    let release = [&release[..], &["--reconcile-grace-ms", "0"]].concat();
+
+    let own = ops_as(fx, "test", &release).await.expect_err("own subject");
+    assert_eq!(own.exit_code(), 3);
+    assert!(own.to_string().contains("own_subject"), "{own}");
+    assert_eq!(up.hits(key), 0, "refused before the upstream is asked");
+
+    up.set(key, Reply::Found(RECORD));
+    let found = ops(fx, &release).await.expect_err("a record");
+    assert_eq!(found.exit_code(), 3);
+    assert!(found.to_string().contains("the upstream has a record of it"), "{found}");
+    assert!(found.to_string().contains("resolve it as done or failed"), "{found}");
+    up.set(key, Reply::Status(503));
+    let unknown = ops(fx, &release).await.expect_err("no answer");
+    assert!(unknown.to_string().contains("the lookup proves nothing"), "{unknown}");
+    assert_eq!(state_of(&store, key).await, Some(OpState::NeedsReview));
+    assert_eq!(actions(&store, key).await, ["filter:acquire", "reconciler:t11:reconcile_needs_review"]);
+
+    up.set(key, Reply::NotFound);
+    let out = ops(fx, &release).await.expect("absent: released");
+    assert!(out.contains("NEEDS_REVIEW -> released"), "{out}");
+    assert_eq!(up.hits(key), 3);
+    let last = store.sql().history(key).await.expect("history").pop().expect("a line");
+    assert_eq!((last.actor.as_str(), last.action.as_str()), ("operator:alice", "resolve_release"));
+    assert!(
+        last.why.starts_with("not in the ledger [checked at the release: status endpoint answered 404"),
+        "{last:?}"
+    );
+    assert_eq!(store.acquire(&acq(key)).await.outcome, AcquireOutcome::Acquired, "the retry runs it, once");
+}
+
 isolated_backend_suites!(
+    an_operators_release_needs_the_upstream_to_have_no_record,
     found_becomes_done_with_the_record,
     upstream_failure_becomes_failed,
     a_declared_reading_decides_and_replays_with_the_declared_status,

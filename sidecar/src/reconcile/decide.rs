@@ -190,21 +190,40 @@ impl Reading {
     }
 }
 
-/// The decision and the evidence for the audit trail.
-pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decision, String) {
+/// What a lookup proves about one row, before the retry budget counts: the one reading of a status
+/// answer, for the reconciler's decision ([`decide`]) and for a person's release (`store::review`,
+/// which may release only on [`Proof::Absent`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// It executed: this is its result.
+    Done(StoredResult),
+    /// It executed and the upstream refused it: this is its result.
+    Failed(StoredResult),
+    /// The upstream has no record of it, and the lease ended long enough ago to trust that.
+    Absent,
+    /// No record, but the lease ended too recently: the request may still be on its way.
+    TooSoon,
+    /// No evidence this time (a failed lookup, a record that reads neither way): ask again.
+    Unknown,
+    /// Nothing this lookup could say is evidence about this row: a person decides.
+    Never,
+}
+
+/// What `asked` proves about `rec` at `now_ms`, and the evidence in words for the audit trail.
+pub fn proof(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Proof, String) {
     let (by, answer) = match asked {
         Asked::NoEndpoint if rec.upstream_ignores_keys => {
             let why = format!("{NO_REF_LOOKUP}: no status endpoint is configured for scope {}", rec.scope);
-            return (Decision::NeedsReview, why);
+            return (Proof::Never, why);
         }
         Asked::NoEndpoint => {
-            return (Decision::NeedsReview, format!("no status endpoint is configured for scope {}", rec.scope))
+            return (Proof::Never, format!("no status endpoint is configured for scope {}", rec.scope))
         }
-        Asked::Unaskable(why) => return (Decision::NeedsReview, why.clone()),
+        Asked::Unaskable(why) => return (Proof::Never, why.clone()),
         // `target` never asks such a row by key; should it, the answer is still no evidence.
         Asked::Answered(By::Key, _) if rec.upstream_ignores_keys => {
             let why = format!("{NO_REF_LOOKUP}: a by-key answer says nothing about an upstream that ignores keys");
-            return (Decision::NeedsReview, why);
+            return (Proof::Never, why);
         }
         Asked::Answered(by, answer) => (*by, answer),
     };
@@ -223,18 +242,16 @@ pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decis
             };
             match reading.read(body) {
                 (Some(true), v) => (
-                    Decision::Done(result(reading.done_status)),
+                    Proof::Done(result(reading.done_status)),
                     format!("{looked_up} 200 with {} = {v}: the upstream executed it", reading.pointer),
                 ),
                 (Some(false), v) => (
-                    Decision::Failed(result(reading.failed_status)),
+                    Proof::Failed(result(reading.failed_status)),
                     format!("{looked_up} 200 with {} = {v}: the upstream refused it", reading.pointer),
                 ),
-                (None, v) => retry_or_review(
-                    rec,
-                    rules,
-                    &format!("{looked_up} 200 with {} = {v}, neither done nor failed", reading.pointer),
-                ),
+                (None, v) => {
+                    (Proof::Unknown, format!("{looked_up} 200 with {} = {v}, neither done nor failed", reading.pointer))
+                }
             }
         }
         StatusAnswer::NotFound => {
@@ -248,7 +265,7 @@ pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decis
             };
             if since >= i64::try_from(rules.grace_ms).unwrap_or(i64::MAX) {
                 (
-                    Decision::Release,
+                    Proof::Absent,
                     format!(
                         "{looked_up} 404 {since} ms after the lease ended (grace {} ms): {unknown}",
                         rules.grace_ms
@@ -256,12 +273,25 @@ pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decis
                 )
             } else {
                 (
-                    Decision::SkipGrace,
+                    Proof::TooSoon,
                     format!("{looked_up} 404 only {since} ms after the lease ended (grace {} ms)", rules.grace_ms),
                 )
             }
         }
-        StatusAnswer::Failed(what) => retry_or_review(rec, rules, &format!("status lookup failed: {what}")),
+        StatusAnswer::Failed(what) => (Proof::Unknown, format!("status lookup failed: {what}")),
+    }
+}
+
+/// The decision and the evidence for the audit trail: what the lookup proves ([`proof`]), with the
+/// retry budget counted where it proves nothing this time.
+pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decision, String) {
+    match proof(rec, asked, now_ms, rules) {
+        (Proof::Done(result), why) => (Decision::Done(result), why),
+        (Proof::Failed(result), why) => (Decision::Failed(result), why),
+        (Proof::Absent, why) => (Decision::Release, why),
+        (Proof::TooSoon, why) => (Decision::SkipGrace, why),
+        (Proof::Unknown, why) => retry_or_review(rec, rules, &why),
+        (Proof::Never, why) => (Decision::NeedsReview, why),
     }
 }
 
