@@ -389,6 +389,9 @@ fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
     if let Some(r) = &req.business_ref {
         check_business_ref(r)?;
     }
+    if let Some(fields) = &req.fields {
+        check_fields(fields, &req.param_hash)?;
+    }
     if let Some(a) = &req.approval {
         // An approval lapses at the fingerprint's exp: a client key has none.
         if req.exp.is_none() {
@@ -403,6 +406,22 @@ fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
 
 /// The canonical bound fields an approver sees: a few values, never a body.
 pub const MAX_APPROVAL_FIELDS: usize = 16 * 1024;
+
+/// The bound fields sent beside a business reference: a JSON object of at most
+/// [`MAX_APPROVAL_FIELDS`] bytes whose SHA-256 is the operation's `param_hash`, i.e. exactly what
+/// the fingerprint covers (a record found under the reference is held against them).
+fn check_fields(fields: &str, param_hash: &str) -> Result<(), String> {
+    use sha2::Digest as _;
+    if fields.len() > MAX_APPROVAL_FIELDS
+        || !serde_json::from_str::<serde_json::Value>(fields).is_ok_and(|v| v.is_object())
+    {
+        return Err(format!("fields must be a JSON object of at most {MAX_APPROVAL_FIELDS} bytes"));
+    }
+    if hex::encode(sha2::Sha256::digest(fields.as_bytes())) != param_hash {
+        return Err("fields are not what param_hash covers (its SHA-256 must be param_hash)".into());
+    }
+    Ok(())
+}
 
 /// What `idem_record.business_ref` holds (VARCHAR(256)). Any printable text: a client reference
 /// is the upstream's, not ours to restrict further; the reconciler percent-encodes it into a URL.
@@ -448,6 +467,7 @@ mod tests {
             exp: None,
             upstream_ignores_keys: false,
             business_ref: None,
+            fields: None,
             approval: None,
         };
         assert_eq!(check_acquire(&ok), Ok(()));
@@ -469,6 +489,22 @@ mod tests {
         ] {
             let err = check_acquire(&with_ref(bad)).unwrap_err();
             assert!(err.starts_with("business_ref") && err.contains(says), "{bad:?}: {err}");
+        }
+        // The bound fields beside a reference are exactly what param_hash covers.
+        let fields = r#"{"/amount":10,"/ref":"inv-7"}"#;
+        use sha2::Digest as _;
+        let hash = hex::encode(sha2::Sha256::digest(fields.as_bytes()));
+        let with_fields =
+            |f: &str, p: &str| AcquireRequest { fields: Some(f.into()), param_hash: p.into(), ..ok.clone() };
+        assert_eq!(check_acquire(&with_fields(fields, &hash)), Ok(()));
+        for (f, p, says) in [
+            (fields, "a".repeat(64), "not what param_hash covers"),
+            (r#"{"/amount":11,"/ref":"inv-7"}"#, hash.clone(), "not what param_hash covers"),
+            ("[1]", hash.clone(), "a JSON object"),
+            ("not json", hash.clone(), "a JSON object"),
+        ] {
+            let err = check_acquire(&with_fields(f, &p)).unwrap_err();
+            assert!(err.starts_with("fields") && err.contains(says), "{f}: {err}");
         }
     }
 

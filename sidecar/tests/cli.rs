@@ -220,6 +220,7 @@ mod ops_cli {
                 exp: None,
                 upstream_ignores_keys: false,
                 business_ref: None,
+                fields: None,
                 approval: None,
             };
             assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);

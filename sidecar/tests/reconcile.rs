@@ -389,22 +389,28 @@ async fn no_endpoint_needs_review_at_once(fx: &Fixture) {
 /// business reference (migration 0006, on every backend); the reconciler asks by reference — found
 /// is DONE, a 404 after the grace releases — and never by key: on a key-only endpoint such a row
 /// goes to NEEDS_REVIEW without a lookup, its reason in the audit line. A row without a reference
-/// on a `{ref}`-only endpoint cannot be asked either.
+/// on a `{ref}`-only endpoint cannot be asked either. And a record under the reference settles only
+/// the operation whose bound fields it carries: another amount under the same reference (a transfer
+/// idemd never saw) sends the row to a person, never DONE with that record.
 async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     const KEY_ONLY_SCOPE: &str = "payments.keyonly";
     let up = Upstream::start().await;
     let store = fx.store_with(StoreSettings { lease_ms: 100, ..settings() }).await;
-    let (executed, unknown, key_only, plain) = (new_key(), new_key(), new_key(), new_key());
-    for (key, scope, reference) in [
-        (&executed, SCOPE, Some("inv/7 Müller")),
-        (&unknown, SCOPE, Some("inv-8")),
-        (&key_only, KEY_ONLY_SCOPE, Some("inv-9")),
-        (&plain, SCOPE, None),
+    let (executed, unknown, key_only, plain, foreign) = (new_key(), new_key(), new_key(), new_key(), new_key());
+    // RECORD's amount; another one for the row whose reference names someone else's transfer.
+    let (ours, theirs) = (r#"{"/amount":12.5}"#, r#"{"/amount":99}"#);
+    for (key, scope, reference, fields) in [
+        (&executed, SCOPE, Some("inv/7 Müller"), ours),
+        (&unknown, SCOPE, Some("inv-8"), ours),
+        (&key_only, KEY_ONLY_SCOPE, Some("inv-9"), ours),
+        (&plain, SCOPE, None, ours),
+        (&foreign, SCOPE, Some("inv-10"), theirs),
     ] {
         let req = idem_core::protocol::AcquireRequest {
             scope: scope.to_string(),
             upstream_ignores_keys: reference.is_some(),
             business_ref: reference.map(str::to_string),
+            fields: Some(fields.to_string()),
             ..acq(key)
         };
         assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
@@ -414,6 +420,7 @@ async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
     up.set("ref:inv/7 Müller", Reply::Found(RECORD));
+    up.set("ref:inv-10", Reply::Found(RECORD));
     // Were it asked by key, key_only would be found.
     up.set(&key_only, Reply::Found(RECORD));
 
@@ -423,7 +430,7 @@ async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     let status = StatusClient::new(endpoints, Duration::from_millis(300)).expect("status client");
     let settings = ReconcileSettings { rules: rules(0, 3), batch: 100, claim_ms: 5_000, instance: "t13".into() };
     let report = Arc::new(Reconciler::new(store.clone(), status, settings)).pass().await.expect("pass");
-    let want = PassReport { done: 1, released: 1, needs_review: 2, ..Default::default() };
+    let want = PassReport { done: 1, released: 1, needs_review: 3, ..Default::default() };
     assert_eq!(report, want, "{}", fx.label());
 
     let done = store.acquire(&acq(&executed)).await;
@@ -440,7 +447,14 @@ async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     assert_eq!(state_of(&store, &plain).await, Some(OpState::NeedsReview));
     let why = store.sql().history(&plain).await.expect("history").pop().expect("line").why;
     assert!(why.contains("looks up by {ref} only, and the operation has no business reference"), "{why}");
-    let by_key: usize = [&executed, &unknown, &key_only, &plain].iter().map(|k| up.hits(k)).sum();
+    assert_eq!(
+        state_of(&store, &foreign).await,
+        Some(OpState::NeedsReview),
+        "another transfer's record settles nothing"
+    );
+    let why = store.sql().history(&foreign).await.expect("history").pop().expect("line").why;
+    assert!(why.contains("a record not proven this operation's (/amount differs)"), "{why}");
+    let by_key: usize = [&executed, &unknown, &key_only, &plain, &foreign].iter().map(|k| up.hits(k)).sum();
     assert_eq!(by_key, 0, "nothing was asked by key");
 }
 

@@ -124,6 +124,7 @@ fn acquire_request(key: &str, lease_ms: u64) -> AcquireRequest {
         exp: None,
         upstream_ignores_keys: false,
         business_ref: None,
+        fields: None,
         approval: None,
     }
 }

@@ -430,6 +430,7 @@ mod tests {
             fp_exp_ms: None,
             upstream_ignores_keys: false,
             business_ref: None,
+            bound_fields: None,
         }
     }
 
