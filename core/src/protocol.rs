@@ -187,6 +187,12 @@ pub struct AcquireRequest {
     /// "Approval"): idemd records it AWAITING_APPROVAL, and only an approved operation acquires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalAsk>,
+    /// The bound fields' canonical JSON (`canonical::canonical_params`, whose SHA-256 is
+    /// `param_hash`), sent with a `business_ref`: a record the upstream answers under that reference
+    /// settles this operation only if it carries these values (DESIGN §4, "A reference proves only
+    /// its own operation").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fields: Option<String>,
 }
 
 /// What an approver is shown of an operation: the canonical JSON of its bound fields (the
@@ -333,6 +339,10 @@ pub enum AcquireOutcome {
     AwaitingApproval,
     /// A person refused: nothing executed, ever (`approval.reason` says why).
     Rejected,
+    /// Another operation of this scope holds the same business reference (`business_ref`): a reference
+    /// that named two operations would prove neither, so this one is refused: nothing recorded, nothing
+    /// forwarded.
+    ReferenceInUse,
     /// Nobody approved before the fingerprint's `exp`: nothing executed.
     Lapsed,
 }
@@ -348,6 +358,7 @@ wire_names!(AcquireOutcome {
     AwaitingApproval => "AWAITING_APPROVAL",
     Rejected => "REJECTED",
     Lapsed => "LAPSED",
+    ReferenceInUse => "REFERENCE_IN_USE",
 });
 
 /// Answer to `POST /v1/acquire`.

@@ -189,6 +189,13 @@ pub fn subject() -> String {
     subject_hash(SUBJECT)
 }
 
+/// The bound fields' canonical JSON of the model's one confirm: what the filter sends beside its
+/// business reference, and what the upstream's record carries (a row keeps it as it keeps the subject).
+pub fn fields() -> String {
+    let json = serde_json::from_slice(&body(false)).unwrap_or_default();
+    with_policies(|p| idem_core::canonical::canonical_params(&json, &p.confirm_ignored.bound).unwrap_or_default())
+}
+
 /// The machine of a stream rebuilt from its journal, and the effects of the journal's last event.
 pub struct Rebuilt {
     pub machine: Machine,

@@ -93,6 +93,7 @@ impl Row {
             fp_exp_ms: self.fp_exp_ms,
             upstream_ignores_keys: self.ignores_keys,
             business_ref: self.business_ref.clone(),
+            bound_fields: self.business_ref.as_ref().map(|_| crate::filter::fields()),
         }
     }
 
@@ -444,6 +445,7 @@ impl<'a> Run<'a> {
                 fp_exp_ms: req.exp.map(|s| i64::try_from(s * 1000).unwrap_or(i64::MAX)),
                 upstream_ignores_keys: req.upstream_ignores_keys,
                 business_ref: req.business_ref.clone(),
+                bound_fields: req.fields.clone(),
             };
             let current = self.s.sql.as_ref().map(Row::record);
             // The insert's `NOT EXISTS` over `idem_approval`: the approval belongs to the record.

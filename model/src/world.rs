@@ -441,7 +441,12 @@ impl World {
                     Some(match recorded {
                         Some(n) => StatusAnswer::Found {
                             content_type: Some("application/json".into()),
-                            body: format!(r#"{{"status":"done","id":"T-{n}"}}"#).into_bytes(),
+                            // The upstream's record carries the transfer's fields, the reference's too.
+                            body: format!(
+                                r#"{{"status":"done","id":"T-{n}","amount":"10.00","currency":"EUR","ref":"{}"}}"#,
+                                crate::filter::BUSINESS_REF
+                            )
+                            .into_bytes(),
                         },
                         None => StatusAnswer::NotFound,
                     })

@@ -53,6 +53,7 @@ use tracing::Instrument;
 
 use crate::approvals::{self, ApprovalsState, Approvers};
 use crate::auth::{require_token, AuthState, Tokens};
+use crate::reconcile::Lookups;
 use crate::store::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
 use crate::store::{now_ms, retention, Store};
 
@@ -75,15 +76,18 @@ pub const MAX_EXP_S: u64 = 253_402_300_799;
 /// The API; `/v1/*` answers only callers with one of `tokens` (see `auth`). No approvers: the
 /// approval routes answer 401 to everyone.
 pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
-    router_with(store, tokens, Approvers::default())
+    router_with(store, tokens, Approvers::default(), None)
 }
 
-/// The API with the approval routes (`crate::approvals`) behind the approvers' own credentials.
-pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers) -> Router {
+/// The API with the approval routes (`crate::approvals`) behind the approvers' own credentials;
+/// `lookups`: the scopes' status endpoints, which a person's release asks at that moment
+/// (`store::review`; none configured: a release rests on the person's word).
+pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers, lookups: Option<Lookups>) -> Router {
     let approvals = ApprovalsState {
         approvers: Arc::new(approvers),
         store: Arc::clone(&store),
         csrf: Arc::new(approvals::CsrfKey::random()),
+        lookups: lookups.map(Arc::new),
     };
     let approving = Router::new()
         .route("/v1/approvals", get(approvals::pending))
@@ -385,6 +389,9 @@ fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
     if let Some(r) = &req.business_ref {
         check_business_ref(r)?;
     }
+    if let Some(fields) = &req.fields {
+        check_fields(fields, &req.param_hash)?;
+    }
     if let Some(a) = &req.approval {
         // An approval lapses at the fingerprint's exp: a client key has none.
         if req.exp.is_none() {
@@ -399,6 +406,22 @@ fn check_acquire(req: &AcquireRequest) -> Result<(), String> {
 
 /// The canonical bound fields an approver sees: a few values, never a body.
 pub const MAX_APPROVAL_FIELDS: usize = 16 * 1024;
+
+/// The bound fields sent beside a business reference: a JSON object of at most
+/// [`MAX_APPROVAL_FIELDS`] bytes whose SHA-256 is the operation's `param_hash`, i.e. exactly what
+/// the fingerprint covers (a record found under the reference is held against them).
+fn check_fields(fields: &str, param_hash: &str) -> Result<(), String> {
+    use sha2::Digest as _;
+    if fields.len() > MAX_APPROVAL_FIELDS
+        || !serde_json::from_str::<serde_json::Value>(fields).is_ok_and(|v| v.is_object())
+    {
+        return Err(format!("fields must be a JSON object of at most {MAX_APPROVAL_FIELDS} bytes"));
+    }
+    if hex::encode(sha2::Sha256::digest(fields.as_bytes())) != param_hash {
+        return Err("fields are not what param_hash covers (its SHA-256 must be param_hash)".into());
+    }
+    Ok(())
+}
 
 /// What `idem_record.business_ref` holds (VARCHAR(256)). Any printable text: a client reference
 /// is the upstream's, not ours to restrict further; the reconciler percent-encodes it into a URL.
@@ -444,6 +467,7 @@ mod tests {
             exp: None,
             upstream_ignores_keys: false,
             business_ref: None,
+            fields: None,
             approval: None,
         };
         assert_eq!(check_acquire(&ok), Ok(()));
@@ -465,6 +489,22 @@ mod tests {
         ] {
             let err = check_acquire(&with_ref(bad)).unwrap_err();
             assert!(err.starts_with("business_ref") && err.contains(says), "{bad:?}: {err}");
+        }
+        // The bound fields beside a reference are exactly what param_hash covers.
+        let fields = r#"{"/amount":10,"/ref":"inv-7"}"#;
+        use sha2::Digest as _;
+        let hash = hex::encode(sha2::Sha256::digest(fields.as_bytes()));
+        let with_fields =
+            |f: &str, p: &str| AcquireRequest { fields: Some(f.into()), param_hash: p.into(), ..ok.clone() };
+        assert_eq!(check_acquire(&with_fields(fields, &hash)), Ok(()));
+        for (f, p, says) in [
+            (fields, "a".repeat(64), "not what param_hash covers"),
+            (r#"{"/amount":11,"/ref":"inv-7"}"#, hash.clone(), "not what param_hash covers"),
+            ("[1]", hash.clone(), "a JSON object"),
+            ("not json", hash.clone(), "a JSON object"),
+        ] {
+            let err = check_acquire(&with_fields(f, &p)).unwrap_err();
+            assert!(err.starts_with("fields") && err.contains(says), "{f}: {err}");
         }
     }
 

@@ -135,6 +135,8 @@ pub struct ApprovalsState {
     pub store: Arc<Store>,
     /// The console's CSRF tokens (`crate::console`).
     pub csrf: Arc<CsrfKey>,
+    /// What a release from the console asks at that moment (`store::review`).
+    pub lookups: Option<Arc<crate::reconcile::Lookups>>,
 }
 
 /// The CSRF secret: random per process (a restart only makes open forms stale).

@@ -3,7 +3,10 @@
 //! `GET /approvals` lists what waits for a person (the bound fields, scope, subject hash, age and
 //! expiry) with an approve/reject form each, and the NEEDS_REVIEW operations with a resolve form
 //! (`release`, `done` with the result the agent gets, or `failed` with a reason for it, checked and
-//! written as `idemd ops resolve` does: `store::review::planned`).
+//! written as `idemd ops resolve` does: `store::review::resolve`). An operation of the signed-in
+//! approver's own subject gets no form, only a line saying another person decides it (and a posted
+//! form for it is refused, `own_subject`); a release asks the scope's status endpoint at that moment
+//! and is refused, saying what it found, unless the operation is absent there.
 //! `POST /approvals/{key}` and `POST /approvals/review/{key}` take the forms and answer 303 back to
 //! the page. Behind the approvers' credential (HTTP Basic in a browser, `crate::approvals`); every
 //! value printed is HTML-escaped; every form carries a CSRF token bound to the approver, and a POST
@@ -20,9 +23,8 @@ use axum::Extension;
 use idem_core::protocol::{Decision, OpKey, OpState};
 
 use crate::approvals::{ApprovalsState, Approver};
-use crate::store::audit::Audit;
 use crate::store::now_ms;
-use crate::store::review::{planned, Planned, Resolution, ResolveAs};
+use crate::store::review::{self, Ask, ResolveAs};
 
 /// Text for HTML (element content and double-quoted attributes).
 pub fn escape(text: &str) -> String {
@@ -99,25 +101,38 @@ pub async fn page(
     if review.is_empty() {
         body.push_str("<p id=\"no-review\">No operation needs review.</p>");
     }
+    let own = idem_core::fingerprint::subject_hash(&approver.0);
     for rec in &review {
         let key = escape(&rec.key);
         let _ = write!(
             body,
             "<section class=\"review\" id=\"review-{key}\"><h3>Operation <code>{key}</code></h3>\
-             <p>scope {}, subject hash <code>{}</code>, unchanged for {} s</p>\
-             <form method=\"post\" action=\"/approvals/review/{key}\">\
+             <p>scope {}, subject hash <code>{}</code>, unchanged for {} s</p>",
+            escape(&rec.scope),
+            escape(&rec.subject_hash),
+            (now - rec.updated_at_ms).max(0) / 1000,
+        );
+        // The same rule the server applies when the form comes back (store::review).
+        if crate::store::rules::own_subject(&rec.subject_hash, &own, state.approvers.allow_self) {
+            body.push_str(
+                "<p class=\"own\">This is an operation of your own subject: another person must resolve it.</p>\
+                 </section>",
+            );
+            continue;
+        }
+        let _ = write!(
+            body,
+            "<form method=\"post\" action=\"/approvals/review/{key}\">\
              <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <label>Outcome <select name=\"outcome\"><option value=\"release\">never ran: release</option>\
+             <label>Outcome <select name=\"outcome\"><option value=\"release\">never ran: release (the agent's \
+             retry runs it; the upstream is asked now and must have no record of it)</option>\
              <option value=\"done\">it ran: done</option>\
              <option value=\"failed\">refused: failed</option></select></label>\
              <label>Result the agent gets (done: the upstream's JSON answer) <textarea name=\"result\" rows=\"3\" \
              maxlength=\"65536\"></textarea></label>\
              <label>Reason for the agent (failed) <input type=\"text\" name=\"reason\" maxlength=\"1000\"></label>\
              <label>Why (audit) <input type=\"text\" name=\"why\" required maxlength=\"1000\"></label>\
-             <button type=\"submit\">Resolve</button></form></section>",
-            escape(&rec.scope),
-            escape(&rec.subject_hash),
-            (now - rec.updated_at_ms).max(0) / 1000,
+             <button type=\"submit\">Resolve</button></form></section>"
         );
     }
     html_page(&body).into_response()
@@ -258,17 +273,7 @@ pub async fn resolve(
         Ok(v) => v,
         Err(refused) => return *refused,
     };
-    let why = f.get("why").map(|w| w.trim()).unwrap_or("");
-    if why.is_empty() || why.len() > crate::store::audit::MAX_WHY {
-        return back(Err("why is required: it goes into the audit trail".into()));
-    }
-    let sql = state.store.sql();
-    let Ok(Some(rec)) = sql.get(&key).await else { return back(Err(format!("{key}: no such operation"))) };
-    if rec.state != OpState::NeedsReview {
-        return back(Err(format!("{key} is {}, not NEEDS_REVIEW", rec.state.as_str())));
-    }
-    let actor = format!("operator:{}", approver.0);
-    // The same checks and result as `idemd ops resolve` (store::review::planned).
+    // The same checks, rules and result as `idemd ops resolve` (store::review).
     let said = match f.get("outcome").map(String::as_str) {
         Some("release") => ResolveAs::Release,
         Some("done") => {
@@ -277,23 +282,23 @@ pub async fn resolve(
         Some("failed") => ResolveAs::Failed { status: None, reason: f.get("reason").map_or("", String::as_str) },
         _ => return back(Err("choose release, done or failed".into())),
     };
-    let Planned { terminal, action } = match planned(said) {
-        Ok(p) => p,
-        Err(e) => return back(Err(e)),
+    let ask = Ask {
+        said,
+        why: f.get("why").map_or("", String::as_str),
+        person: &approver.0,
+        allow_self: state.approvers.allow_self,
+        force: false,
     };
-    let audit = Audit { actor: &actor, action, why, trace_id: "" };
-    let resolution = match &terminal {
-        None => Resolution::Release,
-        Some((state, json)) => Resolution::Terminal { state: *state, result_json: json },
-    };
-    match sql.resolve(&rec, resolution, &audit).await {
-        Ok(true) => {
-            let now = sql.get(&key).await.ok().flatten();
-            state.store.refresh_cache(&key, now.as_ref()).await;
-            back(Ok(format!("{key}: {action}")))
+    match review::resolve(state.store.sql(), state.lookups.as_deref(), &key, &ask).await {
+        Ok(done) => {
+            state.store.refresh_cache(&key, done.now.as_ref()).await;
+            tracing::info!(key = %key, approver = %approver.0, action = done.action, "operation resolved");
+            back(Ok(format!("{key}: {}", done.action)))
         }
-        Ok(false) => back(Err(format!("{key} changed meanwhile; look again"))),
-        Err(_) => back(Err("the store cannot be asked; try again".into())),
+        Err(refused) => {
+            tracing::warn!(key = %key, approver = %approver.0, %refused, "resolve refused");
+            back(Err(format!("{key}: {refused}")))
+        }
     }
 }
 

@@ -11,9 +11,7 @@ use crate::config::{ReconcileArgs, ServeArgs, StoreArgs, TtlArgs};
 use crate::metrics::Metrics;
 use crate::probe::Probe;
 use crate::reaper::Reaper;
-use crate::reconcile::decide::Rules;
-use crate::reconcile::lookup::StatusClient;
-use crate::reconcile::{ReconcileSettings, Reconciler};
+use crate::reconcile::{Lookups, ReconcileSettings, Reconciler};
 use crate::redact::redact_url;
 use crate::store::redis::{RedisOptions, RedisStore};
 use crate::store::sql::{SqlOptions, SqlStore};
@@ -101,7 +99,13 @@ pub fn tokens(args: &ServeArgs) -> Result<Tokens, Failure> {
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
-    let endpoints = args.validate().map_err(|broken| Failure::Config(broken.join("\n")))?;
+    args.validate().map_err(|broken| Failure::Config(broken.join("\n")))?;
+    // One set of status endpoints: the reconciler's, and what a person's release asks (store::review).
+    let lookups = args
+        .reconcile
+        .status
+        .lookups(args.reconcile.reconcile_retry_budget)
+        .map_err(|broken| Failure::Config(broken.join("\n")))?;
     let tokens = tokens(&args)?;
     let approvers = crate::approvals::Approvers::new(&args.approvers, &args.auth_tokens, args.allow_self_approval)
         .map_err(Failure::Config)?;
@@ -111,7 +115,7 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     if args.reconcile.no_reconcile {
         info!("--no-reconcile: serving the API only (no reconciler, no reaper)");
     } else {
-        start_background(&store, &args.stores, &args.ttl, &args.reconcile, endpoints)?;
+        start_background(&store, &args.stores, &args.ttl, &args.reconcile, &lookups);
     }
     let listener = TcpListener::bind(args.listen)
         .await
@@ -126,46 +130,38 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, crate::api::router_with(store, tokens, approvers))
+    axum::serve(listener, crate::api::router_with(store, tokens, approvers, Some(lookups)))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Failure::Runtime(format!("server: {e}")))
 }
 
 /// The reconciler and the reaper, as tasks of this runtime: they stop with it.
-fn start_background(
-    store: &Arc<Store>,
-    stores: &StoreArgs,
-    ttl: &TtlArgs,
-    args: &ReconcileArgs,
-    endpoints: crate::reconcile::target::StatusEndpoints,
-) -> Result<(), Failure> {
-    let scopes: Vec<String> = endpoints.keys().cloned().collect();
-    let status = StatusClient::new(endpoints, args.status_timeout()).map_err(Failure::Runtime)?;
+fn start_background(store: &Arc<Store>, stores: &StoreArgs, ttl: &TtlArgs, args: &ReconcileArgs, lookups: &Lookups) {
+    let scopes: Vec<&str> = lookups.status.scopes().collect();
     let settings = ReconcileSettings {
-        rules: Rules {
-            grace_ms: args.reconcile_grace_ms,
-            retry_budget: args.reconcile_retry_budget,
-            readings: Arc::new(args.readings().map_err(|broken| Failure::Config(broken.join("\n")))?),
-        },
+        rules: lookups.rules.clone(),
         batch: args.reconcile_batch,
         // One lookup plus the claim before it and the decision after it.
-        claim_ms: args.status_timeout_ms.saturating_add(stores.sql_timeout_ms.saturating_mul(2)).saturating_add(1_000),
+        claim_ms: args
+            .status
+            .status_timeout_ms
+            .saturating_add(stores.sql_timeout_ms.saturating_mul(2))
+            .saturating_add(1_000),
         instance: args.instance(),
     };
     info!(
         instance = %settings.instance,
         interval_ms = args.reconcile_interval_ms,
-        grace_ms = args.reconcile_grace_ms,
+        grace_ms = args.status.reconcile_grace_ms,
         retry_budget = args.reconcile_retry_budget,
         ?scopes,
         "reconciler started"
     );
-    let reconciler = Arc::new(Reconciler::new(Arc::clone(store), status, settings));
+    let reconciler = Arc::new(Reconciler::new(Arc::clone(store), lookups.status.clone(), settings));
     tokio::spawn(reconciler.run(args.interval()));
     let reaper = Reaper::new(Arc::clone(store), ttl.terminal_retention_ms(), args.reaper_batch);
     tokio::spawn(reaper.run(args.reaper_interval()));
-    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -176,16 +176,30 @@ mod ops_cli {
     use idem_core::protocol::{AcquireOutcome, AcquireRequest};
     use std::process::Output;
 
+    /// `idemd ops` as operator bob (`IDEM_ACTOR`), on `db`.
     fn ops(db: &str, args: &[&str]) -> Output {
-        idemd().args(["ops", "--database-url", db]).args(args).env("USER", "bob").output().expect("run")
+        ops_as(Some("bob"), db, args)
+    }
+
+    fn ops_as(actor: Option<&str>, db: &str, args: &[&str]) -> Output {
+        let mut cmd = idemd();
+        cmd.args(["ops", "--database-url", db]).args(args).env("USER", "bob").env_remove("IDEM_ACTOR");
+        if let Some(a) = actor {
+            cmd.env("IDEM_ACTOR", a);
+        }
+        cmd.output().expect("run")
     }
 
     fn text(o: &Output) -> String {
         format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
     }
 
-    /// An operation that needs review, in a fresh SQLite file.
+    /// An operation that needs review, in a fresh SQLite file; its subject is `u`'s hash.
     fn needs_review(dir: &std::path::Path) -> (String, String) {
+        needs_review_of(dir, "u")
+    }
+
+    fn needs_review_of(dir: &std::path::Path, subject_hash: &str) -> (String, String) {
         let db = format!("sqlite://{}/idem.db?mode=rwc", dir.display());
         let key = idemd::store::new_owner();
         let rt = tokio::runtime::Runtime::new().expect("rt");
@@ -198,7 +212,7 @@ mod ops_cli {
             let req = AcquireRequest {
                 key: idem_core::protocol::OpKey::parse(&key).expect("key"),
                 param_hash: "p".into(),
-                subject_hash: "u".into(),
+                subject_hash: subject_hash.into(),
                 scope: "payments.manual".into(),
                 lease_ms: 0,
                 trace_id: "trace-cli-1".into(),
@@ -206,6 +220,7 @@ mod ops_cli {
                 exp: None,
                 upstream_ignores_keys: false,
                 business_ref: None,
+                fields: None,
                 approval: None,
             };
             assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
@@ -300,6 +315,40 @@ mod ops_cli {
         let by_trace = ops(&db, &["show", "trace-cli-1"]);
         assert_eq!(by_trace.status.code(), Some(0), "{}", text(&by_trace));
         assert_eq!(text(&by_trace), t);
+    }
+
+    /// A person never settles an operation of their own subject, whichever surface they use: the
+    /// operator names themselves (no $USER: often a shared account), and `--actor` is compared,
+    /// hashed as the gateway hashes subjects, with the operation's subject (DESIGN §4).
+    #[test]
+    fn an_operator_names_themselves_and_never_settles_their_own_operation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let own = idem_core::fingerprint::subject_hash("user-bob");
+        let (db, key) = needs_review_of(dir.path(), &own);
+        let release = ["resolve", key.as_str(), "--release", "--why", "not in the ledger"];
+
+        let o = ops_as(None, &db, &release);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("resolve needs --actor"), "{}", text(&o));
+
+        let failed = ["resolve", key.as_str(), "--failed", "--reason", "payee closed", "--why", "bank said so"];
+        for args in [&release[..], &failed[..]] {
+            let o = ops_as(Some("user-bob"), &db, args);
+            assert_eq!(o.status.code(), Some(3), "{args:?}: {}", text(&o));
+            assert!(text(&o).contains("own_subject"), "{}", text(&o));
+        }
+        let o = ops(&db, &["show", &key, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        assert_eq!(v["operation"]["state"], "NEEDS_REVIEW", "nothing changed: {v}");
+        assert_eq!(v["history"].as_array().map(Vec::len), Some(2), "no resolve line: {v}");
+
+        // Another person may; the trail names them.
+        let o = ops_as(Some("user-carol"), &db, &release);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let o = ops(&db, &["show", &key]);
+        let t = text(&o);
+        assert!(t.contains("operator:user-carol") && t.contains("resolve_release"), "{t}");
+        assert!(t.contains("no status endpoint for scope payments.manual: released on the person's word"), "{t}");
     }
 
     /// Security events in a fresh SQLite file, as the filter's reports and

@@ -388,7 +388,7 @@ async fn the_console_resolves_needs_review_as_done_with_its_result() {
     let tokens = Tokens::new(&[TOKEN.to_string()]).expect("tokens");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr: SocketAddr = listener.local_addr().expect("addr");
-    let router = idemd::api::router_with(Arc::clone(&store), tokens, approvers);
+    let router = idemd::api::router_with(Arc::clone(&store), tokens, approvers, None);
     let _task = tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
@@ -448,4 +448,158 @@ async fn the_console_resolves_needs_review_as_done_with_its_result() {
     let body: Value =
         serde_json::from_slice(&idem_core::protocol::decode_body(&result.body_b64).expect("body")).expect("json");
     assert_eq!(body["transfer_id"], "t_42");
+}
+
+/// A status endpoint whose answer for every key the test sets: (status, body).
+#[derive(Clone, Default)]
+struct StatusStub(Arc<std::sync::Mutex<(u16, &'static str)>>);
+
+impl StatusStub {
+    async fn start(&self) -> String {
+        let state = self.clone();
+        let app = axum::Router::new().route(
+            "/status/{key}",
+            axum::routing::get(move || {
+                let (status, body) = *state.0.lock().expect("stub");
+                async move {
+                    let code = axum::http::StatusCode::from_u16(status).expect("status");
+                    (code, [("content-type", "application/json")], body)
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        format!("http://{addr}/status/{{key}}")
+    }
+
+    fn answer(&self, status: u16, body: &'static str) {
+        *self.0.lock().expect("stub") = (status, body);
+    }
+}
+
+/// The console as a person sees it (DESIGN §4, "No person decides their own operation"): an
+/// approver whose identity is an operation's subject gets no resolve form for it, and a form posted
+/// anyway is refused (`own_subject`) whatever it says, so they can never release their own
+/// operation and have the agent's retry execute it again. Another approver's release asks the
+/// scope's status endpoint at that moment: a record there, or no answer, refuses it (the notice
+/// says what was found); only "absent" releases, and the audit line keeps that evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_console_never_lets_a_person_settle_their_own_operation_and_a_release_needs_proof() {
+    let Some(fx) = fixture().await else { return };
+    let store = fx.store().await;
+    let stub = StatusStub::default();
+    let template = stub.start().await;
+    let (own, other) = (new_key(), new_key());
+    let mut sams = acq(&own);
+    sams.subject_hash = idem_core::fingerprint::subject_hash("user-sam");
+    for req in [sams, acq(&other)] {
+        assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
+        fx.set_state(req.key.as_str(), "NEEDS_REVIEW").await;
+    }
+    const ANN: &str = "ann-console-credential-0123456789";
+    const SAM: &str = "sam-console-credential-0123456789";
+    let list = [format!("ann={ANN}"), format!("user-sam={SAM}")];
+    let approvers = idemd::approvals::Approvers::new(&list, &[TOKEN.to_string()], false).expect("approvers");
+    let endpoints = [(common::SCOPE.to_string(), template)].into_iter().collect();
+    let status = idemd::reconcile::lookup::StatusClient::new(endpoints, Duration::from_secs(2)).expect("client");
+    let rules = idemd::reconcile::decide::Rules { grace_ms: 0, retry_budget: 1, readings: Default::default() };
+    let lookups = idemd::reconcile::Lookups { status, rules };
+    let tokens = Tokens::new(&[TOKEN.to_string()]).expect("tokens");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr: SocketAddr = listener.local_addr().expect("addr");
+    let router = idemd::api::router_with(Arc::clone(&store), tokens, approvers, Some(lookups));
+    let _task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    let base = format!("http://{addr}");
+    let as_approver = |credential: &str| {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::AUTHORIZATION, format!("Bearer {credential}").parse().expect("header"));
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .default_headers(h)
+            .build()
+            .expect("client")
+    };
+    let (ann, sam) = (as_approver(ANN), as_approver(SAM));
+    let page_of = |who: reqwest::Client| {
+        let url = format!("{base}/approvals");
+        async move { who.get(url).send().await.expect("page").text().await.expect("text") }
+    };
+    let csrf_of = |page: &str| {
+        page.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).expect("a form").to_string()
+    };
+    let section = |page: &str, key: &str| {
+        let start = page.find(&format!("id=\"review-{key}\"")).expect("its section");
+        page[start..].split("</section>").next().unwrap_or("").to_string()
+    };
+    // Posts the resolve form for `key`: the notice the page will show (decoded), or the status.
+    let resolve = |who: reqwest::Client, key: String, fields: Vec<(&'static str, String)>| {
+        let url = format!("{base}/approvals/review/{key}");
+        async move {
+            let r = who.post(url).form(&fields).send().await.expect("resolve");
+            assert_eq!(r.status().as_u16(), 303);
+            let location = r.headers().get("location").and_then(|l| l.to_str().ok()).unwrap_or("").to_string();
+            let query = location.split_once('?').map_or("", |(_, q)| q).to_string();
+            form_urlencoded::parse(query.as_bytes()).map(|(k, v)| format!("{k}: {v}")).collect::<String>()
+        }
+    };
+    let state = |key: String| {
+        let store = Arc::clone(&store);
+        async move { store.sql().get(&key).await.expect("get").map(|r| r.state) }
+    };
+    let lines = |key: String| {
+        let store = Arc::clone(&store);
+        async move { store.sql().history(&key).await.expect("history") }
+    };
+
+    // Sam's page: their own operation has no form, another's has one.
+    let page = page_of(sam.clone()).await;
+    let mine = section(&page, &own);
+    assert!(mine.contains("your own subject") && !mine.contains("<form"), "{mine}");
+    assert!(section(&page, &other).contains(&format!("action=\"/approvals/review/{other}\"")), "{page}");
+    let sams_csrf = csrf_of(&page);
+    // A form for it posted anyway (Sam's own token, as an older page had it): refused, whatever it says.
+    for outcome in [
+        vec![("outcome", "release".to_string())],
+        vec![("outcome", "done".to_string()), ("result", r#"{"transfer_id":"t_1"}"#.to_string())],
+        vec![("outcome", "failed".to_string()), ("reason", "payee closed".to_string())],
+    ] {
+        let mut fields = outcome;
+        fields.extend([("why", "it is mine and it did not run".to_string()), ("csrf", sams_csrf.clone())]);
+        let notice = resolve(sam.clone(), own.clone(), fields).await;
+        assert!(notice.starts_with("error: ") && notice.contains("own_subject"), "{notice}");
+    }
+    assert_eq!(state(own.clone()).await, Some(OpState::NeedsReview));
+    assert_eq!(lines(own.clone()).await.len(), 1, "only the acquire: nothing was decided");
+
+    // Ann may decide it, but a release needs the upstream to have no record of it now.
+    let anns_csrf = csrf_of(&page_of(ann.clone()).await);
+    let release = || {
+        vec![("outcome", "release".to_string()), ("why", "not in the ledger".to_string()), ("csrf", anns_csrf.clone())]
+    };
+    stub.answer(200, r#"{"transfer_id":"t_9","status":"executed"}"#);
+    let notice = resolve(ann.clone(), own.clone(), release()).await;
+    assert!(notice.starts_with("error: ") && notice.contains("the upstream has a record of it"), "{notice}");
+    assert!(notice.contains("status endpoint answered 200 with /status = \"executed\""), "{notice}");
+    stub.answer(500, "{}");
+    let notice = resolve(ann.clone(), own.clone(), release()).await;
+    assert!(notice.contains("the lookup proves nothing") && notice.contains("answered 500"), "{notice}");
+    assert_eq!(state(own.clone()).await, Some(OpState::NeedsReview), "refused releases change nothing");
+    assert_eq!(lines(own.clone()).await.len(), 1);
+
+    stub.answer(404, r#"{"error":"not_found"}"#);
+    let notice = resolve(ann.clone(), own.clone(), release()).await;
+    assert!(notice.starts_with("done: ") && notice.contains("resolve_release"), "{notice}");
+    assert_eq!(state(own.clone()).await, None, "released: the agent's retry runs it");
+    let trail = lines(own.clone()).await;
+    let last = trail.last().expect("the release line");
+    assert_eq!((last.actor.as_str(), last.action.as_str()), ("operator:ann", "resolve_release"));
+    assert!(
+        last.why.starts_with("not in the ledger [checked at the release: status endpoint answered 404"),
+        "{last:?}"
+    );
 }

@@ -165,7 +165,12 @@ fn metric(store: &Store, line: &str) -> bool {
 }
 
 async fn ops(fx: &Fixture, args: &[&str]) -> Result<String, OpsError> {
-    let mut argv = vec!["idemd", "ops", "--database-url", fx.sql_url.as_str(), "--actor", "alice"];
+    ops_as(fx, "alice", args).await
+}
+
+/// `idemd ops` as operator `actor`.
+async fn ops_as(fx: &Fixture, actor: &str, args: &[&str]) -> Result<String, OpsError> {
+    let mut argv = vec!["idemd", "ops", "--database-url", fx.sql_url.as_str(), "--actor", actor];
     argv.extend_from_slice(args);
     let cli = idemd::config::Cli::try_parse_from(argv).expect("ops arguments");
     let idemd::config::Command::Ops(a) = cli.command else { panic!("not ops") };
@@ -384,22 +389,28 @@ async fn no_endpoint_needs_review_at_once(fx: &Fixture) {
 /// business reference (migration 0006, on every backend); the reconciler asks by reference — found
 /// is DONE, a 404 after the grace releases — and never by key: on a key-only endpoint such a row
 /// goes to NEEDS_REVIEW without a lookup, its reason in the audit line. A row without a reference
-/// on a `{ref}`-only endpoint cannot be asked either.
+/// on a `{ref}`-only endpoint cannot be asked either. And a record under the reference settles only
+/// the operation whose bound fields it carries: another amount under the same reference (a transfer
+/// idemd never saw) sends the row to a person, never DONE with that record.
 async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     const KEY_ONLY_SCOPE: &str = "payments.keyonly";
     let up = Upstream::start().await;
     let store = fx.store_with(StoreSettings { lease_ms: 100, ..settings() }).await;
-    let (executed, unknown, key_only, plain) = (new_key(), new_key(), new_key(), new_key());
-    for (key, scope, reference) in [
-        (&executed, SCOPE, Some("inv/7 Müller")),
-        (&unknown, SCOPE, Some("inv-8")),
-        (&key_only, KEY_ONLY_SCOPE, Some("inv-9")),
-        (&plain, SCOPE, None),
+    let (executed, unknown, key_only, plain, foreign) = (new_key(), new_key(), new_key(), new_key(), new_key());
+    // RECORD's amount; another one for the row whose reference names someone else's transfer.
+    let (ours, theirs) = (r#"{"/amount":12.5}"#, r#"{"/amount":99}"#);
+    for (key, scope, reference, fields) in [
+        (&executed, SCOPE, Some("inv/7 Müller"), ours),
+        (&unknown, SCOPE, Some("inv-8"), ours),
+        (&key_only, KEY_ONLY_SCOPE, Some("inv-9"), ours),
+        (&plain, SCOPE, None, ours),
+        (&foreign, SCOPE, Some("inv-10"), theirs),
     ] {
         let req = idem_core::protocol::AcquireRequest {
             scope: scope.to_string(),
             upstream_ignores_keys: reference.is_some(),
             business_ref: reference.map(str::to_string),
+            fields: Some(fields.to_string()),
             ..acq(key)
         };
         assert_eq!(store.acquire(&req).await.outcome, AcquireOutcome::Acquired);
@@ -409,6 +420,7 @@ async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     }
     tokio::time::sleep(Duration::from_millis(150)).await;
     up.set("ref:inv/7 Müller", Reply::Found(RECORD));
+    up.set("ref:inv-10", Reply::Found(RECORD));
     // Were it asked by key, key_only would be found.
     up.set(&key_only, Reply::Found(RECORD));
 
@@ -418,7 +430,7 @@ async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     let status = StatusClient::new(endpoints, Duration::from_millis(300)).expect("status client");
     let settings = ReconcileSettings { rules: rules(0, 3), batch: 100, claim_ms: 5_000, instance: "t13".into() };
     let report = Arc::new(Reconciler::new(store.clone(), status, settings)).pass().await.expect("pass");
-    let want = PassReport { done: 1, released: 1, needs_review: 2, ..Default::default() };
+    let want = PassReport { done: 1, released: 1, needs_review: 3, ..Default::default() };
     assert_eq!(report, want, "{}", fx.label());
 
     let done = store.acquire(&acq(&executed)).await;
@@ -435,7 +447,14 @@ async fn an_upstream_that_ignores_keys_is_asked_by_its_reference(fx: &Fixture) {
     assert_eq!(state_of(&store, &plain).await, Some(OpState::NeedsReview));
     let why = store.sql().history(&plain).await.expect("history").pop().expect("line").why;
     assert!(why.contains("looks up by {ref} only, and the operation has no business reference"), "{why}");
-    let by_key: usize = [&executed, &unknown, &key_only, &plain].iter().map(|k| up.hits(k)).sum();
+    assert_eq!(
+        state_of(&store, &foreign).await,
+        Some(OpState::NeedsReview),
+        "another transfer's record settles nothing"
+    );
+    let why = store.sql().history(&foreign).await.expect("history").pop().expect("line").why;
+    assert!(why.contains("a record not proven this operation's (/amount differs)"), "{why}");
+    let by_key: usize = [&executed, &unknown, &key_only, &plain, &foreign].iter().map(|k| up.hits(k)).sum();
     assert_eq!(by_key, 0, "nothing was asked by key");
 }
 
@@ -652,7 +671,52 @@ async fn operator_needs_force_for_a_live_lease(fx: &Fixture) {
     assert!(!listed.contains(&key), "{listed}");
 }
 
+/// `idemd ops resolve --release` is the one decision that lets the agent's retry execute: where the
+/// scope has a status endpoint it is asked at that moment, and only an upstream with no record of
+/// the operation (past the grace) lets it go; a record or no answer refuses (exit 3, saying what
+/// was found) and changes nothing. And the operator never settles an operation of their own subject
+/// (`common::SUBJECT` is the hash of "test"), refused before the upstream is asked.
+async fn an_operators_release_needs_the_upstream_to_have_no_record(fx: &Fixture) {
+    let (store, rows) = stale(fx, 1).await;
+    reconciler(&store, None, rules(0, 3), "t11").pass().await.expect("pass");
+    let key = rows[0].0.as_str();
+    assert_eq!(state_of(&store, key).await, Some(OpState::NeedsReview));
+    let up = Upstream::start().await;
+    let endpoint = format!("{SCOPE}={}", up.template());
+    let release = ["resolve", key, "--release", "--why", "not in the ledger", "--status-endpoint", &endpoint];
+    let release = [&release[..], &["--reconcile-grace-ms", "0"]].concat();
+
+    let own = ops_as(fx, "test", &release).await.expect_err("own subject");
+    assert_eq!(own.exit_code(), 3);
+    assert!(own.to_string().contains("own_subject"), "{own}");
+    assert_eq!(up.hits(key), 0, "refused before the upstream is asked");
+
+    up.set(key, Reply::Found(RECORD));
+    let found = ops(fx, &release).await.expect_err("a record");
+    assert_eq!(found.exit_code(), 3);
+    assert!(found.to_string().contains("the upstream has a record of it"), "{found}");
+    assert!(found.to_string().contains("resolve it as done or failed"), "{found}");
+    up.set(key, Reply::Status(503));
+    let unknown = ops(fx, &release).await.expect_err("no answer");
+    assert!(unknown.to_string().contains("the lookup proves nothing"), "{unknown}");
+    assert_eq!(state_of(&store, key).await, Some(OpState::NeedsReview));
+    assert_eq!(actions(&store, key).await, ["filter:acquire", "reconciler:t11:reconcile_needs_review"]);
+
+    up.set(key, Reply::NotFound);
+    let out = ops(fx, &release).await.expect("absent: released");
+    assert!(out.contains("NEEDS_REVIEW -> released"), "{out}");
+    assert_eq!(up.hits(key), 3);
+    let last = store.sql().history(key).await.expect("history").pop().expect("a line");
+    assert_eq!((last.actor.as_str(), last.action.as_str()), ("operator:alice", "resolve_release"));
+    assert!(
+        last.why.starts_with("not in the ledger [checked at the release: status endpoint answered 404"),
+        "{last:?}"
+    );
+    assert_eq!(store.acquire(&acq(key)).await.outcome, AcquireOutcome::Acquired, "the retry runs it, once");
+}
+
 isolated_backend_suites!(
+    an_operators_release_needs_the_upstream_to_have_no_record,
     found_becomes_done_with_the_record,
     upstream_failure_becomes_failed,
     a_declared_reading_decides_and_replays_with_the_declared_status,

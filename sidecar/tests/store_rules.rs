@@ -55,6 +55,7 @@ impl Pair {
             fp_exp_ms,
             upstream_ignores_keys: false,
             business_ref: None,
+            bound_fields: None,
         };
         let real = self.sql.insert_in_flight(&row, &AUDIT).await.expect("insert");
         let new = Record {
@@ -72,6 +73,7 @@ impl Pair {
             fp_exp_ms,
             upstream_ignores_keys: false,
             business_ref: None,
+            bound_fields: None,
         };
         let ruled = rules::insert_in_flight(self.model.as_ref(), &new);
         assert_eq!(real, ruled.is_some(), "insert by {owner}");
@@ -252,6 +254,7 @@ async fn approval_rules_match_their_statements(sql: SqlStore) {
         fp_exp_ms: Some(now + 60_000),
         upstream_ignores_keys: false,
         business_ref: None,
+        bound_fields: None,
     };
     assert!(!sql.insert_in_flight(&refused, &AUDIT).await.expect("insert"), "the insert's NOT EXISTS refuses it");
     assert!(p.real().await.is_none(), "no IN_FLIGHT row before the approval");
@@ -431,6 +434,7 @@ mod lua {
             fp_exp_ms: None,
             upstream_ignores_keys: false,
             business_ref: None,
+            bound_fields: None,
         }
     }
 

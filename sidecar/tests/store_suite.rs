@@ -39,6 +39,7 @@ macro_rules! backend_suite {
                 complete_that_missed_redis_is_still_seen,
                 release_that_missed_redis_frees_the_nonce,
                 renewal_extends_the_lease_of_its_owner_only,
+                a_business_reference_names_one_operation_per_scope,
             );
         }
     };

@@ -11,6 +11,13 @@
 //! - a reconciler lookup has its own span and carries its context to the status
 //!   endpoint as `traceparent`;
 //! - without `--otlp-endpoint` nothing is exported.
+//!
+//! The two tracing tests run on every store idemd accepts: SQLite, Postgres and MariaDB, each with
+//! the shared Redis in front and without it. On Postgres and MariaDB the API span was dropped from
+//! the exporter and its store calls came out as traces of their own (`telemetry::Fresh` says why);
+//! SQLite, whose statements run on a thread of their own, hid it.
+
+mod common;
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -21,6 +28,8 @@ use std::time::{Duration, Instant};
 use idem_core::protocol::{AcquireRequest, OpKey};
 use idem_testkit::otlp::{OtlpReceiver, ReceivedSpan};
 use idem_testkit::proc::Proc;
+
+use common::{Backend, Fixture};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -39,8 +48,9 @@ fn new_key() -> String {
     hex::encode(b)
 }
 
-/// `idemd serve` on SQLite in `dir` (and the shared Redis when it is there), exporting to `otlp` if given.
+/// `idemd serve` on `fx`'s stores (its logs in `dir`), exporting to `otlp` if given.
 fn idemd(
+    fx: &Fixture,
     dir: &Path,
     port: u16,
     otlp: Option<&str>,
@@ -54,13 +64,13 @@ fn idemd(
     }
     cmd.arg("serve")
         .env("IDEM_LISTEN", format!("127.0.0.1:{port}"))
-        .env("IDEM_DATABASE_URL", format!("sqlite://{}/idem.db?mode=rwc", dir.display()))
+        .env("IDEM_DATABASE_URL", &fx.sql_url)
         .env("IDEM_AUTH_TOKENS", TOKEN)
         // Only the shutdown flush can export within the test (see the module's comment).
         .env("OTEL_BSP_SCHEDULE_DELAY", "60000")
         .env("RUST_LOG", "info");
-    if let Some(url) = redis_url() {
-        cmd.env("IDEM_REDIS_URL", url);
+    if let Some(redis) = &fx.redis {
+        cmd.env("IDEM_REDIS_URL", &redis.url);
     }
     if let Some(endpoint) = otlp {
         cmd.env("IDEM_OTLP_ENDPOINT", endpoint);
@@ -69,14 +79,6 @@ fn idemd(
         cmd.env(k, v);
     }
     Proc::spawn("idemd", &mut cmd, dir)
-}
-
-fn redis_url() -> Option<String> {
-    let url = idem_testkit::backends::redis_url();
-    match idem_testkit::backends::available("redis", &url) {
-        Ok(true) => Some(url),
-        _ => None,
-    }
 }
 
 async fn wait_healthy(base: &str, proc: &mut Proc) -> TestResult {
@@ -122,11 +124,12 @@ fn acquire_request(key: &str, lease_ms: u64) -> AcquireRequest {
         exp: None,
         upstream_ignores_keys: false,
         business_ref: None,
+        fields: None,
         approval: None,
     }
 }
 
-/// A receiver and an idemd (exporting to it when `export`), healthy.
+/// A receiver and an idemd on `fx`'s stores (exporting to it when `export`), healthy.
 struct Running {
     receiver: OtlpReceiver,
     base: String,
@@ -134,15 +137,61 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
-async fn start(export: bool, extra: &[(&str, &str)]) -> Result<Running, Box<dyn std::error::Error>> {
+async fn start(fx: &Fixture, export: bool, extra: &[(&str, &str)]) -> Result<Running, Box<dyn std::error::Error>> {
     let receiver = OtlpReceiver::start().await?;
     let dir = tempfile::tempdir()?;
     let port = free_port()?;
     let base = format!("http://127.0.0.1:{port}");
-    let mut proc = idemd(dir.path(), port, export.then(|| receiver.base_url()).as_deref(), extra)?;
+    let mut proc = idemd(fx, dir.path(), port, export.then(|| receiver.base_url()).as_deref(), extra)?;
     wait_healthy(&base, &mut proc).await?;
     Ok(Running { receiver, base, proc, _dir: dir })
 }
+
+/// What a SQL statement's span is named after (`store::store_span`: the backend's name).
+fn sql_system(fx: &Fixture) -> &'static str {
+    match fx.sql {
+        Backend::Postgres => "postgres",
+        Backend::MariaDb => "mysql",
+        Backend::Sqlite => "sqlite",
+    }
+}
+
+/// Each test on every store: `$sql` with and without the shared Redis, on a database of the test's own
+/// (the reconciler decides every stale row it sees).
+macro_rules! on_every_store {
+    ($($test:ident),* $(,)?) => {
+        $(
+            mod $test {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() -> TestResult { run(Backend::Sqlite, false).await }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis_sqlite() -> TestResult { run(Backend::Sqlite, true).await }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() -> TestResult { run(Backend::Postgres, false).await }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis_postgres() -> TestResult { run(Backend::Postgres, true).await }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn mariadb() -> TestResult { run(Backend::MariaDb, false).await }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis_mariadb() -> TestResult { run(Backend::MariaDb, true).await }
+
+                async fn run(sql: Backend, with_redis: bool) -> TestResult {
+                    match Fixture::isolated(sql, with_redis).await {
+                        Some(fx) => super::$test(&fx).await,
+                        None => Ok(()),
+                    }
+                }
+            }
+        )*
+    };
+}
+
+on_every_store!(
+    api_calls_continue_the_callers_trace_and_store_calls_are_their_children,
+    a_reconciler_lookup_is_traced_and_carries_its_context_to_the_status_endpoint,
+);
 
 /// `POST /v1/acquire` as the filter calls it, with `traceparent` when given.
 async fn acquire(
@@ -158,16 +207,17 @@ async fn acquire(
     call.json(&acquire_request(key, lease_ms)).send().await
 }
 
+/// The one `name` span of the caller's trace.
 fn one<'a>(spans: &'a [ReceivedSpan], name: &str) -> &'a ReceivedSpan {
-    let found: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.name == name).collect();
-    assert_eq!(found.len(), 1, "exactly one {name:?} span in {spans:#?}");
+    let found: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.name == name && s.trace_id == TRACE_ID).collect();
+    assert_eq!(found.len(), 1, "exactly one {name:?} span in the caller's trace: {spans:#?}");
     found[0]
 }
 
-#[tokio::test]
-async fn api_calls_continue_the_callers_trace_and_store_calls_are_their_children() -> TestResult {
-    let Running { receiver, base, mut proc, .. } = start(true, &[]).await?;
-    let with_redis = redis_url().is_some();
+async fn api_calls_continue_the_callers_trace_and_store_calls_are_their_children(fx: &Fixture) -> TestResult {
+    let Running { receiver, base, mut proc, _dir } = start(fx, true, &[]).await?;
+    let with_redis = fx.redis.is_some();
+    let sql = sql_system(fx);
 
     let http = reqwest::Client::new();
     let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
@@ -190,6 +240,23 @@ async fn api_calls_continue_the_callers_trace_and_store_calls_are_their_children
         .json()
         .await?;
     assert_eq!(completed["outcome"], "OK", "{completed}");
+    // A log line of a call carries the call's span, with the filter's trace id (the same stale filter
+    // state dropped it from the log lines' context too).
+    let mut mismatch = acquire_request(&key, 60_000);
+    mismatch.param_hash = "q".repeat(64);
+    let refused: serde_json::Value = http
+        .post(format!("{base}/v1/acquire"))
+        .bearer_auth(TOKEN)
+        .header("x-request-id", "log-line-trace-7")
+        .json(&mismatch)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(refused["outcome"], "PARAM_MISMATCH", "{refused}");
+    let logs = proc.log_text();
+    let line = logs.lines().find(|l| l.contains("nonce reused")).ok_or_else(|| format!("no warning:\n{logs}"))?;
+    assert!(line.contains("trace_id=\"log-line-trace-7\""), "the warning is in its call's span: {line}");
 
     // Nothing is exported before the shutdown flush (the schedule delay is a minute) ...
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -211,7 +278,10 @@ async fn api_calls_continue_the_callers_trace_and_store_calls_are_their_children
         assert_eq!(span.parent, CALLER_SPAN, "{api}'s parent is the caller's span");
         assert_eq!(span.attribute("http.response.status_code"), Some("200"));
         let children: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.parent == span.span_id).collect();
-        assert!(children.iter().any(|c| c.name.starts_with("sqlite ")), "{api} has a SQL child: {children:#?}");
+        assert!(
+            children.iter().any(|c| c.name.starts_with(&format!("{sql} "))),
+            "{api} has a SQL child: {children:#?}"
+        );
         if with_redis {
             assert!(children.iter().any(|c| c.name.starts_with("redis ")), "{api} has a Redis child: {children:#?}");
         }
@@ -232,8 +302,8 @@ async fn api_calls_continue_the_callers_trace_and_store_calls_are_their_children
         n.sort();
         n
     };
-    let mut want_acquire = vec!["sqlite insert".to_string()];
-    let mut want_complete = vec!["sqlite complete".to_string()];
+    let mut want_acquire = vec![format!("{sql} insert")];
+    let mut want_complete = vec![format!("{sql} complete")];
     if with_redis {
         want_acquire.push("redis acquire".into());
         want_complete.push("redis complete".into());
@@ -245,8 +315,7 @@ async fn api_calls_continue_the_callers_trace_and_store_calls_are_their_children
     Ok(())
 }
 
-#[tokio::test]
-async fn a_reconciler_lookup_is_traced_and_carries_its_context_to_the_status_endpoint() -> TestResult {
+async fn a_reconciler_lookup_is_traced_and_carries_its_context_to_the_status_endpoint(fx: &Fixture) -> TestResult {
     // The upstream's status endpoint: records the traceparent of each lookup and answers 404 (never ran).
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let status = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -266,7 +335,8 @@ async fn a_reconciler_lookup_is_traced_and_carries_its_context_to_the_status_end
     tokio::spawn(async move { axum::serve(status, app).await });
 
     let endpoint = format!("payments.transfer=http://127.0.0.1:{status_port}/status/{{key}}");
-    let Running { receiver, base, mut proc, .. } = start(
+    let Running { receiver, base, mut proc, _dir } = start(
+        fx,
         true,
         &[
             ("IDEM_STATUS_ENDPOINTS", &endpoint),
@@ -319,10 +389,11 @@ async fn a_reconciler_lookup_is_traced_and_carries_its_context_to_the_status_end
 
 #[tokio::test]
 async fn without_an_endpoint_nothing_is_exported() -> TestResult {
+    let Some(fx) = Fixture::new(Backend::Sqlite, false).await else { return Ok(()) };
     // OTEL_EXPORTER_OTLP_ENDPOINT names a receiver: idemd must not export on it alone.
     let other = OtlpReceiver::start().await?;
-    let Running { receiver, base, mut proc, .. } =
-        start(false, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &other.base_url())]).await?;
+    let Running { receiver, base, mut proc, _dir } =
+        start(&fx, false, &[("OTEL_EXPORTER_OTLP_ENDPOINT", &other.base_url())]).await?;
     let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
     let answer = acquire(&base, &new_key(), 60_000, Some(&traceparent)).await?;
     assert_eq!(answer.status(), 200);

@@ -254,3 +254,115 @@ async fn a_key_only_status_endpoint_sends_it_to_review_never_released() -> TestR
     assert_eq!(metric(&m, "idem_reconcile_total", &[("decision", "needs_review")]), Some(1.0), "{m}");
     Ok(())
 }
+
+/// A transfer of `amount` with the business reference `client_ref`.
+fn nokey_transfer_of(amount: &str, client_ref: &str) -> Value {
+    let mut t = transfer(json!(amount), "rent");
+    t["client_ref"] = json!(client_ref);
+    t
+}
+
+/// Preview and confirm `body` on the no-key route: (fingerprint, the confirm's answer).
+async fn preview_and_confirm(
+    stack: &Stack,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> Result<(String, Answer), BoxError> {
+    let p = stack.post("/nokey/v1/transfers/preview", SUBJECT, body, &[]).await?;
+    let fp = p.json["fingerprint"].as_str().ok_or_else(|| format!("no fingerprint: {p:?}"))?.to_owned();
+    let mut all = vec![("agent-fingerprint", fp.as_str())];
+    all.extend_from_slice(headers);
+    let a = stack.post("/nokey/v1/transfers", SUBJECT, body, &all).await?;
+    Ok((fp, a))
+}
+
+/// DESIGN §4, "A reference proves only its own operation": two operations with one business
+/// reference. Before, the second (refused by the upstream before it ran: a 503) was acquired and
+/// forwarded, and the reconciler's by-reference lookup found the first's record under the same
+/// `client_ref` and settled the second DONE with it: its agent heard `already_completed` with a
+/// transfer that was not its own. Now the reference names one operation per scope: the second
+/// confirm is a 409 `reference_in_use` naming the field, nothing recorded, nothing forwarded, the same
+/// on every retry and after the reconciler's passes; the first replays its own record.
+#[tokio::test]
+async fn a_second_operation_with_the_same_reference_is_refused_before_it_runs() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let stack = Stack::start(no_key_stack(&db.url, "nokeyshared", BY_REF)).await?;
+    let (first_fp, first) = preview_and_confirm(&stack, &nokey_transfer_of("25.00", "inv-shared"), &[]).await?;
+    assert_eq!(first.status, 201, "{first:?}");
+    let second_body = nokey_transfer_of("30.00", "inv-shared");
+    let (second_fp, second) = preview_and_confirm(&stack, &second_body, &[("x-demo-fail", "503")]).await?;
+    assert_eq!(second.status, 409, "{second:?}");
+    second.assert_prompt("reference_in_use");
+    assert_eq!(
+        (second.json["detail"].as_str(), second.json["retryable"].as_bool()),
+        (Some("/client_ref"), Some(false))
+    );
+    assert_eq!(counts(&stack).await?, (1, 1), "the second never reached the upstream");
+    let second_key = nonce_of(&second_fp)?;
+    let (code, _, err) = idemd_ops(&db.url, &["show", &second_key])?;
+    assert_eq!(code, 3, "nothing recorded for the second: {err}");
+
+    // Past the lease and the grace, with the reconciler passing every 200 ms: still refused, never settled.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let again = stack.post("/nokey/v1/transfers", SUBJECT, &second_body, &[("agent-fingerprint", &second_fp)]).await?;
+    assert_eq!(again.status, 409, "{again:?}");
+    again.assert_prompt("reference_in_use");
+    let replay = confirm(&stack, &first_fp, "inv-shared", &[]).await?;
+    replay.assert_prompt("already_completed");
+    assert_eq!(replay.json["result"]["amount"], "25.00", "the first replays its own transfer");
+    assert_eq!(counts(&stack).await?, (1, 1));
+    let m = stack.idemd_metrics().await?;
+    assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "REFERENCE_IN_USE")]), Some(2.0), "{m}");
+    Ok(())
+}
+
+/// A record under the reference that is not this operation's: a transfer with the same `client_ref`
+/// made around the gateway (another client of the service), 99.00 where this confirm moves 25.00.
+/// This confirm is refused by the upstream before it runs (a 503) and stays unknown; the reconciler's
+/// by-reference lookup finds the other transfer. Before, it settled this operation DONE with it;
+/// now the record does not carry this operation's bound fields, so it proves nothing: NEEDS_REVIEW,
+/// the audit line saying which field differs, never `already_completed` with someone else's transfer.
+#[tokio::test]
+async fn a_record_under_the_reference_that_is_not_this_operation_settles_nothing() -> TestResult {
+    let Some(db) = stores()? else { return Ok(()) };
+    let stack = Stack::start(no_key_stack(&db.url, "nokeyforeign", BY_REF)).await?;
+    let around = stack
+        .http
+        .post(format!("http://127.0.0.1:{}/v1/transfers", stack.ports.demo))
+        .json(&nokey_transfer_of("99.00", "inv-foreign"))
+        .send()
+        .await?;
+    assert_eq!(around.status().as_u16(), 201, "the service executes what reaches it directly");
+    let (fp, a) =
+        preview_and_confirm(&stack, &nokey_transfer_of("25.00", "inv-foreign"), &[("x-demo-fail", "503")]).await?;
+    assert_eq!(a.status, 202, "{a:?}");
+    a.assert_prompt("in_progress");
+    let key = nonce_of(&fp)?;
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let review = loop {
+        let r = stack
+            .post(
+                "/nokey/v1/transfers",
+                SUBJECT,
+                &nokey_transfer_of("25.00", "inv-foreign"),
+                &[("agent-fingerprint", &fp)],
+            )
+            .await?;
+        if r.json["status"] == "needs_review" {
+            break r;
+        }
+        assert_eq!(r.json["status"], "in_progress", "never another transfer's result: {r:?}");
+        assert!(Instant::now() < deadline, "no needs_review in time: {r:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    review.assert_prompt("needs_review");
+    assert_eq!(counts(&stack).await?, (1, 2), "only the transfer made around the gateway ran");
+    let (row, trail) = show(&db.url, &key)?;
+    assert_eq!(row["state"], "NEEDS_REVIEW", "{row}");
+    assert_eq!(steps(&trail), ["filter acquire", "reconciler:nokeyforeign reconcile_needs_review"]);
+    let why = &trail[trail.len() - 1].1;
+    assert!(why.contains("a record not proven this operation's (/amount differs)"), "{why}");
+    assert!(!why.contains("99"), "no parameter value in the audit trail: {why}");
+    Ok(())
+}

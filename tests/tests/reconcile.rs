@@ -309,7 +309,8 @@ async fn no_status_endpoint_needs_review_until_an_operator_resolves_it() -> Test
         trail(&db.url, &key)?,
         ["filter acquire", "reconciler:manual reconcile_needs_review", "operator:carol resolve_done"]
     );
-    let (code, _, err) = idemd_ops(&db.url, &["resolve", &key, "--release", "--why", "second thoughts"])?;
+    let (code, _, err) =
+        idemd_ops(&db.url, &["resolve", &key, "--release", "--why", "second thoughts", "--actor", "carol"])?;
     assert_eq!(code, 3, "a decided operation stays decided: {err}");
     Ok(())
 }

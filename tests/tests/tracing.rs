@@ -16,6 +16,10 @@
 //! there is Envoy's span and no idemd span at all, and the cache's counter
 //! says so. After an Envoy restart (an empty cache) the replay is idemd's
 //! again, and its span is in the replay's trace.
+//!
+//! Both run on every store idemd accepts (SQLite, Postgres, MariaDB; the shared Redis in front or
+//! not): on Postgres and MariaDB idemd's API spans used to be dropped from the exporter and its
+//! store calls exported as traces of their own (`sidecar/src/telemetry.rs`, `Fresh`).
 
 use idem_e2e::*;
 use idem_testkit::otlp::{OtlpReceiver, ReceivedSpan};
@@ -85,17 +89,75 @@ fn idemd_span<'a>(
     Ok(api)
 }
 
-async fn traced_stack(receiver: &OtlpReceiver) -> Result<Stack, BoxError> {
+/// The SQL store a stack's idemd runs on.
+#[derive(Clone, Copy)]
+enum Sql {
+    /// A fresh file in the stack's directory.
+    Sqlite,
+    /// The shared servers: these stacks do not reconcile (`SidecarOpts::reconciles`), so sharing is harmless.
+    Postgres,
+    MariaDb,
+}
+
+/// A stack's Redis URL (none: SQL alone) and database URL (none: SQLite in its directory).
+type Stores = (Option<String>, Option<String>);
+
+/// The stores of one run: `None` when a backend is missing (skipped loudly).
+fn stores(sql: Sql, with_redis: bool) -> Result<Option<Stores>, BoxError> {
+    let redis = match with_redis {
+        true if !backends::available("redis", &backends::redis_url())? => return Ok(None),
+        true => Some(backends::redis_url()),
+        false => None,
+    };
+    let database = match sql {
+        Sql::Sqlite => None,
+        Sql::Postgres if !backends::available("postgres", &backends::postgres_url())? => return Ok(None),
+        Sql::Postgres => Some(backends::postgres_url()),
+        Sql::MariaDb if !backends::available("mariadb", &backends::mysql_url())? => return Ok(None),
+        Sql::MariaDb => Some(backends::mysql_url()),
+    };
+    Ok(Some((redis, database)))
+}
+
+/// Each test on every store: SQLite, Postgres and MariaDB, with the shared Redis in front and without.
+macro_rules! on_every_store {
+    ($($test:ident),* $(,)?) => {
+        $(
+            mod $test {
+                use super::*;
+
+                #[tokio::test]
+                async fn sqlite() -> TestResult { super::$test(Sql::Sqlite, false).await }
+                #[tokio::test]
+                async fn redis_sqlite() -> TestResult { super::$test(Sql::Sqlite, true).await }
+                #[tokio::test]
+                async fn postgres() -> TestResult { super::$test(Sql::Postgres, false).await }
+                #[tokio::test]
+                async fn redis_postgres() -> TestResult { super::$test(Sql::Postgres, true).await }
+                #[tokio::test]
+                async fn mariadb() -> TestResult { super::$test(Sql::MariaDb, false).await }
+                #[tokio::test]
+                async fn redis_mariadb() -> TestResult { super::$test(Sql::MariaDb, true).await }
+            }
+        )*
+    };
+}
+
+on_every_store!(
+    a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd,
+    without_a_traceparent_the_request_id_names_idemds_trace,
+);
+
+async fn traced_stack(receiver: &OtlpReceiver, (redis, database): Stores) -> Result<Stack, BoxError> {
     // idemd's batch exporter: every 100 ms here (the default is 5 s). Inherited by the idemd the stack starts.
     std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "100");
-    let redis = backends::available("redis", &backends::redis_url())?.then(backends::redis_url);
     let opts = StackOpts {
         envoy_config: "envoy.yaml",
         demo: DemoOpts { no_dedup: true, ..Default::default() },
         sidecar: SidecarOpts {
             redis_url: redis,
+            database_url: database,
             extra_args: vec!["--otlp-endpoint".into(), receiver.base_url()],
-            ..Default::default()
         },
         envoy_edits: vec![
             // The example's collector is this test's receiver.
@@ -114,10 +176,10 @@ async fn traced_stack(receiver: &OtlpReceiver) -> Result<Stack, BoxError> {
     Stack::start(opts).await
 }
 
-#[tokio::test]
-async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd() -> TestResult {
+async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd(sql: Sql, with_redis: bool) -> TestResult {
+    let Some(stores) = stores(sql, with_redis)? else { return Ok(()) };
     let receiver = OtlpReceiver::start().await?;
-    let mut stack = traced_stack(&receiver).await?;
+    let mut stack = traced_stack(&receiver, stores).await?;
     let (_, fp) = stack.preview(json!("70.00")).await?;
     let body = transfer(json!("70.00"), "traced");
 
@@ -189,10 +251,10 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd() -> Tes
 /// An agent that sends no `traceparent`: Envoy starts the trace. With the native module idemd's spans are still
 /// children of Envoy's; the `.wasm` cannot see Envoy's span, so its callouts start a trace named after the
 /// request id the replies carry (`x-request-id` without its dashes), which Envoy's span names in its tag.
-#[tokio::test]
-async fn without_a_traceparent_the_request_id_names_idemds_trace() -> TestResult {
+async fn without_a_traceparent_the_request_id_names_idemds_trace(sql: Sql, with_redis: bool) -> TestResult {
+    let Some(stores) = stores(sql, with_redis)? else { return Ok(()) };
     let receiver = OtlpReceiver::start().await?;
-    let stack = traced_stack(&receiver).await?;
+    let stack = traced_stack(&receiver, stores).await?;
     let (_, fp) = stack.preview(json!("71.00")).await?;
     let confirm =
         stack.post("/v1/transfers", SUBJECT, &transfer(json!("71.00"), "m"), &[("agent-fingerprint", &fp)]).await?;

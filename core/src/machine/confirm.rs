@@ -209,6 +209,10 @@ impl Confirm {
             self.phase = Phase::CheckingExpired { key: claims.nonce };
             return Ok(Step::pause().with(Effect::Count(Counter::ExpiredLookups)).with(Effect::Call(call)));
         }
+        let reference = match self.with_fields(&json, reference) {
+            Ok(r) => r,
+            Err(refusal) => return Ok(self.finish(refusal)),
+        };
         let op = Operation { key: claims.nonce, param_hash, subject_hash: claims.subject_hash, scope: claims.scope };
         Ok(self.acquire(op, Some(claims.exp), reference, approval).with(Effect::Count(Counter::Verified)))
     }
@@ -253,20 +257,22 @@ impl Confirm {
                 Err(refusal) => return self.finish(refusal),
             }
         };
-        let reference = match policy.business_ref.as_deref() {
-            None => None,
-            Some(pointer) => {
-                let read = json
-                    .as_ref()
-                    .map_err(|_| CanonError::WrongType { pointer: pointer.to_string(), expected: BUSINESS_REF_TYPE });
-                match read.and_then(|v| business_ref(v, Some(pointer))) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let refusal = self.ctx.field_error_as(&e, self.problem);
-                        return self.finish(refusal);
-                    }
-                }
+        let reference = match (policy.business_ref.as_deref(), json.as_ref()) {
+            (None, _) => None,
+            (Some(pointer), Err(_)) => {
+                let e = CanonError::WrongType { pointer: pointer.to_string(), expected: BUSINESS_REF_TYPE };
+                return self.finish(self.ctx.field_error_as(&e, self.problem));
             }
+            (Some(pointer), Ok(v)) => match business_ref(v, Some(pointer)).map(|r| (r, v)) {
+                Ok((r, v)) => match self.with_fields(v, r) {
+                    Ok(r) => r,
+                    Err(refusal) => return self.finish(refusal),
+                },
+                Err(e) => {
+                    let refusal = self.ctx.field_error_as(&e, self.problem);
+                    return self.finish(refusal);
+                }
+            },
         };
         let op = client_key::operation_key(&self.subject_hash, &policy.scope, &key);
         let subject_hash = self.subject_hash.clone();
@@ -316,18 +322,34 @@ impl Confirm {
         replay_cache::store(cfg, &entry)
     }
 
+    /// A business reference with the bound fields' canonical JSON beside it: idemd holds a record the
+    /// upstream answers under the reference against them (DESIGN §4, "A reference proves only its own
+    /// operation").
+    fn with_fields(
+        &self,
+        json: &serde_json::Value,
+        reference: Option<String>,
+    ) -> Result<Option<(String, String)>, Step> {
+        let Some(reference) = reference else { return Ok(None) };
+        match canonical::canonical_params(json, &self.ctx.policy.bound) {
+            Ok(fields) => Ok(Some((reference, fields))),
+            Err(e) => Err(self.ctx.field_error_as(&e, self.problem)),
+        }
+    }
+
     /// `exp`: the fingerprint's, or `None` for a client key; `business_ref`: the confirm's value of
-    /// the route's `business_ref` field, for the reconciler; `approval`: what a person must approve
-    /// first, where the route's rule says so.
+    /// the route's `business_ref` field, for the reconciler, with the bound fields' canonical JSON;
+    /// `approval`: what a person must approve first, where the route's rule says so.
     fn acquire(
         &mut self,
         op: Operation,
         exp: Option<u64>,
-        business_ref: Option<String>,
+        business_ref: Option<(String, String)>,
         approval: Option<ApprovalAsk>,
     ) -> Step {
         let Operation { key, param_hash, subject_hash, scope } = op;
         let mode = if exp.is_some() { KeyMode::Fingerprint } else { KeyMode::ClientKey };
+        let (business_ref, fields) = business_ref.unzip();
         let req = AcquireRequest {
             key: key.clone(),
             param_hash,
@@ -340,6 +362,7 @@ impl Confirm {
             exp,
             upstream_ignores_keys: self.ctx.policy.upstream_keys == UpstreamKeys::Ignored,
             business_ref,
+            fields,
         };
         self.phase = Phase::Acquiring { key };
         Step::pause().with(Effect::Call(post("/v1/acquire", &req)))
@@ -389,6 +412,11 @@ impl Confirm {
             AcquireOutcome::NeedsReview => self.needs_review(&key),
             AcquireOutcome::ParamMismatch => self.tampered(&key, false),
             AcquireOutcome::StoreUnavailable => self.unchecked(&key),
+            // Another operation holds this business reference: nothing recorded, nothing forwarded.
+            AcquireOutcome::ReferenceInUse => {
+                let ctx = ReplyContext { detail: self.ctx.policy.business_ref.as_deref(), ..Default::default() };
+                self.reply(ReplyKind::ReferenceInUse, ctx)
+            }
             AcquireOutcome::AwaitingApproval | AcquireOutcome::Rejected | AcquireOutcome::Lapsed => {
                 match raw.approval().filter(|v| v.key == key) {
                     Some(view) => self.ctx.approval_reply(&view, env.now_s(), false),

@@ -171,17 +171,25 @@ fn confirm_done_path_completes_then_releases_the_answer() -> TestResult {
     Ok(())
 }
 
+/// A confirm on a route with `extra` leaves, its body read: the machine and the acquire it sent.
+fn acquiring_on(
+    extra: &[(&str, &str)],
+    env: &mut FixedEnv,
+) -> Result<(Machine, AcquireRequest), Box<dyn std::error::Error>> {
+    let ctx = Ctx { config: config()?, policy: policy_with("confirm", "envelope", extra)?, trace_id: "t".into() };
+    let (mut m, _) = Machine::start(ctx, &head(Some(token(1000)?)), false, env);
+    m.on_request_data(10, true);
+    let step = m.on_request_body(&body(json!("10.00")), env)?;
+    let req = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    Ok((m, req))
+}
+
 #[test]
 fn an_upstream_that_ignores_keys_is_never_released_on_its_own_answer() -> TestResult {
     // DESIGN §4, "release needs proof nothing ran": the upstream's 503 says nothing about a second
     // request, which it would execute; the operation stays IN_FLIGHT for the reconciler.
     let mut env = FixedEnv::at(999, NONCE);
-    let extra = [("upstream_keys", "ignored"), ("business_ref", "/currency")];
-    let ctx = Ctx { config: config()?, policy: policy_with("confirm", "envelope", &extra)?, trace_id: "t".into() };
-    let (mut m, _) = Machine::start(ctx, &head(Some(token(1000)?)), false, &mut env);
-    m.on_request_data(10, true);
-    let step = m.on_request_body(&body(json!("10.00")), &mut env)?;
-    let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    let (mut m, req) = acquiring_on(&[("upstream_keys", "ignored"), ("business_ref", "/currency")], &mut env)?;
     assert!(req.upstream_ignores_keys);
     assert_eq!(req.business_ref.as_deref(), Some("EUR"), "the reconciler looks it up by this");
     m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
@@ -207,6 +215,30 @@ fn an_upstream_that_ignores_keys_still_releases_what_envoy_never_sent() -> TestR
     m.on_response_data(2, true)?;
     let step = m.on_response_body(b"{}", &mut env)?;
     assert_eq!(call(&step).map(|c| c.path.as_str()), Some("/v1/release"));
+    Ok(())
+}
+
+/// DESIGN §4, "A reference proves only its own operation": the acquire carries the bound fields'
+/// canonical JSON beside the reference (idemd holds a by-reference record against it, and its hash
+/// is the fingerprint's `p`); idemd's REFERENCE_IN_USE is a 409 that names the reference's field and
+/// forwards nothing.
+#[test]
+fn a_business_ref_travels_with_its_bound_fields_and_a_taken_one_is_refused() -> TestResult {
+    let mut env = FixedEnv::at(999, NONCE);
+    let (mut m, req) = acquiring_on(&[("upstream_keys", "ignored"), ("business_ref", "/currency")], &mut env)?;
+    let fields = req.fields.as_deref().ok_or("no bound fields beside the reference")?;
+    assert_eq!(fields, r#"{"/amount":10,"/currency":"EUR"}"#);
+    assert_eq!(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(fields.as_bytes())), req.param_hash);
+    let step = m.on_callout(&answer(200, json!({"outcome": "REFERENCE_IN_USE"})), &mut env)?;
+    let reply = step.reply().ok_or("no reply")?;
+    assert_eq!(reply.http_status, 409);
+    let v = reply_json(&step)?;
+    assert_eq!((v["status"].as_str(), v["detail"].as_str()), (Some("reference_in_use"), Some("/currency")));
+    assert_eq!(v["retryable"], false);
+    assert!(!step.effects.contains(&Effect::ResumeRequest), "nothing forwarded");
+    // Without a business_ref, no fields travel.
+    let (_, req) = acquiring_on(&[], &mut FixedEnv::at(999, NONCE))?;
+    assert_eq!((req.business_ref, req.fields), (None, None));
     Ok(())
 }
 

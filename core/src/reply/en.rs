@@ -51,6 +51,10 @@ pub(super) fn meaning(m: Meaning) -> String {
             reason.unwrap_or("none given")
         ),
         M::ApprovalLapsed => "Nobody approved this operation before its fingerprint expired, so it was not executed and cannot be any more.".into(),
+        M::ReferenceInUse(field) => format!(
+            "Another operation already uses this business reference ({}), and a reference must name one operation only. This call did not execute anything.",
+            field.map(|f| format!("the field {f}")).unwrap_or_else(|| "named in `detail`".into())
+        ),
         M::PathNotCanonical => "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) of an operation the gateway guards. This call did not execute anything.".into(),
     }
 }
@@ -123,6 +127,7 @@ pub(super) fn instruction(i: Instruction) -> String {
         ),
         I::ReportRefusal => "Do not retry and do not start a new preview to get around the decision. Tell the user that a person refused the operation, and give them the reason.".into(),
         I::PreviewForApproval => "Do not confirm again with this fingerprint. Tell the user that nobody approved it in time. If the user still wants it, call the preview tool again and confirm with the new fingerprint; it will need approval again.".into(),
+        I::NewReference => "Do not call again with this fingerprint. If you meant the earlier operation that has this reference, it is that one: check its status with its own fingerprint, and do not execute it again. If this is a new operation, ask the user for a new reference, call the preview tool with it, and confirm with the new fingerprint.".into(),
         I::DocumentedPath(detail) => {
             format!("Send the call again to the operation's documented path ({}).", detail.unwrap_or("see `detail`"))
         }

@@ -74,10 +74,13 @@ pub enum ReplyKind {
     Rejected,
     /// 410: nobody approved before the fingerprint's `exp`; nothing executed.
     ApprovalLapsed,
+    /// 409: another operation of this scope already holds the confirm's business reference (the
+    /// route's `business_ref`, named in `detail`); nothing recorded, nothing forwarded.
+    ReferenceInUse,
 }
 
 impl ReplyKind {
-    pub const ALL: [ReplyKind; 28] = [
+    pub const ALL: [ReplyKind; 29] = [
         ReplyKind::AlreadyCompleted,
         ReplyKind::AlreadyFailed,
         ReplyKind::InProgress,
@@ -106,6 +109,7 @@ impl ReplyKind {
         ReplyKind::Approved,
         ReplyKind::Rejected,
         ReplyKind::ApprovalLapsed,
+        ReplyKind::ReferenceInUse,
     ];
 
     /// The body's `status` value (also a good stats/log label).
@@ -137,6 +141,7 @@ impl ReplyKind {
             ReplyKind::Approved => "approved",
             ReplyKind::Rejected => "rejected",
             ReplyKind::ApprovalLapsed => "approval_lapsed",
+            ReplyKind::ReferenceInUse => "reference_in_use",
         }
     }
 
@@ -383,6 +388,7 @@ fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
         ReplyKind::AwaitingApproval | ReplyKind::Approved => 200,
         ReplyKind::Rejected => 403,
         ReplyKind::ApprovalLapsed => 410,
+        ReplyKind::ReferenceInUse => 409,
         ReplyKind::AlreadyCompleted => original.unwrap_or(200),
         ReplyKind::AlreadyFailed => original.unwrap_or(409),
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
@@ -494,6 +500,9 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
         ReplyKind::ApprovalLapsed => {
             (410, "approval-lapsed", "Nobody approved this request in time; it was not executed")
         }
+        ReplyKind::ReferenceInUse => {
+            (409, "reference-in-use", "Another request already uses this business reference; this one was not executed")
+        }
     }
 }
 
@@ -566,6 +575,7 @@ mod tests {
             ReplyKind::NotYetExecuted | ReplyKind::AwaitingApproval | ReplyKind::Approved => 200,
             ReplyKind::ParamsChanged => 422,
             ReplyKind::FingerprintExpired | ReplyKind::RecordGone | ReplyKind::ApprovalLapsed => 410,
+            ReplyKind::ReferenceInUse => 409,
             ReplyKind::QuoteUnusable => 502,
             ReplyKind::FingerprintInvalid => 400,
             ReplyKind::FingerprintMissing => 428,
@@ -664,7 +674,8 @@ mod tests {
                 "awaiting_approval",
                 "approved",
                 "rejected",
-                "approval_lapsed"
+                "approval_lapsed",
+                "reference_in_use"
             ]
         );
     }

@@ -46,6 +46,8 @@ pub(super) enum Meaning<'a> {
     /// The approver's reason, if one was given.
     Rejected(Option<&'a str>),
     ApprovalLapsed,
+    /// The business reference's field, if the reply names it.
+    ReferenceInUse(Option<&'a str>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +134,8 @@ pub(super) enum Instruction<'a> {
     ReportRefusal,
     /// Lapsed: a new preview if the user still wants it (it needs approval again).
     PreviewForApproval,
+    /// The reference names an earlier operation: check that one, or a new reference and a new preview.
+    NewReference,
 }
 
 /// The one place a reply's variant is chosen.
@@ -203,5 +207,6 @@ pub(super) fn say<'a>(
         ReplyKind::Approved => (M::Approved, I::ConfirmNow { at: ctx.approval.and_then(|a| a.expires_at) }),
         ReplyKind::Rejected => (M::Rejected(ctx.approval.and_then(|a| a.reason)), I::ReportRefusal),
         ReplyKind::ApprovalLapsed => (M::ApprovalLapsed, I::PreviewForApproval),
+        ReplyKind::ReferenceInUse => (M::ReferenceInUse(ctx.detail), I::NewReference),
     }
 }

@@ -47,6 +47,10 @@ pub(super) fn meaning(m: Meaning) -> String {
             reason.unwrap_or("未说明")
         ),
         M::ApprovalLapsed => "在指纹过期之前没有人批准该操作，因此它没有被执行，也不能再执行。".into(),
+        M::ReferenceInUse(field) => format!(
+            "另一个操作已经使用了这个业务引用（{}），而一个引用只能对应一个操作。本次调用没有执行任何操作。",
+            field.map(|f| format!("字段 {f}")).unwrap_or_else(|| "见 `detail`".into())
+        ),
         M::PathNotCanonical => "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头），本次调用没有执行任何操作。".into(),
     }
 }
@@ -119,6 +123,7 @@ pub(super) fn instruction(i: Instruction) -> String {
         ),
         I::ReportRefusal => "不要重试，也不要为绕过这个决定而重新预览。告诉用户该操作被人工拒绝，并告诉他们原因。".into(),
         I::PreviewForApproval => "不要再用这个指纹确认。告诉用户没有人及时批准。如果用户仍然需要，请重新调用预览工具，并用新的指纹确认；它仍需要批准。".into(),
+        I::NewReference => "不要再用这个指纹调用。如果你指的是之前使用该引用的那个操作，那就是它：请用它自己的指纹查询它的状态，不要再执行一次。如果这是一个新的操作，请向用户要一个新的引用，用它重新调用预览工具，并用新的指纹确认。".into(),
         I::DocumentedPath(detail) => format!("请按文档中的路径重新发送（调用）该操作（{}）。", detail.unwrap_or("见 detail")),
     }
 }

@@ -287,6 +287,7 @@ fn request(key: OpKey) -> AcquireRequest {
         exp: None,
         upstream_ignores_keys: false,
         business_ref: None,
+        fields: None,
         approval: None,
     }
 }

@@ -27,7 +27,9 @@ pub struct OpsArgs {
     #[arg(long, env = "IDEM_SQL_TIMEOUT_MS", default_value_t = 5_000, global = true)]
     pub sql_timeout_ms: u64,
 
-    /// Who you are, for the audit trail (`operator:<actor>`); default $USER.
+    /// Who you are, as the gateway names you (its subject): the audit trail says
+    /// `operator:<actor>`, and `resolve` refuses an operation of your own subject.
+    /// Required by `resolve`.
     #[arg(long, env = "IDEM_ACTOR", global = true)]
     pub actor: Option<String>,
 
@@ -138,6 +140,8 @@ pub struct ResolveArgs {
 
     /// It provably never executed: forget it; a confirm with the same
     /// (unexpired) fingerprint may run it, under the same Idempotency-Key.
+    /// Where the scope has a status endpoint, it is asked now, and a record
+    /// there (or no answer) refuses the release.
     #[arg(long)]
     pub release: bool,
 
@@ -162,6 +166,17 @@ pub struct ResolveArgs {
     /// executor may still be running it).
     #[arg(long)]
     pub force: bool,
+
+    /// Let the operator resolve an operation of their own subject (as
+    /// `idemd serve --allow-self-approval` lets approvers).
+    #[arg(long, env = "IDEM_ALLOW_SELF_APPROVAL")]
+    pub allow_self_approval: bool,
+
+    /// The scopes' status endpoints, as `idemd serve` reads them: `--release`
+    /// asks the operation's scope at that moment and releases only if the
+    /// upstream has no record of it.
+    #[command(flatten)]
+    pub status_args: crate::config::reconcile::StatusArgs,
 }
 
 #[cfg(test)]

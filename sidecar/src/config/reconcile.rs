@@ -11,11 +11,16 @@ use std::time::Duration;
 use clap::Args;
 
 use super::TtlArgs;
-use crate::reconcile::decide::Reading;
+use crate::reconcile::decide::{Reading, Rules};
+use crate::reconcile::lookup::StatusClient;
 use crate::reconcile::target::{StatusEndpoints, KEY_PLACEHOLDER, REF_PLACEHOLDER};
+use crate::reconcile::Lookups;
 
+/// Where each scope's upstream says whether an operation ran, and how its answer reads: what the
+/// reconciler asks, and what a person's release of an operation asks at that moment
+/// (`store::review`). `idemd serve` and `idemd ops` read the same flags and variables.
 #[derive(Debug, Clone, Args)]
-pub struct ReconcileArgs {
+pub struct StatusArgs {
     /// The upstream's status endpoint for one scope, as SCOPE=URL; `{key}` in
     /// the URL is replaced by the operation's nonce (also sent as
     /// `Idempotency-Key`), `{ref}` by its business reference (the route's
@@ -40,15 +45,21 @@ pub struct ReconcileArgs {
     #[arg(long, env = "IDEM_STATUS_TIMEOUT_MS", default_value_t = 5_000)]
     pub status_timeout_ms: u64,
 
-    /// How often the reconciler looks for expired IN_FLIGHT rows.
-    #[arg(long, env = "IDEM_RECONCILE_INTERVAL_MS", default_value_t = 5_000)]
-    pub reconcile_interval_ms: u64,
-
     /// A 404 from the status endpoint proves "never executed" only once the
     /// lease ended at least this long ago: it covers a request still sitting
     /// in the upstream's queue.
     #[arg(long, env = "IDEM_RECONCILE_GRACE_MS", default_value_t = 30_000)]
     pub reconcile_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub status: StatusArgs,
+
+    /// How often the reconciler looks for expired IN_FLIGHT rows.
+    #[arg(long, env = "IDEM_RECONCILE_INTERVAL_MS", default_value_t = 5_000)]
+    pub reconcile_interval_ms: u64,
 
     /// Failed lookups (errors, timeouts, unexpected answers) of one row
     /// before it goes to NEEDS_REVIEW.
@@ -77,9 +88,9 @@ pub struct ReconcileArgs {
     pub instance_id: Option<String>,
 }
 
-impl ReconcileArgs {
+impl StatusArgs {
     /// Every broken rule, each naming the setting; the endpoints when none is.
-    pub fn validate(&self, ttl: &TtlArgs) -> Result<StatusEndpoints, Vec<String>> {
+    pub fn validate(&self) -> Result<StatusEndpoints, Vec<String>> {
         let mut broken = Vec::new();
         let mut endpoints = StatusEndpoints::new();
         for spec in &self.status_endpoints {
@@ -102,38 +113,15 @@ impl ReconcileArgs {
             }
             Err(mut why) => broken.append(&mut why),
         }
-        for (name, value) in [
-            ("--status-timeout-ms", self.status_timeout_ms),
-            ("--reconcile-interval-ms", self.reconcile_interval_ms),
-            ("--reconcile-retry-budget", u64::from(self.reconcile_retry_budget)),
-            ("--reconcile-batch", u64::from(self.reconcile_batch)),
-            ("--reaper-interval-s", self.reaper_interval_s),
-            ("--reaper-batch", u64::from(self.reaper_batch)),
-        ] {
-            if value == 0 {
-                broken.push(format!("{name} must be greater than 0"));
-            }
-        }
-        if self.reconcile_grace_ms > ttl.terminal_retention_ms() {
-            broken.push(format!(
-                "reconcile grace {} ms must not exceed the terminal retention {} s: a row would be reaped before a 404 could release it",
-                self.reconcile_grace_ms, ttl.terminal_retention_s
-            ));
+        if self.status_timeout_ms == 0 {
+            broken.push("--status-timeout-ms must be greater than 0".to_string());
         }
         // Keep every `now + x` in i64 milliseconds.
-        for (name, value) in [
-            ("--status-timeout-ms", self.status_timeout_ms),
-            ("--reconcile-interval-ms", self.reconcile_interval_ms),
-            ("--reconcile-grace-ms", self.reconcile_grace_ms),
-            ("--reaper-interval-s", self.reaper_interval_s.saturating_mul(1000)),
-        ] {
+        for (name, value) in
+            [("--status-timeout-ms", self.status_timeout_ms), ("--reconcile-grace-ms", self.reconcile_grace_ms)]
+        {
             if value > MAX_MS {
                 broken.push(format!("{name} is too large (at most {MAX_MS} ms)"));
-            }
-        }
-        if let Some(id) = &self.instance_id {
-            if id.is_empty() || id.len() > 64 || !id.bytes().all(|c| c.is_ascii_graphic()) {
-                broken.push("--instance-id must be 1 to 64 printable ASCII characters without spaces".to_string());
             }
         }
         if broken.is_empty() {
@@ -170,6 +158,59 @@ impl ReconcileArgs {
 
     pub fn status_timeout(&self) -> Duration {
         Duration::from_millis(self.status_timeout_ms)
+    }
+
+    /// The status client and the rules that read its answers, as configured; `retry_budget`: the
+    /// reconciler's (a person's release never counts attempts).
+    pub fn lookups(&self, retry_budget: u32) -> Result<Lookups, Vec<String>> {
+        let endpoints = self.validate()?;
+        let readings = self.readings()?;
+        let status = StatusClient::new(endpoints, self.status_timeout()).map_err(|e| vec![e])?;
+        let rules = Rules { grace_ms: self.reconcile_grace_ms, retry_budget, readings: std::sync::Arc::new(readings) };
+        Ok(Lookups { status, rules })
+    }
+}
+
+impl ReconcileArgs {
+    /// Every broken rule, each naming the setting; the endpoints when none is.
+    pub fn validate(&self, ttl: &TtlArgs) -> Result<StatusEndpoints, Vec<String>> {
+        let status = self.status.validate();
+        let mut broken = status.as_ref().err().cloned().unwrap_or_default();
+        for (name, value) in [
+            ("--reconcile-interval-ms", self.reconcile_interval_ms),
+            ("--reconcile-retry-budget", u64::from(self.reconcile_retry_budget)),
+            ("--reconcile-batch", u64::from(self.reconcile_batch)),
+            ("--reaper-interval-s", self.reaper_interval_s),
+            ("--reaper-batch", u64::from(self.reaper_batch)),
+        ] {
+            if value == 0 {
+                broken.push(format!("{name} must be greater than 0"));
+            }
+        }
+        if self.status.reconcile_grace_ms > ttl.terminal_retention_ms() {
+            broken.push(format!(
+                "reconcile grace {} ms must not exceed the terminal retention {} s: a row would be reaped before a 404 could release it",
+                self.status.reconcile_grace_ms, ttl.terminal_retention_s
+            ));
+        }
+        // Keep every `now + x` in i64 milliseconds.
+        for (name, value) in [
+            ("--reconcile-interval-ms", self.reconcile_interval_ms),
+            ("--reaper-interval-s", self.reaper_interval_s.saturating_mul(1000)),
+        ] {
+            if value > MAX_MS {
+                broken.push(format!("{name} is too large (at most {MAX_MS} ms)"));
+            }
+        }
+        if let Some(id) = &self.instance_id {
+            if id.is_empty() || id.len() > 64 || !id.bytes().all(|c| c.is_ascii_graphic()) {
+                broken.push("--instance-id must be 1 to 64 printable ASCII characters without spaces".to_string());
+            }
+        }
+        match status {
+            Ok(endpoints) if broken.is_empty() => Ok(endpoints),
+            _ => Err(broken),
+        }
     }
 
     pub fn interval(&self) -> Duration {
@@ -245,13 +286,19 @@ fn parse_endpoint(spec: &str) -> Result<(String, String), String> {
 mod tests {
     use super::*;
 
-    fn args() -> ReconcileArgs {
-        ReconcileArgs {
+    fn status() -> StatusArgs {
+        StatusArgs {
             status_endpoints: vec!["payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key}".into()],
             status_readings: vec![],
             status_timeout_ms: 5_000,
-            reconcile_interval_ms: 5_000,
             reconcile_grace_ms: 30_000,
+        }
+    }
+
+    fn args() -> ReconcileArgs {
+        ReconcileArgs {
+            status: status(),
+            reconcile_interval_ms: 5_000,
             reconcile_retry_budget: 5,
             reconcile_batch: 100,
             reaper_interval_s: 300,
@@ -291,7 +338,7 @@ mod tests {
             ("s=http://h/{ref}/{key}", "{ref} must be in the query"),
             ("s=http://:80/{key}", "not a valid URL"),
         ] {
-            let a = ReconcileArgs { status_endpoints: vec![spec.into()], ..args() };
+            let a = ReconcileArgs { status: StatusArgs { status_endpoints: vec![spec.into()], ..status() }, ..args() };
             let err = a.validate(&ttl()).unwrap_err();
             assert_eq!(err.len(), 1, "{spec}: {err:?}");
             assert!(err[0].starts_with(&format!("--status-endpoint {spec:?}")), "{err:?}");
@@ -306,22 +353,25 @@ mod tests {
             "http://h/v1/transfers/status?key={key}&ref={ref}",
             "http://h/v1/{key}/status?ref={ref}",
         ] {
-            let a = ReconcileArgs { status_endpoints: vec![format!("s={url}")], ..args() };
+            let a = ReconcileArgs {
+                status: StatusArgs { status_endpoints: vec![format!("s={url}")], ..status() },
+                ..args()
+            };
             assert_eq!(a.validate(&ttl()).map(|e| e["s"].clone()), Ok(url.to_string()));
         }
     }
 
     #[test]
     fn a_scope_twice_is_refused() {
-        let a =
-            ReconcileArgs { status_endpoints: vec!["s=http://a/{key}".into(), "s=http://b/{key}".into()], ..args() };
+        let endpoints = vec!["s=http://a/{key}".into(), "s=http://b/{key}".into()];
+        let a = ReconcileArgs { status: StatusArgs { status_endpoints: endpoints, ..status() }, ..args() };
         assert_eq!(a.validate(&ttl()).unwrap_err(), vec!["--status-endpoint: scope \"s\" is configured twice"]);
     }
 
     #[test]
     fn zeros_are_refused_each_by_name() {
         let a = ReconcileArgs {
-            status_timeout_ms: 0,
+            status: StatusArgs { status_timeout_ms: 0, ..status() },
             reconcile_interval_ms: 0,
             reconcile_retry_budget: 0,
             reconcile_batch: 0,
@@ -337,10 +387,11 @@ mod tests {
 
     #[test]
     fn grace_longer_than_the_retention_is_refused() {
-        let a = ReconcileArgs { reconcile_grace_ms: 7 * 86_400 * 1000 + 1, ..args() };
+        let a =
+            ReconcileArgs { status: StatusArgs { reconcile_grace_ms: 7 * 86_400 * 1000 + 1, ..status() }, ..args() };
         let err = a.validate(&ttl()).unwrap_err();
         assert!(err[0].starts_with("reconcile grace 604800001 ms must not exceed the terminal retention 604800 s"));
-        let a = ReconcileArgs { reconcile_grace_ms: 7 * 86_400 * 1000, ..args() };
+        let a = ReconcileArgs { status: StatusArgs { reconcile_grace_ms: 7 * 86_400 * 1000, ..status() }, ..args() };
         assert!(a.validate(&ttl()).is_ok());
     }
 
@@ -353,20 +404,18 @@ mod tests {
 
     #[test]
     fn status_readings_are_checked_naming_the_scope() {
-        let ok = ReconcileArgs {
-            status_readings: vec!["payments.transfer=pointer=/state;done_status=201".into()],
+        let with = |readings: Vec<String>| ReconcileArgs {
+            status: StatusArgs { status_readings: readings, ..status() },
             ..args()
         };
+        let ok = with(vec!["payments.transfer=pointer=/state;done_status=201".into()]);
         assert!(ok.validate(&ttl()).is_ok());
-        assert_eq!(ok.readings().unwrap()["payments.transfer"].done_status, 201);
-        let bad = ReconcileArgs {
-            status_readings: vec!["payments.transfer=done_status=2001".into(), "other=failed=X".into()],
-            ..args()
-        };
+        assert_eq!(ok.status.readings().unwrap()["payments.transfer"].done_status, 201);
+        let bad = with(vec!["payments.transfer=done_status=2001".into(), "other=failed=X".into()]);
         let err = bad.validate(&ttl()).unwrap_err();
         assert!(err[0].starts_with("--status-reading \"payments.transfer=done_status=2001\": done_status:"), "{err:?}");
-        assert!(bad.readings().is_err());
-        let orphan = ReconcileArgs { status_readings: vec!["other=failed=X".into()], ..args() };
+        assert!(bad.status.readings().is_err());
+        let orphan = with(vec!["other=failed=X".into()]);
         assert_eq!(
             orphan.validate(&ttl()).unwrap_err(),
             vec!["--status-reading: scope \"other\" has a reading but no --status-endpoint to read"]

@@ -1,7 +1,10 @@
 //! `idemd ops`: what a person needs when "did it happen?" has no automatic
 //! answer — list operations by state, show one with its whole history, and
 //! resolve an IN_FLIGHT or NEEDS_REVIEW one by hand, with a reason that goes
-//! into the audit trail next to the filter's and the reconciler's lines; and
+//! into the audit trail next to the filter's and the reconciler's lines
+//! (through `store::review`, as the approvers' console: the operator names
+//! themselves with `--actor` and may not settle an operation of their own
+//! subject; a release asks the scope's status endpoint first); and
 //! `ops events`, the security events (tampering, another subject's
 //! fingerprints, forgeries) newest first.
 //!
@@ -14,16 +17,16 @@ mod print;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idem_core::protocol::{OpState, TerminalState};
+use idem_core::protocol::TerminalState;
 
 use crate::api::is_token;
 use crate::config::ops::{OpsCommand, ResolveArgs};
 use crate::config::OpsArgs;
+use crate::reconcile::Lookups;
 use crate::redact::redact_url;
-use crate::store::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
 use crate::store::now_ms;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::store::review::{self, Resolution, ResolveAs};
+use crate::store::review::{self, Ask, ResolveAs};
 use crate::store::sql::{SqlOptions, SqlStore};
 
 #[derive(Debug)]
@@ -74,7 +77,6 @@ pub fn main(args: OpsArgs) -> ExitCode {
 /// Everything but the printing, so tests can call it: the text for stdout.
 pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
     // Check what can be checked before touching the database.
-    let actor = operator(&args)?;
     if let OpsCommand::Show { key, .. } = &args.command {
         // An operation key, or a trace id from an agent's reply (printable, bounded).
         if !crate::api::is_token(key)
@@ -84,7 +86,7 @@ pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
         }
     }
     let resolution = match &args.command {
-        OpsCommand::Resolve(r) => Some(Planned::from_args(r)?),
+        OpsCommand::Resolve(r) => Some(Resolve::from_args(r, args.actor.as_deref())?),
         _ => None,
     };
     let sql = connect(&args).await?;
@@ -138,110 +140,85 @@ pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
             }
         }
         OpsCommand::Resolve(r) => {
-            let Some(planned) = resolution else { return Err(OpsError::Usage("nothing to resolve".into())) };
-            resolve(&args.redis_url, args.redis_cluster, &sql, &r, &planned, &actor).await
+            let Some(resolve) = resolution else { return Err(OpsError::Usage("nothing to resolve".into())) };
+            resolve.run(&args.redis_url, args.redis_cluster, &sql, &r).await
         }
     }
 }
 
-/// A resolve, checked and with its result built, before the database is asked.
-struct Planned {
-    /// `None`: release.
-    terminal: Option<(TerminalState, String)>,
-    action: &'static str,
-    why: String,
+/// A resolve, its input read and checked (`store::review::check`) and its lookups configured,
+/// before the database is asked.
+struct Resolve {
+    /// The `--result-file`'s bytes (`--done`).
+    body: Vec<u8>,
+    person: String,
+    lookups: Lookups,
 }
 
-impl Planned {
-    fn from_args(r: &ResolveArgs) -> Result<Self, OpsError> {
+impl Resolve {
+    fn from_args(r: &ResolveArgs, actor: Option<&str>) -> Result<Self, OpsError> {
         check_key(&r.key)?;
-        let why = r.why.trim();
-        if why.is_empty() {
-            return Err(OpsError::Usage("--why must say why (it goes into the audit trail)".into()));
+        // The operator names themselves: no $USER, which is often a shared account on the host
+        // that runs this; the name is compared with the operation's subject (store::review).
+        let person = actor.map(str::trim).filter(|a| !a.is_empty()).ok_or_else(|| {
+            OpsError::Usage(
+                "resolve needs --actor (or IDEM_ACTOR): your name as the gateway names you (its subject), for the \
+                 audit trail and the rule that nobody settles an operation of their own subject"
+                    .into(),
+            )
+        })?;
+        let body = match (r.done, r.result_file.as_ref()) {
+            (true, Some(path)) => std::fs::read(path)
+                .map_err(|e| OpsError::Unreachable(format!("cannot read {}: {e}", path.display())))?,
+            (true, None) => return Err(OpsError::Usage("--done needs --result-file".into())),
+            (false, _) => Vec::new(),
+        };
+        if r.release && r.status.is_some() {
+            return Err(OpsError::Usage("--release replays nothing: --status does not apply".into()));
         }
-        if why.len() > MAX_WHY {
-            return Err(OpsError::Usage(format!("--why is longer than {MAX_WHY} bytes")));
-        }
-        let body;
+        let lookups = r.status_args.lookups(1).map_err(|broken| OpsError::Usage(broken.join("\n")))?;
+        let resolve = Self { body, person: person.to_string(), lookups };
+        review::check(&resolve.ask(r)).map_err(|refused| OpsError::Usage(refused.to_string()))?;
+        Ok(resolve)
+    }
+
+    fn ask<'a>(&'a self, r: &'a ResolveArgs) -> Ask<'a> {
         let said = if r.done {
-            let path = r.result_file.as_ref().ok_or_else(|| OpsError::Usage("--done needs --result-file".into()))?;
-            body = std::fs::read(path)
-                .map_err(|e| OpsError::Unreachable(format!("cannot read {}: {e}", path.display())))?;
-            ResolveAs::Done { status: r.status, body: &body }
+            ResolveAs::Done { status: r.status, body: &self.body }
         } else if r.failed {
             ResolveAs::Failed { status: r.status, reason: r.reason.as_deref().unwrap_or("") }
         } else {
-            if r.status.is_some() {
-                return Err(OpsError::Usage("--release replays nothing: --status does not apply".into()));
-            }
             ResolveAs::Release
         };
-        let review::Planned { terminal, action } =
-            review::planned(said).map_err(|e| match r.result_file.as_ref().filter(|_| r.done) {
-                Some(path) => OpsError::Usage(format!("{}: {e}", path.display())),
-                None => OpsError::Usage(e),
-            })?;
-        Ok(Self { terminal, action, why: why.to_string() })
+        Ask { said, why: &r.why, person: &self.person, allow_self: r.allow_self_approval, force: r.force }
     }
-}
 
-async fn resolve(
-    redis_url: &Option<String>,
-    redis_cluster: bool,
-    sql: &SqlStore,
-    r: &ResolveArgs,
-    planned: &Planned,
-    actor: &str,
-) -> Result<String, OpsError> {
-    let rec = sql
-        .get(&r.key)
-        .await
-        .map_err(unreachable)?
-        .ok_or_else(|| OpsError::Refused(format!("no operation {}: never acquired, released, or reaped", r.key)))?;
-    match rec.state {
-        OpState::NeedsReview => {}
-        OpState::InFlight => {
-            let lease = rec.lease_until_ms.unwrap_or(0);
-            if lease > now_ms() && !r.force {
-                return Err(OpsError::Refused(format!(
-                    "{} is IN_FLIGHT with its lease held until {}: its executor may still be running it. \
-                     Wait for the lease to end (the reconciler then decides), or pass --force",
-                    r.key,
-                    idem_core::utc::iso_utc_ms(lease)
-                )));
+    async fn run(
+        &self,
+        redis_url: &Option<String>,
+        redis_cluster: bool,
+        sql: &SqlStore,
+        r: &ResolveArgs,
+    ) -> Result<String, OpsError> {
+        let done = review::resolve(sql, Some(&self.lookups), &r.key, &self.ask(r)).await.map_err(|refused| {
+            let text = format!("{}: {refused}", r.key);
+            match refused {
+                review::Refusal::Usage(_) => OpsError::Usage(text),
+                review::Refusal::Unavailable(_) => OpsError::Unreachable(text),
+                _ => OpsError::Refused(text),
             }
+        })?;
+        let to = match done.to {
+            Some(TerminalState::Done) => "DONE",
+            Some(TerminalState::Failed) => "FAILED",
+            None => "released (no row: a confirm may run it again)",
+        };
+        let mut text = format!("{}: {} -> {to}\n", r.key, done.from.as_str());
+        if let Some(url) = redis_url {
+            text.push_str(&evict(url, redis_cluster, &r.key).await);
         }
-        other => {
-            return Err(OpsError::Refused(format!(
-                "{} is {}: only IN_FLIGHT or NEEDS_REVIEW operations can be resolved",
-                r.key,
-                other.as_str()
-            )));
-        }
+        Ok(text)
     }
-    let resolution = match &planned.terminal {
-        Some((state, result_json)) => Resolution::Terminal { state: *state, result_json },
-        None => Resolution::Release,
-    };
-    let audit = Audit { actor, action: planned.action, why: &planned.why, trace_id: "" };
-    if !sql.resolve(&rec, resolution, &audit).await.map_err(unreachable)? {
-        let now = sql.get(&r.key).await.map_err(unreachable)?;
-        let now = now.map(|n| n.state.as_str()).unwrap_or("gone");
-        return Err(OpsError::Refused(format!(
-            "{} changed while you decided (now {now}); run `idemd ops show {}` and decide again",
-            r.key, r.key
-        )));
-    }
-    let to = match &planned.terminal {
-        Some((TerminalState::Done, _)) => "DONE",
-        Some((TerminalState::Failed, _)) => "FAILED",
-        None => "released (no row: a confirm may run it again)",
-    };
-    let mut text = format!("{}: {} -> {to}\n", r.key, rec.state.as_str());
-    if let Some(url) = redis_url {
-        text.push_str(&evict(url, redis_cluster, &r.key).await);
-    }
-    Ok(text)
 }
 
 /// Drop the cached copy so the next confirm reads the decision from SQL.
@@ -271,21 +248,6 @@ async fn connect(args: &OpsArgs) -> Result<SqlStore, OpsError> {
     SqlStore::connect(&args.database_url, &opts)
         .await
         .map_err(|e| OpsError::Unreachable(format!("database {}: {e}", redact_url(&args.database_url))))
-}
-
-/// `operator:<--actor, or $USER>` for the audit trail.
-fn operator(args: &OpsArgs) -> Result<String, OpsError> {
-    let name = args
-        .actor
-        .clone()
-        .or_else(|| std::env::var("USER").ok())
-        .map(|n| n.trim().to_string())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "unknown".to_string());
-    if name.chars().any(char::is_control) {
-        return Err(OpsError::Usage("--actor must be printable".into()));
-    }
-    Ok(clip(&format!("operator:{name}"), MAX_ACTOR).to_string())
 }
 
 fn check_key(key: &str) -> Result<(), OpsError> {

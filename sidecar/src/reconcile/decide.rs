@@ -190,21 +190,40 @@ impl Reading {
     }
 }
 
-/// The decision and the evidence for the audit trail.
-pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decision, String) {
+/// What a lookup proves about one row, before the retry budget counts: the one reading of a status
+/// answer, for the reconciler's decision ([`decide`]) and for a person's release (`store::review`,
+/// which may release only on [`Proof::Absent`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// It executed: this is its result.
+    Done(StoredResult),
+    /// It executed and the upstream refused it: this is its result.
+    Failed(StoredResult),
+    /// The upstream has no record of it, and the lease ended long enough ago to trust that.
+    Absent,
+    /// No record, but the lease ended too recently: the request may still be on its way.
+    TooSoon,
+    /// No evidence this time (a failed lookup, a record that reads neither way): ask again.
+    Unknown,
+    /// Nothing this lookup could say is evidence about this row: a person decides.
+    Never,
+}
+
+/// What `asked` proves about `rec` at `now_ms`, and the evidence in words for the audit trail.
+pub fn proof(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Proof, String) {
     let (by, answer) = match asked {
         Asked::NoEndpoint if rec.upstream_ignores_keys => {
             let why = format!("{NO_REF_LOOKUP}: no status endpoint is configured for scope {}", rec.scope);
-            return (Decision::NeedsReview, why);
+            return (Proof::Never, why);
         }
         Asked::NoEndpoint => {
-            return (Decision::NeedsReview, format!("no status endpoint is configured for scope {}", rec.scope))
+            return (Proof::Never, format!("no status endpoint is configured for scope {}", rec.scope))
         }
-        Asked::Unaskable(why) => return (Decision::NeedsReview, why.clone()),
+        Asked::Unaskable(why) => return (Proof::Never, why.clone()),
         // `target` never asks such a row by key; should it, the answer is still no evidence.
         Asked::Answered(By::Key, _) if rec.upstream_ignores_keys => {
             let why = format!("{NO_REF_LOOKUP}: a by-key answer says nothing about an upstream that ignores keys");
-            return (Decision::NeedsReview, why);
+            return (Proof::Never, why);
         }
         Asked::Answered(by, answer) => (*by, answer),
     };
@@ -214,6 +233,12 @@ pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decis
         By::Ref => "status endpoint (by business reference) answered",
     };
     match answer {
+        StatusAnswer::Found { body, .. } if by == By::Ref && same_operation(rec, body).is_err() => {
+            let why = same_operation(rec, body).err().unwrap_or_default();
+            // A reference names one operation among those idemd knows, not among the upstream's
+            // records (one made around the gateway, one reaped here): only the bound fields tell.
+            (Proof::Never, format!("{looked_up} 200 with a record not proven this operation's ({why}): a reference alone proves nothing"))
+        }
         StatusAnswer::Found { content_type, body } => {
             let reading = rules.readings.get(&rec.scope).cloned().unwrap_or_default();
             let result = |status: u16| StoredResult {
@@ -223,18 +248,16 @@ pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decis
             };
             match reading.read(body) {
                 (Some(true), v) => (
-                    Decision::Done(result(reading.done_status)),
+                    Proof::Done(result(reading.done_status)),
                     format!("{looked_up} 200 with {} = {v}: the upstream executed it", reading.pointer),
                 ),
                 (Some(false), v) => (
-                    Decision::Failed(result(reading.failed_status)),
+                    Proof::Failed(result(reading.failed_status)),
                     format!("{looked_up} 200 with {} = {v}: the upstream refused it", reading.pointer),
                 ),
-                (None, v) => retry_or_review(
-                    rec,
-                    rules,
-                    &format!("{looked_up} 200 with {} = {v}, neither done nor failed", reading.pointer),
-                ),
+                (None, v) => {
+                    (Proof::Unknown, format!("{looked_up} 200 with {} = {v}, neither done nor failed", reading.pointer))
+                }
             }
         }
         StatusAnswer::NotFound => {
@@ -248,7 +271,7 @@ pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decis
             };
             if since >= i64::try_from(rules.grace_ms).unwrap_or(i64::MAX) {
                 (
-                    Decision::Release,
+                    Proof::Absent,
                     format!(
                         "{looked_up} 404 {since} ms after the lease ended (grace {} ms): {unknown}",
                         rules.grace_ms
@@ -256,12 +279,64 @@ pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decis
                 )
             } else {
                 (
-                    Decision::SkipGrace,
+                    Proof::TooSoon,
                     format!("{looked_up} 404 only {since} ms after the lease ended (grace {} ms)", rules.grace_ms),
                 )
             }
         }
-        StatusAnswer::Failed(what) => retry_or_review(rec, rules, &format!("status lookup failed: {what}")),
+        StatusAnswer::Failed(what) => (Proof::Unknown, format!("status lookup failed: {what}")),
+    }
+}
+
+/// Whether a record the upstream answered under `rec`'s business reference is `rec`'s operation:
+/// every bound field the confirm carried (the canonical JSON kept with the reference) is at the same
+/// pointer of the record with the same value, read by the fingerprint's own canonical rule (so a
+/// decimal `10.00` and `"10.0"` are one value). `Err` says what is missing or differs, by pointer only
+/// (never a value: the audit trail keeps no parameter).
+pub fn same_operation(rec: &Record, body: &[u8]) -> Result<(), String> {
+    use idem_core::canonical::{canonical_params, BoundField};
+    let Some(fields) = rec.bound_fields.as_deref() else {
+        return Err("the operation keeps no bound fields to compare: its filter sent none".into());
+    };
+    let Ok(serde_json::Value::Object(expected)) = serde_json::from_str::<serde_json::Value>(fields) else {
+        return Err("the operation's bound fields do not read".into());
+    };
+    let Ok(record) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Err("the record is not JSON".into());
+    };
+    // One value as the fingerprint's canonical rule writes it (a number expected: any decimal spelling).
+    let canonical = |value: &serde_json::Value, decimal: bool| {
+        canonical_params(&serde_json::json!({ "v": value }), &[BoundField::new("/v", decimal)]).ok()
+    };
+    let differ: Vec<String> = expected
+        .iter()
+        .filter_map(|(pointer, want)| match record.pointer(pointer) {
+            None | Some(serde_json::Value::Null) => Some(format!("{pointer} absent")),
+            Some(got)
+                if canonical(got, want.is_number()).is_some_and(|g| Some(g) == canonical(want, want.is_number())) =>
+            {
+                None
+            }
+            Some(_) => Some(format!("{pointer} differs")),
+        })
+        .collect();
+    if differ.is_empty() {
+        Ok(())
+    } else {
+        Err(differ.join(", "))
+    }
+}
+
+/// The decision and the evidence for the audit trail: what the lookup proves ([`proof`]), with the
+/// retry budget counted where it proves nothing this time.
+pub fn decide(rec: &Record, asked: &Asked, now_ms: i64, rules: &Rules) -> (Decision, String) {
+    match proof(rec, asked, now_ms, rules) {
+        (Proof::Done(result), why) => (Decision::Done(result), why),
+        (Proof::Failed(result), why) => (Decision::Failed(result), why),
+        (Proof::Absent, why) => (Decision::Release, why),
+        (Proof::TooSoon, why) => (Decision::SkipGrace, why),
+        (Proof::Unknown, why) => retry_or_review(rec, rules, &why),
+        (Proof::Never, why) => (Decision::NeedsReview, why),
     }
 }
 
@@ -319,6 +394,7 @@ mod tests {
             fp_exp_ms: None,
             upstream_ignores_keys: false,
             business_ref: None,
+            bound_fields: None,
         }
     }
 
@@ -385,9 +461,17 @@ mod tests {
         assert_eq!(why, "no status endpoint is configured for scope payments.transfer");
     }
 
+    /// The bound fields a no-key row's confirm carried: the amount and its client reference.
+    const FIELDS: &str = r#"{"/amount":10.5,"/ref":"inv-7"}"#;
+
     /// A row whose route says `upstream_keys: ignored`, with client reference `inv-7`.
     fn no_key_row(lease_until_ms: i64, attempts: i64) -> Record {
-        Record { upstream_ignores_keys: true, business_ref: Some("inv-7".into()), ..rec(lease_until_ms, attempts) }
+        Record {
+            upstream_ignores_keys: true,
+            business_ref: Some("inv-7".into()),
+            bound_fields: Some(FIELDS.into()),
+            ..rec(lease_until_ms, attempts)
+        }
     }
 
     fn by_ref(a: &StatusAnswer) -> Asked {
@@ -414,14 +498,49 @@ mod tests {
     #[test]
     fn a_by_reference_record_reads_as_done_or_failed() {
         let found = |body: &str| StatusAnswer::Found { content_type: None, body: body.as_bytes().to_vec() };
-        let (d, why) = decide(&no_key_row(0, 0), &by_ref(&found(r#"{"status":"executed"}"#)), 10, &rules());
-        assert_eq!(d.metric(), "done");
+        let record = r#"{"status":"executed","amount":"10.50","ref":"inv-7","id":"t_1"}"#;
+        let (d, why) = decide(&no_key_row(0, 0), &by_ref(&found(record)), 10, &rules());
+        assert_eq!(d.metric(), "done", "{why}");
         assert!(why.starts_with("status endpoint (by business reference) answered 200 with /status"), "{why}");
-        let (d, _) = decide(&no_key_row(0, 0), &by_ref(&found(r#"{"status":"failed"}"#)), 10, &rules());
+        let record = r#"{"status":"failed","amount":10.5,"ref":"inv-7"}"#;
+        let (d, _) = decide(&no_key_row(0, 0), &by_ref(&found(record)), 10, &rules());
         assert_eq!(d.metric(), "failed");
         // No evidence costs an attempt, as by key.
         let (d, _) = decide(&no_key_row(0, 2), &by_ref(&StatusAnswer::Failed("answered 500".into())), 10, &rules());
         assert_eq!(d, Decision::NeedsReview);
+    }
+
+    /// DESIGN §4, "A reference proves only its own operation": a record under the reference settles
+    /// the row only if it carries the row's bound fields; another operation's record (another amount,
+    /// one without the reference, one made around the gateway) or a row that keeps no fields to compare
+    /// goes to a person at once, never DONE with someone else's result.
+    #[test]
+    fn a_record_under_the_reference_settles_only_its_own_operation() {
+        let found = |body: &str| by_ref(&StatusAnswer::Found { content_type: None, body: body.as_bytes().to_vec() });
+        for (body, says) in [
+            (r#"{"status":"executed","amount":"99.00","ref":"inv-7"}"#, "/amount differs"),
+            (r#"{"status":"executed","ref":"inv-7"}"#, "/amount absent"),
+            (r#"{"status":"executed","amount":"10.5","ref":"INV-7"}"#, "/ref differs"),
+            (r#"{"status":"executed","amount":"10.5","ref":null}"#, "/ref absent"),
+            (r#"{"status":"executed","amount":{"v":"10.5"},"ref":"inv-7"}"#, "/amount differs"),
+            ("executed", "the record is not JSON"),
+        ] {
+            let (d, why) = decide(&no_key_row(0, 0), &found(body), 10, &rules());
+            assert_eq!(d, Decision::NeedsReview, "{body}: {why}");
+            assert!(why.contains("a record not proven this operation's") && why.contains(says), "{body}: {why}");
+            assert!(!why.contains("99"), "no parameter value in the audit line: {why}");
+        }
+        let legacy = Record { bound_fields: None, ..no_key_row(0, 0) };
+        let (d, why) = decide(&legacy, &found(r#"{"status":"executed","amount":"10.5","ref":"inv-7"}"#), 10, &rules());
+        assert_eq!(d, Decision::NeedsReview);
+        assert!(why.contains("keeps no bound fields"), "{why}");
+        // Decimals by value, other fields of the record ignored.
+        let spelled = r#"{"ref":"inv-7","amount":"10.500","status":"executed","memo":"x"}"#;
+        assert_eq!(decide(&no_key_row(0, 0), &found(spelled), 10, &rules()).0.metric(), "done");
+        // A by-key answer (a deduplicating upstream's own key) needs no fields.
+        let keyed = Record { business_ref: Some("inv-7".into()), ..rec(0, 0) };
+        let answer = StatusAnswer::Found { content_type: None, body: br#"{"status":"executed"}"#.to_vec() };
+        assert_eq!(decide(&keyed, &key(&answer), 10, &rules()).0.metric(), "done");
     }
 
     #[test]

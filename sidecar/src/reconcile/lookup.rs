@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::decide::StatusAnswer;
-use super::target::StatusEndpoints;
-use crate::store::record::MAX_RESULT_BYTES;
+use super::decide::{Asked, StatusAnswer};
+use super::target::{self, StatusEndpoints};
+use crate::store::record::{Record, MAX_RESULT_BYTES};
 
 /// The largest record accepted: the same bound as a stored result.
 const MAX_RECORD_BYTES: usize = MAX_RESULT_BYTES;
 
+#[derive(Clone)]
 pub struct StatusClient {
     http: reqwest::Client,
     endpoints: StatusEndpoints,
@@ -41,6 +42,17 @@ impl StatusClient {
     /// The URL template for a scope, if one is configured.
     pub fn endpoint(&self, scope: &str) -> Option<&str> {
         self.endpoints.get(scope).map(String::as_str)
+    }
+
+    /// What the scope's endpoint says about `rec` now: it has none, it cannot be asked anything that
+    /// would be evidence about this row (`target` says why), or its answer. The reconciler and a
+    /// person's release (`store::review`) ask this one way.
+    pub async fn ask(&self, rec: &Record) -> Asked {
+        match self.endpoint(&rec.scope).map(|template| target::target(template, rec)) {
+            None => Asked::NoEndpoint,
+            Some(Err(why)) => Asked::Unaskable(why),
+            Some(Ok(t)) => Asked::Answered(t.by, self.lookup(&t.url, &rec.key).await),
+        }
     }
 
     /// `url`: the scope's template filled in for this row (`target::target`).

@@ -31,6 +31,14 @@ use crate::store::{new_owner, now_ms, Store};
 /// Rows looked up at the same time within one pass.
 const CONCURRENCY: usize = 8;
 
+/// The scopes' status endpoints and how their answers read: what decides whether an operation ran,
+/// for the reconciler and for a person's release (`store::review`, which asks at that moment).
+#[derive(Clone)]
+pub struct Lookups {
+    pub status: StatusClient,
+    pub rules: Rules,
+}
+
 #[derive(Clone, Debug)]
 pub struct ReconcileSettings {
     pub rules: Rules,
@@ -180,15 +188,10 @@ impl Reconciler {
                 return RowOutcome::Error;
             }
         }
-        let asked = match self.status.endpoint(&rec.scope).map(|template| target::target(template, &rec)) {
-            None => Asked::NoEndpoint,
-            Some(Err(why)) => Asked::Unaskable(why),
-            Some(Ok(t)) => {
-                let answer = self.status.lookup(&t.url, &rec.key).await;
-                self.store.metrics().lookup(&rec.scope, answer.metric());
-                Asked::Answered(t.by, answer)
-            }
-        };
+        let asked = self.status.ask(&rec).await;
+        if let Asked::Answered(_, answer) = &asked {
+            self.store.metrics().lookup(&rec.scope, answer.metric());
+        }
         let (decision, why) = decide(&rec, &asked, now_ms(), &self.settings.rules);
         tracing::Span::current().record("decision", decision.metric());
         match self.apply(&rec, &token, &decision, clip(&why, MAX_WHY)).await {

@@ -103,6 +103,7 @@ mod tests {
             fp_exp_ms: None,
             upstream_ignores_keys: ignores_keys,
             business_ref: business_ref.map(str::to_string),
+            bound_fields: None,
         }
     }
 

@@ -49,7 +49,7 @@ use idem_core::protocol::{
     OwnerToken, ReleaseRequest, RenewRequest, RenewResponse, SecurityKind, StoredResult, WithApproval,
 };
 use tokio::sync::Semaphore;
-use tracing::{debug, warn, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
 use self::audit::{Audit, SecurityEvent};
 use self::record::Record;
@@ -288,6 +288,8 @@ impl Store {
                 fp_exp_ms: req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
                 upstream_ignores_keys: req.upstream_ignores_keys,
                 business_ref: req.business_ref.as_deref(),
+                // Kept only beside a reference: what a record found under it must carry.
+                bound_fields: req.fields.as_deref().filter(|_| req.business_ref.is_some()),
             };
             let audit = Audit {
                 actor: FILTER,
@@ -320,20 +322,15 @@ impl Store {
                     }
                     return answer_from_row(&rec, req);
                 }
-                // No row: the insert was refused by an approval not (yet) given, or the row was
-                // released between our insert and our read (then try the insert again).
-                Ok(None) => match self.sql_timed("approval_get", self.sql.approval(&req.key)).await {
-                    Ok(Some(a)) if !rules::acquire_allowed(Some(&a), now) => {
+                // No row: the insert was refused (an approval not given, a business reference
+                // another operation holds), or the row was released between our insert and our read
+                // (then try the insert again).
+                Ok(None) => match self.refused_insert(req, now).await {
+                    Ok(Some(outcome)) => {
                         self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
-                        let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
-                        let outcome = match rules::approval_gate(Some(&a), false, binding, now) {
-                            rules::Gate::Answer(o) => o,
-                            // Not allowed, so not APPROVED: awaiting is the closest honest word.
-                            rules::Gate::Proceed | rules::Gate::Record => AcquireOutcome::AwaitingApproval,
-                        };
                         return AcquireResponse { outcome, owner: None, result: None };
                     }
-                    Ok(_) => continue,
+                    Ok(None) => continue,
                     Err(_) => {
                         self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
                         return unavailable();
@@ -408,6 +405,33 @@ impl Store {
             Ok(None) => Step::Answer(in_flight(holder)),
             // SQL down: IN_FLIGHT is still the safe answer (nothing may run).
             Err(_) => Step::Answer(in_flight(holder)),
+        }
+    }
+
+    /// Why an insert that found no row inserted nothing, if it was refused: the approval's answer
+    /// (not given, or past `exp`), or REFERENCE_IN_USE when another operation of the scope holds the
+    /// business reference (DESIGN §4, "A reference proves only its own operation": a reference two
+    /// operations shared would let one be settled by the other's record). `None`: not refused
+    /// (released meanwhile), insert again.
+    async fn refused_insert(&self, req: &AcquireRequest, now: i64) -> Result<Option<AcquireOutcome>, SqlError> {
+        if let Some(a) = self.sql_timed("approval_get", self.sql.approval(&req.key)).await? {
+            if !rules::acquire_allowed(Some(&a), now) {
+                let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
+                return Ok(Some(match rules::approval_gate(Some(&a), false, binding, now) {
+                    rules::Gate::Answer(o) => o,
+                    // Not allowed, so not APPROVED: awaiting is the closest honest word.
+                    rules::Gate::Proceed | rules::Gate::Record => AcquireOutcome::AwaitingApproval,
+                }));
+            }
+        }
+        let Some(reference) = req.business_ref.as_deref() else { return Ok(None) };
+        let holder = self.sql_timed("reference_get", self.sql.reference_holder(&req.scope, reference)).await?;
+        match holder {
+            Some(other) if other != req.key.as_str() => {
+                info!(key = %req.key, scope = %req.scope, holder = %other, "business reference held by another operation: refused");
+                Ok(Some(AcquireOutcome::ReferenceInUse))
+            }
+            _ => Ok(None),
         }
     }
 

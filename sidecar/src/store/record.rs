@@ -31,8 +31,12 @@ pub struct Record {
     /// lookup proves nothing about this row (the reconciler, DESIGN §4).
     pub upstream_ignores_keys: bool,
     /// The confirm's business reference (the route's `business_ref` field), by which the
-    /// reconciler can look the operation up instead of by key.
+    /// reconciler can look the operation up instead of by key. One operation per scope holds it.
     pub business_ref: Option<String>,
+    /// The bound fields' canonical JSON, kept with a business reference: a record the upstream
+    /// answers under the reference is this operation's only if it carries these values
+    /// (`reconcile::decide::proof`). `None` for rows acquired without it (an older filter).
+    pub bound_fields: Option<String>,
 }
 
 /// One row of `idem_approval` (DESIGN §4, "Approval"): an operation a person must approve before

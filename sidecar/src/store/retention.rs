@@ -90,6 +90,7 @@ mod tests {
             fp_exp_ms,
             upstream_ignores_keys: false,
             business_ref: None,
+            bound_fields: None,
         }
     }
 

@@ -345,6 +345,14 @@ pub enum Refusal {
     OwnSubject,
 }
 
+/// No person decides an operation of their own subject (DESIGN §4): `person_subject_hash` is the
+/// person's identity hashed as a subject is. Every human decision asks this — an approval, a
+/// rejection, and resolving an operation as done, failed or released (`review`) — unless the
+/// deployment allows it (`allow_self`).
+pub fn own_subject(operation_subject_hash: &str, person_subject_hash: &str, allow_self: bool) -> bool {
+    !allow_self && operation_subject_hash == person_subject_hash
+}
+
 /// An approver's decision: the `UPDATE … WHERE state = 'AWAITING_APPROVAL' AND fp_exp_ms > now`,
 /// after the self-approval check. `approver_subject_hash`: the approver's identity hashed as a
 /// subject is, compared with the operation's subject.
@@ -363,7 +371,7 @@ pub fn decide(
     if now_ms >= row.fp_exp_ms {
         return Err(Refusal::Lapsed);
     }
-    if !allow_self && row.subject_hash == approver_subject_hash {
+    if own_subject(&row.subject_hash, approver_subject_hash, allow_self) {
         return Err(Refusal::OwnSubject);
     }
     let state = match decision {
@@ -422,6 +430,7 @@ mod tests {
             fp_exp_ms: None,
             upstream_ignores_keys: false,
             business_ref: None,
+            bound_fields: None,
         }
     }
 

@@ -117,6 +117,8 @@ pub struct NewInFlight<'a> {
     pub fp_exp_ms: Option<i64>,
     pub upstream_ignores_keys: bool,
     pub business_ref: Option<&'a str>,
+    /// The bound fields' canonical JSON, kept with a business reference.
+    pub bound_fields: Option<&'a str>,
 }
 
 #[derive(Clone)]
@@ -199,6 +201,7 @@ macro_rules! read_record {
             fp_exp_ms: row.try_get("fp_exp_ms")?,
             upstream_ignores_keys: ignores.is_some_and(|v| v != 0),
             business_ref: row.try_get("business_ref")?,
+            bound_fields: row.try_get("bound_fields")?,
             key,
         })
     }};
@@ -218,7 +221,7 @@ struct Queries {
 }
 
 pub(super) const COLUMNS: &str = "idem_key, state, param_hash, subject_hash, scope, owner, result, lease_until, \
-     created_at, updated_at, reconcile_attempts, fp_exp_ms, upstream_ignores_keys, business_ref";
+     created_at, updated_at, reconcile_attempts, fp_exp_ms, upstream_ignores_keys, business_ref, bound_fields";
 
 const AUDIT_COLUMNS: &str = "idem_key, at_ms, actor, action, from_state, to_state, why, trace_id";
 
@@ -230,16 +233,19 @@ impl Queries {
         let from_dual = if backend == Backend::MySql { " FROM DUAL" } else { "" };
         let insert_values = format!(
             "(idem_key, state, param_hash, subject_hash, scope, owner, lease_until, created_at, updated_at, fp_exp_ms, \
-             upstream_ignores_keys, business_ref) SELECT ?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{from_dual} \
-             WHERE NOT EXISTS (SELECT 1 FROM idem_approval WHERE idem_key = ?k \
+             upstream_ignores_keys, business_ref, bound_fields) SELECT ?k, 'IN_FLIGHT', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
+             ?{from_dual} WHERE NOT EXISTS (SELECT 1 FROM idem_approval WHERE idem_key = ?k \
              AND (state <> 'APPROVED' OR fp_exp_ms <= ?))"
         );
+        // Two unique keys meet here: the operation's (its key) and its business reference's
+        // (scope, business_ref; migration 0008). Either conflict inserts nothing, and the store reads
+        // which one it was (`SqlStore::reference_holder`).
         let insert = match backend {
             // INSERT IGNORE also downgrades data errors to warnings; every value
-            // is validated before it gets here, so only the duplicate key is left.
+            // is validated before it gets here, so only the duplicate keys are left.
             Backend::MySql => format!("INSERT IGNORE INTO idem_record {insert_values}"),
             Backend::Postgres | Backend::Sqlite => {
-                format!("INSERT INTO idem_record {insert_values} ON CONFLICT (idem_key) DO NOTHING")
+                format!("INSERT INTO idem_record {insert_values} ON CONFLICT DO NOTHING")
             }
         };
         Self {
@@ -375,6 +381,13 @@ const MIGRATIONS: &[Migration] = &[
         mysql: include_str!("../../migrations/mysql/0007_approvals.sql"),
         sqlite: include_str!("../../migrations/sqlite/0007_approvals.sql"),
     },
+    Migration {
+        version: 8,
+        description: "idem_record.bound_fields, one business reference per scope",
+        postgres: include_str!("../../migrations/postgres/0008_reference_per_scope.sql"),
+        mysql: include_str!("../../migrations/mysql/0008_reference_per_scope.sql"),
+        sqlite: include_str!("../../migrations/sqlite/0008_reference_per_scope.sql"),
+    },
 ];
 
 const MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
@@ -477,12 +490,27 @@ impl SqlStore {
             Bind::OptInt(row.fp_exp_ms),
             Bind::Int(i64::from(row.upstream_ignores_keys)),
             Bind::OptText(row.business_ref),
+            Bind::OptText(row.bound_fields),
             // The approval gate's key, and its clock (an approval past exp has lapsed).
             Bind::Text(row.key),
             Bind::Int(row.now_ms),
         ];
         let change = Change { key: row.key, from: None, to: Some("IN_FLIGHT"), at_ms: row.now_ms, audit };
         self.change(&self.q.insert, &binds, &change).await
+    }
+
+    /// The operation of `scope` that holds `reference` (its key), if any: why an insert with that
+    /// reference inserted nothing (DESIGN §4, "A reference proves only its own operation").
+    pub async fn reference_holder(&self, scope: &str, reference: &str) -> Result<Option<String>, SqlError> {
+        let text = render(self.backend, "SELECT idem_key FROM idem_record WHERE scope = ? AND business_ref = ?");
+        self.bounded(async {
+            on_pool!(&self.pool, p => {
+                let key: Option<String> =
+                    sqlx::query_scalar(&text).bind(scope).bind(reference).fetch_optional(p).await?;
+                Ok(key.map(|k| k.trim_end().to_string()))
+            })
+        })
+        .await
     }
 
     pub async fn get(&self, key: &str) -> Result<Option<Record>, SqlError> {

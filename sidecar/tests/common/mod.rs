@@ -338,6 +338,7 @@ pub fn acq(key: &str) -> AcquireRequest {
         exp: None,
         upstream_ignores_keys: false,
         business_ref: None,
+        fields: None,
         approval: None,
     }
 }

@@ -12,7 +12,7 @@ use idem_core::protocol::{
 };
 use idemd::store::{now_ms, Store, StoreSettings};
 
-use super::{acq, new_key, rich_result, settings, simple_result, Fixture};
+use super::{acq, new_key, rich_result, settings, simple_result, Fixture, SCOPE};
 
 async fn acquired(store: &Store, key: &str) -> String {
     let a = store.acquire(&acq(key)).await;
@@ -437,6 +437,79 @@ pub async fn renewal_extends_the_lease_of_its_owner_only(fx: &Fixture) {
     assert_eq!((done.state, done.lease_until_ms), (OpState::Done, None), "a renewal never touches a terminal row");
 }
 
+/// DESIGN §4, "A reference proves only its own operation": a business reference names one operation
+/// per scope among those idemd knows. A second operation with it is refused (REFERENCE_IN_USE):
+/// nothing inserted, no Redis copy left, every retry the same, while the holder is in flight or
+/// done; the holder's own retries are answered from its row; another scope may use it; a released
+/// operation (it never ran) frees it; of 20 operations racing for one reference on four replicas,
+/// one acquires. The row keeps the bound fields beside the reference.
+pub async fn a_business_reference_names_one_operation_per_scope(fx: &Fixture) {
+    let mut replicas = Vec::new();
+    for _ in 0..4 {
+        replicas.push(fx.store().await);
+    }
+    let store = &replicas[0];
+    let reference = |tag: &str| format!("inv-{tag}-{}", &new_key()[..12]);
+    const FIELDS: &str = r#"{"/amount":10,"/ref":"x"}"#;
+    let with_ref = |key: &str, scope: &str, r: &str| AcquireRequest {
+        scope: scope.into(),
+        business_ref: Some(r.to_string()),
+        fields: Some(FIELDS.into()),
+        ..acq(key)
+    };
+    let held = reference("held");
+    let (a, b) = (new_key(), new_key());
+    let first = store.acquire(&with_ref(&a, SCOPE, &held)).await;
+    assert_eq!(first.outcome, AcquireOutcome::Acquired, "{}", fx.label());
+    let rec = store.sql().get(&a).await.expect("sql").expect("row");
+    assert_eq!((rec.business_ref.as_deref(), rec.bound_fields.as_deref()), (Some(held.as_str()), Some(FIELDS)));
+    for replica in &replicas[..2] {
+        let refused = replica.acquire(&with_ref(&b, SCOPE, &held)).await;
+        assert_eq!((refused.outcome, refused.owner), (AcquireOutcome::ReferenceInUse, None), "{}", fx.label());
+    }
+    assert_eq!(fx.count_rows(&b).await, 0, "nothing inserted for the second operation");
+    if let Some(redis) = &fx.redis {
+        assert!(redis.hgetall(&b).await.is_empty(), "no Redis gate left behind");
+    }
+    assert!(store
+        .metrics()
+        .encode()
+        .contains("idem_acquire_total{outcome=\"REFERENCE_IN_USE\",mode=\"fingerprint\"} 1"));
+    // The holder's own retry: its row answers.
+    assert_eq!(store.acquire(&with_ref(&a, SCOPE, &held)).await.outcome, AcquireOutcome::InFlight);
+    // Another scope is another namespace of references.
+    assert_eq!(store.acquire(&with_ref(&new_key(), "payments.other", &held)).await.outcome, AcquireOutcome::Acquired);
+    // Done, it still holds the reference.
+    let owner = first.owner.expect("owner").to_string();
+    assert_eq!(complete(store, &a, &owner, TerminalState::Done, &simple_result("a")).await, Ack::Ok);
+    assert_eq!(store.acquire(&with_ref(&b, SCOPE, &held)).await.outcome, AcquireOutcome::ReferenceInUse);
+
+    // Released (it provably never ran): the reference is free again.
+    let freed = reference("freed");
+    let (c, d) = (new_key(), new_key());
+    let owner = store.acquire(&with_ref(&c, SCOPE, &freed)).await.owner.expect("owner").to_string();
+    assert_eq!(release(store, &c, &owner).await, Ack::Ok);
+    assert_eq!(store.acquire(&with_ref(&d, SCOPE, &freed)).await.outcome, AcquireOutcome::Acquired);
+
+    // Twenty operations race for one reference: one acquires.
+    let raced = reference("raced");
+    let start = Arc::new(tokio::sync::Barrier::new(20));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let (replica, start, req) = (replicas[i % 4].clone(), start.clone(), with_ref(&new_key(), SCOPE, &raced));
+        tasks.spawn(async move {
+            start.wait().await;
+            replica.acquire(&req).await.outcome
+        });
+    }
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    while let Some(r) = tasks.join_next().await {
+        *counts.entry(r.expect("task").as_str()).or_default() += 1;
+    }
+    assert_eq!(counts.get("ACQUIRED"), Some(&1), "{} {counts:?}", fx.label());
+    assert_eq!(counts.get("REFERENCE_IN_USE"), Some(&19), "{} {counts:?}", fx.label());
+}
+
 /// Every scenario, in order, for fixtures that are expensive to build (a
 /// Redis Cluster).
 pub async fn all(fx: &Fixture) {
@@ -455,6 +528,7 @@ pub async fn all(fx: &Fixture) {
     complete_that_missed_redis_is_still_seen(fx).await;
     release_that_missed_redis_frees_the_nonce(fx).await;
     renewal_extends_the_lease_of_its_owner_only(fx).await;
+    a_business_reference_names_one_operation_per_scope(fx).await;
 }
 
 /// SQLite's writes are committed in groups by one writer (`store::group_commit`): 48 fresh
