@@ -81,7 +81,7 @@ pub fn router(store: Arc<Store>, tokens: Tokens) -> Router {
 
 /// The API with the approval routes (`crate::approvals`) behind the approvers' own credentials;
 /// `lookups`: the scopes' status endpoints, which a person's release asks at that moment
-/// (`store::review`; none configured: a release rests on the person's word).
+/// (`review`; none configured: a release rests on the person's word).
 pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers, lookups: Option<Lookups>) -> Router {
     let approvals = ApprovalsState {
         approvers: Arc::new(approvers),

@@ -135,7 +135,7 @@ pub struct ApprovalsState {
     pub store: Arc<Store>,
     /// The console's CSRF tokens (`crate::console`).
     pub csrf: Arc<CsrfKey>,
-    /// What a release from the console asks at that moment (`store::review`).
+    /// What a release from the console asks at that moment (`review`).
     pub lookups: Option<Arc<crate::reconcile::Lookups>>,
 }
 

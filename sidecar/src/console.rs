@@ -3,7 +3,7 @@
 //! `GET /approvals` lists what waits for a person (the bound fields, scope, subject hash, age and
 //! expiry) with an approve/reject form each, and the NEEDS_REVIEW operations with a resolve form
 //! (`release`, `done` with the result the agent gets, or `failed` with a reason for it, checked and
-//! written as `idemd ops resolve` does: `store::review::resolve`). An operation of the signed-in
+//! written as `idemd ops resolve` does: `review::resolve`). An operation of the signed-in
 //! approver's own subject gets no form, only a line saying another person decides it (and a posted
 //! form for it is refused, `own_subject`); a release asks the scope's status endpoint at that moment
 //! and is refused, saying what it found, unless the operation is absent there.
@@ -24,7 +24,7 @@ use idem_core::protocol::{Decision, OpKey, OpState};
 
 use crate::approvals::{ApprovalsState, Approver};
 use crate::store::now_ms;
-use crate::store::review::{self, Ask, ResolveAs};
+use crate::review::{self, Ask, ResolveAs};
 
 /// Text for HTML (element content and double-quoted attributes).
 pub fn escape(text: &str) -> String {
@@ -112,7 +112,7 @@ pub async fn page(
             escape(&rec.subject_hash),
             (now - rec.updated_at_ms).max(0) / 1000,
         );
-        // The same rule the server applies when the form comes back (store::review).
+        // The same rule the server applies when the form comes back (review).
         if crate::store::rules::own_subject(&rec.subject_hash, &own, state.approvers.allow_self) {
             body.push_str(
                 "<p class=\"own\">This is an operation of your own subject: another person must resolve it.</p>\
@@ -273,7 +273,7 @@ pub async fn resolve(
         Ok(v) => v,
         Err(refused) => return *refused,
     };
-    // The same checks, rules and result as `idemd ops resolve` (store::review).
+    // The same checks, rules and result as `idemd ops resolve` (review).
     let said = match f.get("outcome").map(String::as_str) {
         Some("release") => ResolveAs::Release,
         Some("done") => {

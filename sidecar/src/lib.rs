@@ -24,6 +24,7 @@ pub mod ops;
 pub mod probe;
 pub mod reaper;
 pub mod reconcile;
+pub mod review;
 pub mod redact;
 pub mod serve;
 pub mod store;

@@ -100,7 +100,7 @@ pub fn tokens(args: &ServeArgs) -> Result<Tokens, Failure> {
 
 pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     args.validate().map_err(|broken| Failure::Config(broken.join("\n")))?;
-    // One set of status endpoints: the reconciler's, and what a person's release asks (store::review).
+    // One set of status endpoints: the reconciler's, and what a person's release asks (review).
     let lookups = args
         .reconcile
         .status

@@ -372,7 +372,7 @@ async fn strangers_get_401_and_change_nothing() {
 }
 
 /// The approvers' console resolves a NEEDS_REVIEW operation as `idemd ops resolve` does
-/// (`store::review::planned`): `done` with the result the agent gets (replayed as the first result
+/// (`review::planned`): `done` with the result the agent gets (replayed as the first result
 /// from then on); a result that is not JSON is refused and changes nothing; the CSRF token is
 /// required.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -18,7 +18,7 @@ use crate::reconcile::Lookups;
 
 /// Where each scope's upstream says whether an operation ran, and how its answer reads: what the
 /// reconciler asks, and what a person's release of an operation asks at that moment
-/// (`store::review`). `idemd serve` and `idemd ops` read the same flags and variables.
+/// (`review`). `idemd serve` and `idemd ops` read the same flags and variables.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
     /// The upstream's status endpoint for one scope, as SCOPE=URL; `{key}` in

@@ -2,7 +2,7 @@
 //! answer — list operations by state, show one with its whole history, and
 //! resolve an IN_FLIGHT or NEEDS_REVIEW one by hand, with a reason that goes
 //! into the audit trail next to the filter's and the reconciler's lines
-//! (through `store::review`, as the approvers' console: the operator names
+//! (through `review`, as the approvers' console: the operator names
 //! themselves with `--actor` and may not settle an operation of their own
 //! subject; a release asks the scope's status endpoint first); and
 //! `ops events`, the security events (tampering, another subject's
@@ -26,7 +26,7 @@ use crate::reconcile::Lookups;
 use crate::redact::redact_url;
 use crate::store::now_ms;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::store::review::{self, Ask, ResolveAs};
+use crate::review::{self, Ask, ResolveAs};
 use crate::store::sql::{SqlOptions, SqlStore};
 
 #[derive(Debug)]
@@ -146,7 +146,7 @@ pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
     }
 }
 
-/// A resolve, its input read and checked (`store::review::check`) and its lookups configured,
+/// A resolve, its input read and checked (`review::check`) and its lookups configured,
 /// before the database is asked.
 struct Resolve {
     /// The `--result-file`'s bytes (`--done`).
@@ -159,7 +159,7 @@ impl Resolve {
     fn from_args(r: &ResolveArgs, actor: Option<&str>) -> Result<Self, OpsError> {
         check_key(&r.key)?;
         // The operator names themselves: no $USER, which is often a shared account on the host
-        // that runs this; the name is compared with the operation's subject (store::review).
+        // that runs this; the name is compared with the operation's subject (review).
         let person = actor.map(str::trim).filter(|a| !a.is_empty()).ok_or_else(|| {
             OpsError::Usage(
                 "resolve needs --actor (or IDEM_ACTOR): your name as the gateway names you (its subject), for the \

@@ -191,7 +191,7 @@ impl Reading {
 }
 
 /// What a lookup proves about one row, before the retry budget counts: the one reading of a status
-/// answer, for the reconciler's decision ([`decide`]) and for a person's release (`store::review`,
+/// answer, for the reconciler's decision ([`decide`]) and for a person's release (`review`,
 /// which may release only on [`Proof::Absent`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Proof {

@@ -46,7 +46,7 @@ impl StatusClient {
 
     /// What the scope's endpoint says about `rec` now: it has none, it cannot be asked anything that
     /// would be evidence about this row (`target` says why), or its answer. The reconciler and a
-    /// person's release (`store::review`) ask this one way.
+    /// person's release (`review`) ask this one way.
     pub async fn ask(&self, rec: &Record) -> Asked {
         match self.endpoint(&rec.scope).map(|template| target::target(template, rec)) {
             None => Asked::NoEndpoint,

@@ -32,7 +32,7 @@ use crate::store::{new_owner, now_ms, Store};
 const CONCURRENCY: usize = 8;
 
 /// The scopes' status endpoints and how their answers read: what decides whether an operation ran,
-/// for the reconciler and for a person's release (`store::review`, which asks at that moment).
+/// for the reconciler and for a person's release (`review`, which asks at that moment).
 #[derive(Clone)]
 pub struct Lookups {
     pub status: StatusClient,

@@ -36,7 +36,7 @@ mod group_commit;
 pub mod record;
 pub mod redis;
 pub mod retention;
-pub mod review;
+pub mod resolution;
 pub mod rules;
 pub mod sql;
 

@@ -16,6 +16,9 @@
 //!   lookup is possible (no endpoint, or none that can name this operation), the person's word
 //!   and reason are all there is, and the audit line says so.
 //!
+//! The decision lives here, above the store and the reconciler's lookups it uses; what a decision
+//! writes, with its audit line, is the store's (`store::resolution`).
+//!
 //! What the surfaces know of the person differs: the console's approver proved a credential of
 //! their own; `idemd ops` runs with database access, so its `--actor` is the operator's own word
 //! (anyone with the database's credentials can change rows without idemd). The rule there keeps an
@@ -24,22 +27,14 @@
 
 use idem_core::protocol::{encode_body, OpState, StoredResult, TerminalState};
 
-use super::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
-use super::now_ms;
-use super::record::Record;
-use super::rules;
-use super::sql::{audited, render, Bind, Change, SqlError, SqlStore, COLUMNS};
 use crate::reconcile::decide::{proof, Asked, Proof, StatusAnswer};
 use crate::reconcile::Lookups;
-
-/// What an operator decided.
-#[derive(Clone, Copy, Debug)]
-pub enum Resolution<'a> {
-    /// It happened (DONE) or definitely failed (FAILED), with this result.
-    Terminal { state: TerminalState, result_json: &'a str },
-    /// It provably never executed: forget it, a confirm may run it again.
-    Release,
-}
+use crate::store::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
+use crate::store::now_ms;
+use crate::store::record::Record;
+use crate::store::resolution::Resolution;
+use crate::store::rules;
+use crate::store::sql::{SqlError, SqlStore};
 
 /// What a person says an operation came to, before it is checked.
 #[derive(Clone, Copy, Debug)]
@@ -53,7 +48,7 @@ pub enum ResolveAs<'a> {
 }
 
 // The largest result an operator may record: what a filter may.
-use super::record::MAX_RESULT_BYTES;
+use crate::store::record::MAX_RESULT_BYTES;
 
 /// What a resolution writes: the terminal state and stored result (JSON), none for a release.
 #[derive(Clone, Debug)]
@@ -282,50 +277,3 @@ pub async fn resolve(sql: &SqlStore, lookups: Option<&Lookups>, key: &str, ask: 
     Ok(Resolved { from: rec.state, to: planned.terminal.as_ref().map(|(s, _)| *s), action: planned.action, now })
 }
 
-impl SqlStore {
-    /// Up to `limit` rows in `state`, least recently changed first.
-    pub async fn list_in_state(&self, state: OpState, limit: u32) -> Result<Vec<Record>, SqlError> {
-        let sql = render(
-            self.backend(),
-            &format!("SELECT {COLUMNS} FROM idem_record WHERE state = ? ORDER BY updated_at, idem_key LIMIT ?"),
-        );
-        self.records(&sql, &[Bind::Text(state.as_str()), Bind::Int(i64::from(limit))]).await
-    }
-
-    /// Apply `resolution` to `seen` if the row is still in the state and with
-    /// the owner it had when read. `false`: it changed meanwhile (a reconciler
-    /// claimed or decided it, the executor completed it); look again.
-    pub async fn resolve(
-        &self,
-        seen: &Record,
-        resolution: Resolution<'_>,
-        audit: &Audit<'_>,
-    ) -> Result<bool, SqlError> {
-        let from = seen.state.as_str();
-        let owner = seen.owner.as_deref().unwrap_or("");
-        let now = now_ms();
-        match resolution {
-            Resolution::Terminal { state, result_json } => {
-                let to = state.as_str();
-                let template = "UPDATE idem_record SET state = ?, result = ?, lease_until = NULL, updated_at = ? \
-                                WHERE idem_key = ?k AND state = ? AND COALESCE(owner, '') = ?";
-                let binds = [
-                    Bind::Text(to),
-                    Bind::Text(result_json),
-                    Bind::Int(now),
-                    Bind::Text(&seen.key),
-                    Bind::Text(from),
-                    Bind::Text(owner),
-                ];
-                let change = Change { key: &seen.key, from: Some(from), to: Some(to), at_ms: now, audit };
-                self.change(&audited(self.backend(), template), &binds, &change).await
-            }
-            Resolution::Release => {
-                let template = "DELETE FROM idem_record WHERE idem_key = ?k AND state = ? AND COALESCE(owner, '') = ?";
-                let binds = [Bind::Text(&seen.key), Bind::Text(from), Bind::Text(owner)];
-                let change = Change { key: &seen.key, from: Some(from), to: None, at_ms: now, audit };
-                self.change(&audited(self.backend(), template), &binds, &change).await
-            }
-        }
-    }
-}
