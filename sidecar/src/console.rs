@@ -23,8 +23,8 @@ use axum::Extension;
 use idem_core::protocol::{Decision, OpKey, OpState};
 
 use crate::approvals::{ApprovalsState, Approver};
-use crate::store::now_ms;
 use crate::review::{self, Ask, ResolveAs};
+use crate::store::now_ms;
 
 /// Text for HTML (element content and double-quoted attributes).
 pub fn escape(text: &str) -> String {

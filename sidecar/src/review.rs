@@ -276,4 +276,3 @@ pub async fn resolve(sql: &SqlStore, lookups: Option<&Lookups>, key: &str, ask: 
     };
     Ok(Resolved { from: rec.state, to: planned.terminal.as_ref().map(|(s, _)| *s), action: planned.action, now })
 }
-

@@ -24,9 +24,9 @@ use crate::config::ops::{OpsCommand, ResolveArgs};
 use crate::config::OpsArgs;
 use crate::reconcile::Lookups;
 use crate::redact::redact_url;
+use crate::review::{self, Ask, ResolveAs};
 use crate::store::now_ms;
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::review::{self, Ask, ResolveAs};
 use crate::store::sql::{SqlOptions, SqlStore};
 
 #[derive(Debug)]

@@ -35,8 +35,8 @@ mod claims;
 mod group_commit;
 pub mod record;
 pub mod redis;
-pub mod retention;
 pub mod resolution;
+pub mod retention;
 pub mod rules;
 pub mod sql;
 
