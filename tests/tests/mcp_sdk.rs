@@ -233,7 +233,8 @@ impl<'a> Judge<'a> {
         Some(line)
     }
 
-    /// A replay of a DONE operation: the original result, one more text block, the envelope in `_meta`.
+    /// A replay of a DONE operation: the original result, then the gateway's words and the envelope as an
+    /// embedded JSON resource (what frameworks that map content show the model), the envelope in `_meta`.
     fn replay(&mut self, step: &str, original: Option<&Value>) {
         let Some(line) = self.accepted(step) else { return };
         if line["isError"] != false {
@@ -249,11 +250,17 @@ impl<'a> Judge<'a> {
         }
         let (now, then) = (line["content"].as_array(), original["content"].as_array());
         let extended = match (now, then) {
-            (Some(now), Some(then)) => now.len() == then.len() + 1 && now[..then.len()] == then[..],
+            (Some(now), Some(then)) => {
+                now.len() == then.len() + 2
+                    && now[..then.len()] == then[..]
+                    && now[then.len()]["type"] == "text"
+                    && now[then.len() + 1]["resource"]["text"].as_str().and_then(|t| serde_json::from_str(t).ok())
+                        == Some(envelope.clone())
+            }
             _ => false,
         };
         if !extended {
-            self.fail(step, "content should be the original's blocks plus one text block".into());
+            self.fail(step, "content should be the original's blocks, a text block, the envelope as a resource".into());
         }
     }
 

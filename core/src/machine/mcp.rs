@@ -14,7 +14,7 @@
 //! - every gateway answer is a JSON-RPC response with the request's `id`, valid
 //!   against the tool's `outputSchema` (DESIGN §7, §11): a replay is the
 //!   recorded result itself (its `structuredContent` is the tool's own) with
-//!   the §7 envelope in a text block and `_meta`; an answer that carries no
+//!   the §7 envelope in words, in an embedded JSON resource and in `_meta`; an answer that carries no
 //!   result is `isError: true` with the envelope in text and `_meta`; a status
 //!   tool's reports are results whose `structuredContent` is the envelope.
 //!   Only a batch or a malformed message gets a JSON-RPC error.
@@ -37,6 +37,8 @@ pub const MCP_NAME_HEADER: &str = "mcp-name";
 /// Where a gateway answer's §7 envelope rides in a tool result's `_meta` (MCP's
 /// `prefix/name` form for keys of an extension's own).
 pub const META_KEY: &str = "agent-idempotency/reply";
+/// The embedded resource a replay carries its envelope in (`tool_result`).
+pub const REPLY_URI: &str = "agent-idempotency://reply";
 /// JSON-RPC error of MCP 2026-07-28 for a request whose `Mcp-*` headers and body disagree.
 pub const HEADER_MISMATCH: i64 = -32020;
 
@@ -420,10 +422,18 @@ fn tool_result(facts: &Facts, role: Role) -> Value {
             if result.get("isError").and_then(Value::as_bool).unwrap_or(false) {
                 result.remove("structuredContent");
             }
+            // The envelope as an embedded resource beside the words: a client that shows the model
+            // only `structuredContent` while every block is text (pydantic-ai, and others mapping
+            // "the JSON-encoded structured content" blocks) maps the content instead once one block
+            // is not text, so the model reads the original result AND that this call ran nothing.
+            // `structuredContent` stays the tool's own: a strict `outputSchema` still validates.
+            let resource = json!({"type": "resource", "resource": {
+                "uri": REPLY_URI, "mimeType": "application/json", "text": envelope.to_string(),
+            }});
             match result.get_mut("content").and_then(Value::as_array_mut) {
-                Some(content) => content.push(words),
+                Some(content) => content.extend([words, resource]),
                 None => {
-                    result.insert("content".into(), json!([words]));
+                    result.insert("content".into(), json!([words, resource]));
                 }
             }
             meta(result)

@@ -1152,6 +1152,21 @@ fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestRes
     assert_eq!(envelope["result"], result);
     let said = v["result"]["content"].to_string();
     assert!(said.contains("Do not call this tool again"), "the gateway's words ride in a text block: {said}");
+    assert_replay_resource(&v["result"], "already_completed")
+}
+
+/// A replay's last content block is the envelope as an embedded JSON resource: a framework
+/// that hands the model `structuredContent` only while every block is text maps the content
+/// once one is not, so the model reads that this call ran nothing (issue 38: pydantic-ai).
+fn assert_replay_resource(result: &Value, status: &str) -> TestResult {
+    let content = result["content"].as_array().ok_or("no content")?;
+    let last = content.last().ok_or("empty content")?;
+    assert_eq!(last["type"], "resource", "{result}");
+    assert_eq!(last["resource"]["uri"], crate::machine::mcp::REPLY_URI);
+    assert_eq!(last["resource"]["mimeType"], "application/json");
+    let envelope: Value = serde_json::from_str(last["resource"]["text"].as_str().ok_or("no text")?)?;
+    assert_eq!(envelope, result["_meta"][META_KEY], "the resource is the envelope");
+    assert_eq!(envelope["status"], status);
     Ok(())
 }
 
@@ -1172,7 +1187,7 @@ fn mcp_replay_of_a_failure_is_an_error_without_structured_content() -> TestResul
     assert_eq!(v["result"]["resultType"], "complete", "MCP 2026-07-28 clients require it: {v}");
     assert_eq!(v["result"]["_meta"][META_KEY]["status"], "already_failed");
     assert_eq!(v["result"]["_meta"][META_KEY]["result"], failed);
-    Ok(())
+    assert_replay_resource(&v["result"], "already_failed")
 }
 
 /// The headers are a claim the body must agree with (MCP 2026-07-28): a lie is -32020,
