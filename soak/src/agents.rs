@@ -560,8 +560,12 @@ async fn send(
     for (k, v) in headers {
         rb = rb.header(*k, v);
     }
+    // The draw this request names, in a violation's detail: `Grammar::new(seed).draw(role, draw)` is its plan.
+    let mut draw = headers.iter().find(|(k, _)| *k == idem_hostile::DRAW_HEADER).map(|(_, v)| v.clone());
     if let Some(h) = op.and_then(|o| o.hostile.as_ref()) {
-        rb = rb.header(idem_hostile::DRAW_HEADER, h.draw().to_string());
+        let d = h.draw().to_string();
+        rb = rb.header(idem_hostile::DRAW_HEADER, &d);
+        draw = Some(d);
     }
     let t_ms = since_ms(ctx.start);
     let sent_unix_ms = unix_ms();
@@ -596,7 +600,9 @@ async fn send(
     if let Ok(mut log) = ctx.log.lock() {
         if let Some(p) = problem {
             let what = op.map(|o| format!("op {} ({})", o.id, o.nonce)).unwrap_or_else(|| format!("agent {agent}"));
-            log.violations.push(Violation { kind: "malformed_reply", detail: format!("{what} {}: {p}", req.name()) });
+            let draw = draw.map(|d| format!(" (hostile draw {d})")).unwrap_or_default();
+            let detail = format!("{what} {}{draw}: {p}", req.name());
+            log.violations.push(Violation { kind: "malformed_reply", detail });
         }
         log.events.push(Event {
             t_ms,

@@ -214,7 +214,10 @@ fn check_quotes(log: &Log, ev: &Evidence, v: &mut impl FnMut(&'static str, Strin
     for op in &log.ops {
         let Some(h) = &op.hostile else { continue };
         let Some(q) = h.quote_id.as_ref().and_then(|id| ev.quotes.get(id)) else { continue };
-        let who = format!("op {} agent {} ({}, quote {})", op.id, op.agent, op.nonce, q.quote_id);
+        let who = format!(
+            "op {} agent {} ({}, quote {}, hostile preview draw {})",
+            op.id, op.agent, op.nonce, q.quote_id, h.draw_base
+        );
         let stated = match h.quote_read {
             QuoteRead::Free => continue,
             QuoteRead::Header => match q.header_values.as_slice() {
