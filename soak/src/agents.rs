@@ -108,12 +108,21 @@ struct HostilePlan {
     /// The preview's body carries this agent's previous fingerprint (an echoing upstream hands it back).
     echo_previous: bool,
     draw_base: u64,
+    /// On the routes whose upstream ignores keys (`/hostile-nokey`): the business reference, bound and sent.
+    client_ref: Option<String>,
 }
 
 fn draw_hostile(rng: &mut ChaCha8Rng) -> HostilePlan {
     let quote_read = [QuoteRead::Body, QuoteRead::Header, QuoteRead::Free][rng.gen_range(0..3)];
+    // One operation in four where the upstream ignores keys; three references in ten from a pool all agents
+    // share, so two operations name one reference now and then.
+    let client_ref = rng.gen_bool(0.25).then(|| match rng.gen_bool(0.3) {
+        true => format!("inv-shared-{}", rng.gen_range(0..8)),
+        false => format!("inv-{:08x}", rng.gen::<u32>()),
+    });
     HostilePlan {
-        quote_read,
+        quote_read: if client_ref.is_some() { QuoteRead::Free } else { quote_read },
+        client_ref,
         h2: rng.gen_bool(0.3),
         echo_previous: rng.gen_bool(0.3),
         // Room for every request of an operation after it.
@@ -123,6 +132,9 @@ fn draw_hostile(rng: &mut ChaCha8Rng) -> HostilePlan {
 
 impl HostilePlan {
     fn preview_path(&self) -> &'static str {
+        if self.client_ref.is_some() {
+            return "/hostile-nokey/v1/transfers/preview";
+        }
         match (self.quote_read, self.h2) {
             (QuoteRead::Body, true) => "/hostile2/v1/transfers/preview",
             (QuoteRead::Body, false) => "/hostile/v1/transfers/preview",
@@ -250,6 +262,9 @@ async fn preview_with(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan, 
         if let (true, Some(fp)) = (h.echo_previous, previous) {
             body["fingerprint"] = json!(fp);
         }
+        if let Some(r) = &h.client_ref {
+            body["client_ref"] = json!(r);
+        }
     }
     let r = send(ctx, agent, None, Req::Preview, path, subject, Some(&body), &headers).await;
     if let (Some(h), Some((reply, _))) = (&plan.hostile, &r) {
@@ -280,7 +295,13 @@ async fn preview_with(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan, 
         let claims = idem_e2e::fingerprint_claims(&fp).ok()?;
         let hostile = plan.hostile.as_ref().map(|h| {
             std::sync::Arc::new(HostileOp {
-                confirm_prefix: if h.h2 { "/hostile2" } else { "/hostile" },
+                confirm_prefix: match (&h.client_ref, h.h2) {
+                    (Some(_), _) => "/hostile-nokey",
+                    (None, true) => "/hostile2",
+                    (None, false) => "/hostile",
+                },
+                status_prefix: if h.client_ref.is_some() { "/hostile-nokey" } else { "/hostile" },
+                client_ref: h.client_ref.clone(),
                 quote_read: h.quote_read,
                 quote_id: r.json["quote_id"].as_str().map(str::to_owned),
                 draw_base: h.draw_base,
@@ -385,6 +406,9 @@ async fn confirm(
     subject: &str,
 ) -> Option<(Reply, String)> {
     let mut body = transfer(amount, payee, memo);
+    if let Some(r) = op.hostile.as_ref().and_then(|h| h.client_ref.as_ref()) {
+        body["client_ref"] = json!(r);
+    }
     let mut headers: Vec<(&str, String)> = Vec::new();
     if in_body {
         body["fingerprint"] = json!(op.fingerprint);
@@ -405,7 +429,7 @@ async fn confirm(
 /// The status route of the operation's scope.
 fn status_path(op: &Op) -> String {
     let prefix = match (&op.hostile, op.approval) {
-        (Some(_), _) => "/hostile",
+        (Some(h), _) => h.status_prefix,
         (None, true) => "/approve",
         (None, false) => "",
     };

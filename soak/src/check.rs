@@ -424,6 +424,8 @@ mod tests {
     fn quoted(read: crate::record::QuoteRead, exp: u64) -> Log {
         let hostile = crate::record::HostileOp {
             confirm_prefix: "/hostile",
+            status_prefix: "/hostile",
+            client_ref: None,
             quote_read: read,
             quote_id: Some("q_1".into()),
             draw_base: 0,

@@ -99,8 +99,12 @@ pub enum QuoteRead {
 /// An operation on the hostile upstream.
 #[derive(Debug)]
 pub struct HostileOp {
-    /// `/hostile` (HTTP/1.1 to the upstream) or `/hostile2` (h2c).
+    /// `/hostile` (HTTP/1.1 to the upstream), `/hostile2` (h2c) or `/hostile-nokey` (an upstream that ignores keys).
     pub confirm_prefix: &'static str,
+    /// Its status route's prefix (`/hostile` or `/hostile-nokey`).
+    pub status_prefix: &'static str,
+    /// The business reference its requests carry (the `/hostile-nokey` routes).
+    pub client_ref: Option<String>,
     pub quote_read: QuoteRead,
     /// The quote the preview answered (its id in the upstream's ledger).
     pub quote_id: Option<String>,
@@ -137,6 +141,8 @@ pub fn definite(kind: &str) -> bool {
             | "fingerprint_missing"
             | "rejected"
             | "approval_lapsed"
+            // The operation's business reference names another one: refused, nothing ran.
+            | "reference_in_use"
     ) || kind.starts_with("upstream_4")
 }
 

@@ -36,7 +36,10 @@ pub const APPROVER: (&str, &str) = ("approver-soak", "soak-approver-credential-0
 fn idemd_args(instance: &str, hostile: Option<u16>) -> Vec<String> {
     let approvers = format!("{}={}", APPROVER.0, APPROVER.1);
     let status_endpoint = match hostile {
-        Some(port) => format!("{STATUS_ENDPOINT},payments.hostile=http://127.0.0.1:{port}/v1/transfers/by-key/{{key}}"),
+        Some(port) => format!(
+            "{STATUS_ENDPOINT},payments.hostile=http://127.0.0.1:{port}/v1/transfers/by-key/{{key}},\
+             payments.hostile_nokey=http://127.0.0.1:{port}/v1/transfers/by-ref/{{ref}}"
+        ),
         None => STATUS_ENDPOINT.to_owned(),
     };
     [
