@@ -108,3 +108,18 @@ fn the_same_seed_draws_the_same_fault_schedule() {
     let kinds: std::collections::BTreeSet<&str> = a.iter().take(8).map(|s| s.fault.kind()).collect();
     assert_eq!(kinds.len(), idem_soak::faults::Fault::KINDS.len());
 }
+
+/// What the hostile world's agents hold against the gateway's header: every top-level field an agent or a
+/// case-insensitive decoder reads as the fingerprint, escapes decoded.
+#[test]
+fn every_spelling_of_a_fingerprint_field_is_seen() -> TestResult {
+    let body: serde_json::Value = serde_json::from_str(
+        r#"{"\u0066ingerprint":"a","Fingerprint":"b","FINGERPRINT":"c","card":{"fingerprint":"d"}}"#,
+    )?;
+    let mut seen: Vec<String> =
+        idem_soak::agents::named_fingerprints(&body).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    seen.sort();
+    assert_eq!(seen, [r#"FINGERPRINT="c""#, r#"Fingerprint="b""#, r#"fingerprint="a""#]);
+    assert!(idem_soak::agents::named_fingerprints(&serde_json::json!([{"fingerprint": "x"}])).is_empty());
+    Ok(())
+}
