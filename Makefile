@@ -118,16 +118,19 @@ fuzz:
 	if [ -n "$$failed" ]; then echo "*** fuzz: crashes in:$$failed (see fuzz/artifacts/)"; exit 1; fi
 
 # Chaos soak (soak/): seeded agents and faults against the whole real stack, then the invariant checks; writes
-# target/soak/summary.md and chart.svg. A 45 s run with a fixed seed is part of `make test`.
+# target/soak/summary.md and chart.svg. A 45 s run with a fixed seed is part of `make test` (the demo world).
+# WORLD=demo|hostile|mixed (default mixed): half the agents meet the hostile upstream (testkit/hostile) through
+# envoy/soak-hostile.yaml, its grammar's branches counted in the summary (docs/soak.md).
 # Then the generated configurations (tests/src/configs/): CONFIGS Envoy configurations mutated from the committed
 # ones, each judged by `idemd check`, each one it accepts run and probed; writes target/soak/configs.md (40 with a
 # fixed seed are part of `make test`).
-# `make soak SECONDS=600 SEED=7 CONFIGS=500` (SEED defaults to the clock; the runs print it).
+# `make soak SECONDS=600 SEED=7 CONFIGS=500 WORLD=hostile` (SEED defaults to the clock; the runs print it).
 SECONDS ?= 60
 SEED ?=
 CONFIGS ?= 200
+WORLD ?= mixed
 soak: build
-	cargo run -p idem-soak --bin soak -- --seconds $(SECONDS) $(if $(SEED),--seed $(SEED))
+	cargo run -p idem-soak --bin soak -- --seconds $(SECONDS) --world $(WORLD) $(if $(SEED),--seed $(SEED))
 	cargo run -p idem-e2e --bin config-soak -- --count $(CONFIGS) $(if $(SEED),--seed $(SEED))
 
 clean:

@@ -4,7 +4,8 @@
 //! drifted memo, duplicate confirms racing, status polls, late retries after
 //! `exp`, tampered amounts and someone else's fingerprint.
 
-use crate::record::{classify, definite, since_ms, unix_ms, Event, Op, Reply, Req, Violation};
+use crate::record::{classify, definite, since_ms, unix_ms, Event, HostileOp, Op, QuoteRead, Reply, Req, Violation};
+use crate::World;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -23,6 +24,8 @@ pub struct Ctx {
     pub deadline: Instant,
     /// While `since_ms(start) < slow_until_ms`, confirms ask the demo to answer slowly.
     pub slow_until_ms: AtomicU64,
+    /// Which agents meet the hostile upstream.
+    pub world: World,
     next_op: AtomicUsize,
     pub log: Mutex<Log>,
 }
@@ -36,7 +39,7 @@ pub struct Log {
 }
 
 impl Ctx {
-    pub fn new(base: String, start: Instant, deadline: Instant) -> Result<Ctx, reqwest::Error> {
+    pub fn new(base: String, start: Instant, deadline: Instant, world: World) -> Result<Ctx, reqwest::Error> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .pool_idle_timeout(Duration::from_secs(2))
@@ -47,6 +50,7 @@ impl Ctx {
             start,
             deadline,
             slow_until_ms: AtomicU64::new(0),
+            world,
             next_op: AtomicUsize::new(0),
             log: Mutex::new(Log::default()),
         })
@@ -91,6 +95,53 @@ struct Plan {
     payee: String,
     steps: Vec<Step>,
     think_ms: u64,
+    /// On the hostile upstream (`--world hostile|mixed`).
+    hostile: Option<HostilePlan>,
+}
+
+/// How an operation meets the hostile upstream (soak-hostile.yaml's routes).
+#[derive(Debug, Clone)]
+struct HostilePlan {
+    quote_read: QuoteRead,
+    /// Preview and confirm over h2c to the upstream (the preview only where it reads the body's expiry).
+    h2: bool,
+    /// The preview's body carries this agent's previous fingerprint (an echoing upstream hands it back).
+    echo_previous: bool,
+    draw_base: u64,
+    /// On the routes whose upstream ignores keys (`/hostile-nokey`): the business reference, bound and sent.
+    client_ref: Option<String>,
+}
+
+fn draw_hostile(rng: &mut ChaCha8Rng) -> HostilePlan {
+    let quote_read = [QuoteRead::Body, QuoteRead::Header, QuoteRead::Free][rng.gen_range(0..3)];
+    // One operation in four where the upstream ignores keys; three references in ten from a pool all agents
+    // share, so two operations name one reference now and then.
+    let client_ref = rng.gen_bool(0.25).then(|| match rng.gen_bool(0.3) {
+        true => format!("inv-shared-{}", rng.gen_range(0..8)),
+        false => format!("inv-{:08x}", rng.gen::<u32>()),
+    });
+    HostilePlan {
+        quote_read: if client_ref.is_some() { QuoteRead::Free } else { quote_read },
+        client_ref,
+        h2: rng.gen_bool(0.3),
+        echo_previous: rng.gen_bool(0.3),
+        // Room for every request of an operation after it.
+        draw_base: rng.gen::<u64>() >> 8 << 8,
+    }
+}
+
+impl HostilePlan {
+    fn preview_path(&self) -> &'static str {
+        if self.client_ref.is_some() {
+            return "/hostile-nokey/v1/transfers/preview";
+        }
+        match (self.quote_read, self.h2) {
+            (QuoteRead::Body, true) => "/hostile2/v1/transfers/preview",
+            (QuoteRead::Body, false) => "/hostile/v1/transfers/preview",
+            (QuoteRead::Header, _) => "/hostile-h/v1/transfers/preview",
+            (QuoteRead::Free, _) => "/hostile-free/v1/transfers/preview",
+        }
+    }
 }
 
 fn draw_confirm(rng: &mut ChaCha8Rng) -> Step {
@@ -131,7 +182,7 @@ fn draw_plan(rng: &mut ChaCha8Rng) -> Plan {
             steps.push(step);
         }
     }
-    Plan { short_ttl, approval: false, amount, payee, steps, think_ms: rng.gen_range(20..400) }
+    Plan { short_ttl, approval: false, amount, payee, steps, think_ms: rng.gen_range(20..400), hostile: None }
 }
 
 /// Amounts of the approval workload: each at or over the rule's 1000 (and under the demo's limit).
@@ -158,13 +209,22 @@ fn transfer(amount: Value, payee: &str, memo: &str) -> Value {
 pub async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) {
     let mut rng = rng_for(seed, id);
     let subject = subject_of(id);
+    let hostile = ctx.world.hostile_agent(id);
+    let mut previous: Option<String> = None;
     while Instant::now() < ctx.deadline {
         if runs_approvals(id) {
             approval_op(&ctx, id, &subject, &mut rng).await;
             continue;
         }
-        let plan = draw_plan(&mut rng);
-        if let Some(op) = preview(&ctx, id, &subject, &plan).await {
+        let mut plan = draw_plan(&mut rng);
+        if hostile {
+            // The hostile routes mint 60 s fingerprints: a "late" retry there is just a later one.
+            plan.short_ttl = false;
+            plan.hostile = Some(draw_hostile(&mut rng));
+        }
+        let op = preview_with(&ctx, id, &subject, &plan, previous.as_deref()).await;
+        if let Some(op) = op {
+            previous = Some(op.fingerprint.clone());
             for step in &plan.steps {
                 run_step(&ctx, &op, &plan, step).await;
             }
@@ -174,16 +234,80 @@ pub async fn agent(ctx: Arc<Ctx>, id: usize, seed: u64) {
 }
 
 async fn preview(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan) -> Option<Op> {
-    let path = match (plan.approval, plan.short_ttl) {
-        (true, _) => "/approve/v1/transfers/preview",
-        (false, true) => "/short/v1/transfers/preview",
-        (false, false) => "/v1/transfers/preview",
+    preview_with(ctx, agent, subject, plan, None).await
+}
+
+/// The fields named `fingerprint` in any case (escapes decoded) at the top of an answer: what an agent, or a
+/// case-insensitive decoder, reads as the fingerprint.
+pub fn named_fingerprints(body: &Value) -> Vec<(String, Value)> {
+    body.as_object()
+        .map(|o| o.iter().filter(|(k, _)| k.eq_ignore_ascii_case("fingerprint")).map(|(k, v)| (k.clone(), v.clone())))
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// `previous`: the agent's last fingerprint, sent along in the preview's body where the plan says so.
+async fn preview_with(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan, previous: Option<&str>) -> Option<Op> {
+    let path = match (&plan.hostile, plan.approval, plan.short_ttl) {
+        (Some(h), _, _) => h.preview_path(),
+        (None, true, _) => "/approve/v1/transfers/preview",
+        (None, false, true) => "/short/v1/transfers/preview",
+        (None, false, false) => "/v1/transfers/preview",
     };
-    let body = transfer(json!(plan.amount.0), &plan.payee, "preview");
-    let r = send(ctx, agent, None, Req::Preview, path, subject, Some(&body), &[]).await;
+    let mut body = transfer(json!(plan.amount.0), &plan.payee, "preview");
+    let mut headers = Vec::new();
+    if let Some(h) = &plan.hostile {
+        headers.push((idem_hostile::DRAW_HEADER, h.draw_base.to_string()));
+        if let (true, Some(fp)) = (h.echo_previous, previous) {
+            body["fingerprint"] = json!(fp);
+        }
+        if let Some(r) = &h.client_ref {
+            body["client_ref"] = json!(r);
+        }
+    }
+    let r = send(ctx, agent, None, Req::Preview, path, subject, Some(&body), &headers).await;
+    if let (Some(h), Some((reply, _))) = (&plan.hostile, &r) {
+        // The fingerprint the agent sees is the gateway's only: every field an agent or a case-insensitive
+        // decoder reads as the fingerprint holds the value the gateway minted into its header, or there is none.
+        let gateway = reply.fingerprint_headers.first();
+        for (key, value) in named_fingerprints(&reply.json) {
+            if reply.fingerprint_headers.len() > 1 || value.as_str() != gateway.map(String::as_str) {
+                let shown: String = value.to_string().chars().take(60).collect();
+                ctx.violation(
+                    "upstream_fingerprint_to_agent",
+                    format!(
+                        "agent {agent} {path} (draw {}): the answer's {key:?} is {shown} where the gateway minted {:?}",
+                        h.draw_base,
+                        reply
+                            .fingerprint_headers
+                            .iter()
+                            .map(|f| f.chars().take(24).collect::<String>())
+                            .collect::<Vec<_>>()
+                    ),
+                );
+                return None;
+            }
+        }
+    }
     let op = r.as_ref().and_then(|(r, _)| {
         let fp = r.json["fingerprint"].as_str()?.to_owned();
         let claims = idem_e2e::fingerprint_claims(&fp).ok()?;
+        let hostile = plan.hostile.as_ref().map(|h| {
+            std::sync::Arc::new(HostileOp {
+                confirm_prefix: match (&h.client_ref, h.h2) {
+                    (Some(_), _) => "/hostile-nokey",
+                    (None, true) => "/hostile2",
+                    (None, false) => "/hostile",
+                },
+                status_prefix: if h.client_ref.is_some() { "/hostile-nokey" } else { "/hostile" },
+                client_ref: h.client_ref.clone(),
+                quote_read: h.quote_read,
+                quote_id: r.json["quote_id"].as_str().map(str::to_owned),
+                draw_base: h.draw_base,
+                next_draw: AtomicU64::new(1),
+            })
+        });
         Some(Op {
             id: ctx.next_op.fetch_add(1, Ordering::Relaxed),
             agent,
@@ -194,10 +318,18 @@ async fn preview(ctx: &Arc<Ctx>, agent: usize, subject: &str, plan: &Plan) -> Op
             short_ttl: plan.short_ttl,
             approval: plan.approval,
             amount: json!(plan.amount.0),
+            hostile,
         })
     });
     if let Ok(mut log) = ctx.log.lock() {
         match &op {
+            // A fingerprint names one operation: one minted again (an upstream's echo passed on) is another's.
+            Some(op) if log.ops.iter().any(|o| o.nonce == op.nonce) => {
+                let detail =
+                    format!("agent {agent} {path}: handed the fingerprint of an earlier operation ({})", op.nonce);
+                log.violations.push(Violation { kind: "fingerprint_of_another_operation", detail });
+                return None;
+            }
             Some(op) => log.ops.push(op.clone()),
             None => log.previews_failed += 1,
         }
@@ -274,6 +406,9 @@ async fn confirm(
     subject: &str,
 ) -> Option<(Reply, String)> {
     let mut body = transfer(amount, payee, memo);
+    if let Some(r) = op.hostile.as_ref().and_then(|h| h.client_ref.as_ref()) {
+        body["client_ref"] = json!(r);
+    }
     let mut headers: Vec<(&str, String)> = Vec::new();
     if in_body {
         body["fingerprint"] = json!(op.fingerprint);
@@ -283,13 +418,21 @@ async fn confirm(
     if delay_ms > 0 && ctx.slow() {
         headers.push(("x-demo-delay-ms", delay_ms.to_string()));
     }
-    let path = if op.approval { "/approve/v1/transfers" } else { "/v1/transfers" };
-    send(ctx, op.agent, Some(op), req, path, subject, Some(&body), &headers).await
+    let path = match (&op.hostile, op.approval) {
+        (Some(h), _) => format!("{}/v1/transfers", h.confirm_prefix),
+        (None, true) => "/approve/v1/transfers".to_owned(),
+        (None, false) => "/v1/transfers".to_owned(),
+    };
+    send(ctx, op.agent, Some(op), req, &path, subject, Some(&body), &headers).await
 }
 
 /// The status route of the operation's scope.
 fn status_path(op: &Op) -> String {
-    let prefix = if op.approval { "/approve" } else { "" };
+    let prefix = match (&op.hostile, op.approval) {
+        (Some(h), _) => h.status_prefix,
+        (None, true) => "/approve",
+        (None, false) => "",
+    };
     format!("{prefix}/v1/transfers/status?fingerprint={}", op.fingerprint)
 }
 
@@ -301,7 +444,7 @@ fn status_path(op: &Op) -> String {
 async fn approval_op(ctx: &Arc<Ctx>, agent: usize, subject: &str, rng: &mut ChaCha8Rng) {
     let amount = *APPROVAL_AMOUNTS.choose(rng).unwrap_or(&APPROVAL_AMOUNTS[0]);
     let payee = format!("payee-{}", rng.gen_range(1..6));
-    let plan = Plan { short_ttl: false, approval: true, amount, payee, steps: Vec::new(), think_ms: 0 };
+    let plan = Plan { short_ttl: false, approval: true, amount, payee, steps: Vec::new(), think_ms: 0, hostile: None };
     let Some(op) = preview(ctx, agent, subject, &plan).await else {
         tokio::time::sleep(Duration::from_millis(200)).await;
         return;
@@ -358,6 +501,7 @@ pub async fn crash_confirm(ctx: &Arc<Ctx>, agent: usize) -> Option<Op> {
         payee: "payee-crash".into(),
         steps: Vec::new(),
         think_ms: 0,
+        hostile: None,
     };
     let subject = subject_of(agent);
     let op = preview(ctx, agent, &subject, &plan).await?;
@@ -440,6 +584,13 @@ async fn send(
     for (k, v) in headers {
         rb = rb.header(*k, v);
     }
+    // The draw this request names, in a violation's detail: `Grammar::new(seed).draw(role, draw)` is its plan.
+    let mut draw = headers.iter().find(|(k, _)| *k == idem_hostile::DRAW_HEADER).map(|(_, v)| v.clone());
+    if let Some(h) = op.and_then(|o| o.hostile.as_ref()) {
+        let d = h.draw().to_string();
+        rb = rb.header(idem_hostile::DRAW_HEADER, &d);
+        draw = Some(d);
+    }
     let t_ms = since_ms(ctx.start);
     let sent_unix_ms = unix_ms();
     let t0 = Instant::now();
@@ -449,10 +600,16 @@ async fn send(
             let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
             let content_type = header("content-type").unwrap_or_default();
             let replayed = header("idempotent-replayed");
+            let fingerprint_headers = r
+                .headers()
+                .get_all("agent-fingerprint")
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect();
             match r.bytes().await {
                 Ok(b) => {
                     let json = serde_json::from_slice(&b).unwrap_or(Value::Null);
-                    Some(Reply { status, content_type, replayed, body: b.to_vec(), json })
+                    Some(Reply { status, content_type, replayed, fingerprint_headers, body: b.to_vec(), json })
                 }
                 Err(_) => None,
             }
@@ -467,7 +624,9 @@ async fn send(
     if let Ok(mut log) = ctx.log.lock() {
         if let Some(p) = problem {
             let what = op.map(|o| format!("op {} ({})", o.id, o.nonce)).unwrap_or_else(|| format!("agent {agent}"));
-            log.violations.push(Violation { kind: "malformed_reply", detail: format!("{what} {}: {p}", req.name()) });
+            let draw = draw.map(|d| format!(" (hostile draw {d})")).unwrap_or_default();
+            let detail = format!("{what} {}{draw}: {p}", req.name());
+            log.violations.push(Violation { kind: "malformed_reply", detail });
         }
         log.events.push(Event {
             t_ms,

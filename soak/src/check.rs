@@ -34,6 +34,10 @@ pub struct Evidence {
     pub decided: HashMap<String, &'static str>,
     /// Keys whose decision idemd refused as lapsed (410).
     pub refused_lapsed: Vec<String>,
+    /// Every execution's transfer id → the key it executed under (the demo's rows and the hostile upstream's).
+    pub transfer_owner: HashMap<String, String>,
+    /// The hostile upstream's quotes by id, with what each stated about its expiry.
+    pub quotes: HashMap<String, idem_hostile::Quote>,
 }
 
 /// One `idem_approval` row after the run.
@@ -96,6 +100,12 @@ pub fn check(log: &Log, ev: &Evidence) -> Vec<Violation> {
         seen.dedup();
         if seen.len() > 1 {
             v("different_results", format!("{who}: told of transfers {seen:?}"));
+        }
+        // Nobody is told a result that belongs to another operation.
+        for tid in &seen {
+            if let Some(owner) = ev.transfer_owner.get(*tid).filter(|k| **k != op.nonce) {
+                v("told_another_operations_result", format!("{who}: told {tid}, which executed under {owner}"));
+            }
         }
         if let Some(tid) = seen.first() {
             match sql {
@@ -187,11 +197,52 @@ pub fn check(log: &Log, ev: &Evidence) -> Vec<Violation> {
         }
     }
     check_approvals(log, ev, &events_of, &mut v);
+    check_quotes(log, ev, &mut v);
     let stray = ev.sql.iter().filter(|(k, r)| r.state == "IN_FLIGHT" && !by_nonce.contains_key(k.as_str())).count();
     if stray > 0 {
         v("left_in_flight", format!("{stray} IN_FLIGHT rows of unknown operations"));
     }
     out
+}
+
+/// `exp` never outlives the quote (DESIGN §3), on the hostile routes that read it: a fingerprint minted from a
+/// hostile quote had one readable expiry (one header line, or the body's field), not past when stated, and its
+/// `exp` is not later. Read with the filter's own reader of a stated expiry (`QuoteExpiry::read`).
+fn check_quotes(log: &Log, ev: &Evidence, v: &mut impl FnMut(&'static str, String)) {
+    use crate::record::QuoteRead;
+    use idem_core::policy::QuoteExpiry;
+    for op in &log.ops {
+        let Some(h) = &op.hostile else { continue };
+        let Some(q) = h.quote_id.as_ref().and_then(|id| ev.quotes.get(id)) else { continue };
+        let who = format!(
+            "op {} agent {} ({}, quote {}, hostile preview draw {})",
+            op.id, op.agent, op.nonce, q.quote_id, h.draw_base
+        );
+        let stated = match h.quote_read {
+            QuoteRead::Free => continue,
+            QuoteRead::Header => match q.header_values.as_slice() {
+                [one] => QuoteExpiry::read(&serde_json::Value::String(one.clone()))
+                    .ok_or_else(|| format!("quote-expires-at {one:?}")),
+                more => Err(format!("{} quote-expires-at lines {more:?}", more.len())),
+            },
+            QuoteRead::Body => match &q.expires_at {
+                Some(e) => QuoteExpiry::read(e).ok_or_else(|| format!("expires_at {e}")),
+                None => Err("no expires_at".into()),
+            },
+        };
+        match stated {
+            Err(why) => v("minted_on_unusable_quote", format!("{who}: minted (exp {}) on {why}", op.exp)),
+            // A second of leeway either side: the upstream's and the gateway's clocks read at slightly different
+            // moments.
+            Ok(t) if t + 1 < q.at_unix_s => {
+                v("minted_on_unusable_quote", format!("{who}: minted (exp {}) on a quote past at {t}", op.exp))
+            }
+            Ok(t) if op.exp > t => {
+                v("fingerprint_outlives_quote", format!("{who}: exp {} after the quote's stated expiry {t}", op.exp))
+            }
+            Ok(_) => {}
+        }
+    }
 }
 
 /// Approval (DESIGN §4): nothing runs unless its approval is APPROVED; rejected and lapsed never run; what the
@@ -313,6 +364,7 @@ mod tests {
             short_ttl: false,
             approval: false,
             amount: serde_json::json!("10.00"),
+            hostile: None,
         }
     }
 
@@ -353,7 +405,87 @@ mod tests {
             approvals: HashMap::new(),
             decided: HashMap::new(),
             refused_lapsed: Vec::new(),
+            transfer_owner: [("t_1".to_owned(), KEY.to_owned())].into(),
+            quotes: HashMap::new(),
         }
+    }
+
+    #[test]
+    fn a_result_of_another_operation() {
+        // t_2 executed under another key: telling this operation about it is the violation, however it is worded.
+        let l = log(vec![ev(0, Req::Confirm, "already_completed", Some("t_2"))]);
+        let mut e = evidence();
+        e.transfer_owner.insert("t_2".into(), "another-key".into());
+        assert!(kinds(&check(&l, &e)).contains(&"told_another_operations_result"));
+        let clean = log(vec![ev(0, Req::Confirm, "already_completed", Some("t_1"))]);
+        assert!(!kinds(&check(&clean, &e)).contains(&"told_another_operations_result"));
+    }
+
+    fn quoted(read: crate::record::QuoteRead, exp: u64) -> Log {
+        let hostile = crate::record::HostileOp {
+            confirm_prefix: "/hostile",
+            status_prefix: "/hostile",
+            client_ref: None,
+            quote_read: read,
+            quote_id: Some("q_1".into()),
+            draw_base: 0,
+            next_draw: Default::default(),
+        };
+        Log { ops: vec![Op { exp, hostile: Some(std::sync::Arc::new(hostile)), ..op() }], ..Default::default() }
+    }
+
+    fn quote(expires_at: Option<serde_json::Value>, headers: &[&str]) -> idem_hostile::Quote {
+        idem_hostile::Quote {
+            quote_id: "q_1".into(),
+            expires_at,
+            header_values: headers.iter().map(|h| h.to_string()).collect(),
+            skew_s: 0,
+            at_unix_s: 1000,
+            complete: true,
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_never_outlives_its_quote_nor_comes_from_an_unusable_one() {
+        use crate::record::QuoteRead;
+        let with = |q: idem_hostile::Quote| {
+            let mut e = unexecuted();
+            e.quotes.insert("q_1".into(), q);
+            e
+        };
+        let hostile_kinds = |l: &Log, e: &Evidence| -> Vec<&'static str> {
+            kinds(&check(l, e)).into_iter().filter(|k| k.contains("quote")).collect()
+        };
+        let body = |v: serde_json::Value| with(quote(Some(v), &[]));
+        // Within the quote: fine, stated as a number, digits or RFC 3339.
+        assert!(hostile_kinds(&quoted(QuoteRead::Body, 1030), &body(serde_json::json!(1030))).is_empty());
+        assert!(hostile_kinds(&quoted(QuoteRead::Body, 1030), &body(serde_json::json!("1600"))).is_empty());
+        assert!(
+            hostile_kinds(&quoted(QuoteRead::Body, 1030), &body(serde_json::json!("1970-01-01T00:30:00Z"))).is_empty()
+        );
+        // Past it.
+        assert_eq!(
+            hostile_kinds(&quoted(QuoteRead::Body, 1060), &body(serde_json::json!(1030))),
+            ["fingerprint_outlives_quote"]
+        );
+        // From a quote without a usable expiry: garbage, none, already past.
+        for bad in [serde_json::json!("soon"), serde_json::json!(990)] {
+            assert_eq!(hostile_kinds(&quoted(QuoteRead::Body, 1030), &body(bad)), ["minted_on_unusable_quote"]);
+        }
+        assert_eq!(
+            hostile_kinds(&quoted(QuoteRead::Body, 1030), &with(quote(None, &[]))),
+            ["minted_on_unusable_quote"]
+        );
+        // The header route: one line is read, two are refused whatever they say, and the body is not its business.
+        let header = |h: &[&str]| with(quote(Some(serde_json::json!("soon")), h));
+        assert!(hostile_kinds(&quoted(QuoteRead::Header, 1030), &header(&["1600"])).is_empty());
+        assert_eq!(
+            hostile_kinds(&quoted(QuoteRead::Header, 1030), &header(&["1600", "1002"])),
+            ["minted_on_unusable_quote"]
+        );
+        assert_eq!(hostile_kinds(&quoted(QuoteRead::Header, 1030), &header(&[""])), ["minted_on_unusable_quote"]);
+        // The streamed route reads no quote.
+        assert!(hostile_kinds(&quoted(QuoteRead::Free, 1030), &header(&["1600", "1002"])).is_empty());
     }
 
     fn kinds(v: &[Violation]) -> Vec<&'static str> {

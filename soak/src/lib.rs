@@ -26,19 +26,65 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Which upstreams the agents' operations meet (`--world`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum World {
+    /// The demo only (`envoy/soak.yaml`).
+    Demo,
+    /// Every agent but the approval workload on the hostile upstream (`envoy/soak-hostile.yaml`).
+    Hostile,
+    /// Half the agents on each.
+    Mixed,
+}
+
+impl World {
+    pub fn parse(s: &str) -> Result<World, String> {
+        match s {
+            "demo" => Ok(World::Demo),
+            "hostile" => Ok(World::Hostile),
+            "mixed" => Ok(World::Mixed),
+            other => Err(format!("--world {other}: expected demo, hostile or mixed")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            World::Demo => "demo",
+            World::Hostile => "hostile",
+            World::Mixed => "mixed",
+        }
+    }
+
+    /// Whether agent `id` plays its operations against the hostile upstream (never the approval workload,
+    /// which stays on the demo's approval routes).
+    pub fn hostile_agent(self, id: usize) -> bool {
+        !agents::runs_approvals(id)
+            && match self {
+                World::Demo => false,
+                World::Hostile => true,
+                World::Mixed => id % 2 == 1,
+            }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Seconds of chaos (agents and faults); settling and checking come after.
     pub seconds: u64,
     pub seed: u64,
     pub agents: usize,
+    pub world: World,
     /// Where summary.md and chart.svg go.
     pub out_dir: PathBuf,
 }
 
 impl Config {
     pub fn new(seconds: u64, seed: u64, agents: usize) -> Config {
-        Config { seconds, seed, agents, out_dir: default_out_dir() }
+        Config { seconds, seed, agents, world: World::Demo, out_dir: default_out_dir() }
+    }
+
+    pub fn in_world(self, world: World) -> Config {
+        Config { world, ..self }
     }
 }
 
@@ -72,18 +118,25 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
     let chaos_ms = cfg.seconds * 1000;
     let plan = faults::schedule(cfg.seed, chaos_ms);
     println!(
-        "soak: seed {} ({} agents, {} s of chaos); replay with `make soak SEED={} SECONDS={}`",
-        cfg.seed, cfg.agents, cfg.seconds, cfg.seed, cfg.seconds
+        "soak: seed {} ({} agents, {} s of chaos, world {}); replay with `soak --seed {} --seconds {} --world {}`",
+        cfg.seed,
+        cfg.agents,
+        cfg.seconds,
+        cfg.world.name(),
+        cfg.seed,
+        cfg.seconds,
+        cfg.world.name()
     );
     println!(
         "soak: fault schedule: {}",
         plan.iter().map(|s| format!("{:.1}s {:?}", s.at_ms as f64 / 1000.0, s.fault)).collect::<Vec<_>>().join(", ")
     );
 
-    let mut stack = stack::SoakStack::start(db).await?;
+    let hostile_seed = (cfg.world != World::Demo).then_some(cfg.seed);
+    let mut stack = stack::SoakStack::start(db, hostile_seed).await?;
     println!("soak: stack up in {:.1} s (run dir {})", wall.elapsed().as_secs_f64(), stack.dir.path().display());
     let start = Instant::now();
-    let ctx = Arc::new(Ctx::new(stack.url(""), start, start + Duration::from_millis(chaos_ms))?);
+    let ctx = Arc::new(Ctx::new(stack.url(""), start, start + Duration::from_millis(chaos_ms), cfg.world)?);
 
     let mut agents = tokio::task::JoinSet::new();
     for id in 0..cfg.agents {
@@ -128,11 +181,25 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
     // The evidence.
     let ledger: serde_json::Value =
         ctx.http.get(format!("{}/v1/executions", stack_demo(&stack))).send().await?.json().await?;
-    let ledger_counts: BTreeMap<String, i64> = ledger["by_key"]
+    let mut ledger_counts: BTreeMap<String, i64> = ledger["by_key"]
         .as_object()
         .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_i64().unwrap_or(0))).collect())
         .unwrap_or_default();
-    let executed = demo_rows(&stack).await?;
+    let (mut executed, mut transfer_owner) = demo_rows(&stack).await?;
+    // The hostile upstream's ledger beside the demo's: the keys are nonces, never in both.
+    let mut quotes = HashMap::new();
+    if let Some(h) = &stack.hostile {
+        for (key, n) in h.ledger.executions_by_key() {
+            *ledger_counts.entry(key).or_default() += n as i64;
+        }
+        for x in h.ledger.executions() {
+            let Some(key) = x.key else { continue };
+            transfer_owner.insert(x.transfer_id.clone(), key.clone());
+            let first = check::Executed { transfer_id: x.transfer_id, created_at_s: (x.at_unix_ms / 1000) as i64 };
+            executed.entry(key).or_insert(first);
+        }
+        quotes = h.ledger.quotes().into_iter().collect();
+    }
     let mut sql = HashMap::new();
     let mut sql_states: BTreeMap<String, u64> = BTreeMap::new();
     for row in sqlx::query("SELECT idem_key, state, result FROM idem_record").fetch_all(&pool).await? {
@@ -175,12 +242,32 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
         .filter(|d| d.http == 410 && !unanswered.contains(&d.key.as_str()))
         .map(|d| d.key.clone())
         .collect();
-    let evidence = check::Evidence { ledger_counts, executed, sql, review_reasons, approvals, decided, refused_lapsed };
+    let evidence = check::Evidence {
+        ledger_counts,
+        executed,
+        sql,
+        review_reasons,
+        approvals,
+        decided,
+        refused_lapsed,
+        transfer_owner,
+        quotes,
+    };
+    let failed = filter_failures(&stack);
 
     let log = ctx.log.lock().map_err(|_| "the agents' log is poisoned")?;
     let mut violations = log.violations.clone();
     violations.extend(check::check(&log, &evidence));
     violations.extend(problems.into_iter().map(|p| Violation { kind: "stack_failure", detail: p }));
+    // No panic, no stream failed by a dead filter (Envoy's log and access log, across its restarts).
+    if failed.panics > 0 {
+        let detail = format!("{} panics or failed VMs in Envoy's log; first: {}", failed.panics, failed.first);
+        violations.push(Violation { kind: "filter_panic", detail });
+    }
+    if failed.streams > 0 {
+        let detail = format!("{} answers with response code details wasm_fail_stream", failed.streams);
+        violations.push(Violation { kind: "filter_failed_streams", detail });
+    }
 
     let facts = report::RunFacts {
         seed: cfg.seed,
@@ -195,6 +282,11 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
         approval_states,
         approved_executed,
         approver,
+        world: cfg.world.name(),
+        hostile_branches: stack.hostile.as_ref().map(|h| h.ledger.branch_counts()),
+        hostile_executions: stack.hostile.as_ref().map_or(0, |h| h.ledger.executions().len()),
+        filter_panics: failed.panics,
+        failed_streams: failed.streams,
     };
     let summary = report::summary(&log, &injected, &violations, &facts);
     std::fs::create_dir_all(&cfg.out_dir)?;
@@ -226,21 +318,44 @@ fn stack_demo(stack: &stack::SoakStack) -> String {
     stack.demo_url("")
 }
 
-/// The demo's own rows (the ledger's detail): request key → first transfer and when it arrived.
-async fn demo_rows(stack: &stack::SoakStack) -> Result<HashMap<String, check::Executed>, BoxError> {
+/// What Envoy's log and access log say of the filter: panics and failed VMs, streams failed for it.
+struct FilterFailures {
+    panics: usize,
+    first: String,
+    streams: usize,
+}
+
+fn filter_failures(stack: &stack::SoakStack) -> FilterFailures {
+    let log = stack.envoy.log_text();
+    let bad: Vec<&str> = log.lines().filter(|l| l.contains("panicked at") || l.contains("Wasm VM failed")).collect();
+    let access = std::fs::read_to_string(&stack.access_log).unwrap_or_default();
+    FilterFailures {
+        panics: bad.len(),
+        first: bad.first().map(|l| l.chars().take(300).collect()).unwrap_or_default(),
+        streams: access.lines().filter(|l| l.contains("wasm_fail_stream")).count(),
+    }
+}
+
+type Owners = HashMap<String, String>;
+
+/// The demo's own rows (the ledger's detail): request key → first transfer and when it arrived; and every
+/// transfer id → the key it executed under.
+async fn demo_rows(stack: &stack::SoakStack) -> Result<(HashMap<String, check::Executed>, Owners), BoxError> {
     use sqlx::ConnectOptions as _;
     let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(stack.dir.path().join("demo.db")).read_only(true);
     let mut con = opts.connect().await?;
     let mut out = HashMap::new();
+    let mut owners = HashMap::new();
     for row in sqlx::query("SELECT request_key, transfer_id, created_at FROM write_record ORDER BY id")
         .fetch_all(&mut con)
         .await?
     {
         let key: String = row.try_get(0)?;
         let x = check::Executed { transfer_id: row.try_get(1)?, created_at_s: row.try_get(2)? };
+        owners.insert(x.transfer_id.clone(), key.clone());
         out.entry(key).or_insert(x);
     }
-    Ok(out)
+    Ok((out, owners))
 }
 
 fn commit() -> String {

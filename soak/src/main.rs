@@ -1,5 +1,5 @@
-//! `soak [--seconds N] [--seed N] [--agents N]`: one chaos soak run (see the library's docs); exit 1 on a violation.
-//! `make soak SECONDS=600 SEED=7` runs it long.
+//! `soak [--seconds N] [--seed N] [--agents N] [--world demo|hostile|mixed]`: one chaos soak run (see the
+//! library's docs); exit 1 on a violation. `make soak SECONDS=600 SEED=7` runs it long, in the mixed world.
 
 use std::process::ExitCode;
 
@@ -10,8 +10,10 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let parsed = (|| -> Result<idem_soak::Config, String> {
         for a in args.iter().filter(|a| a.starts_with("--")) {
-            if !["--seconds", "--seed", "--agents"].contains(&a.as_str()) {
-                return Err(format!("unknown option {a}; usage: soak [--seconds N] [--seed N] [--agents N]"));
+            if !["--seconds", "--seed", "--agents", "--world"].contains(&a.as_str()) {
+                return Err(format!(
+                    "unknown option {a}; usage: soak [--seconds N] [--seed N] [--agents N] [--world demo|hostile|mixed]"
+                ));
             }
         }
         let seed = match flag_number(&args, "--seed")? {
@@ -22,7 +24,11 @@ async fn main() -> ExitCode {
         };
         let seconds = flag_number(&args, "--seconds")?.unwrap_or(60).max(5);
         let agents = flag_number(&args, "--agents")?.unwrap_or(32).max(1) as usize;
-        Ok(idem_soak::Config::new(seconds, seed, agents))
+        let world = match args.iter().position(|a| a == "--world") {
+            Some(i) => idem_soak::World::parse(args.get(i + 1).map(String::as_str).unwrap_or(""))?,
+            None => idem_soak::World::Demo,
+        };
+        Ok(idem_soak::Config::new(seconds, seed, agents).in_world(world))
     })();
     let cfg = match parsed {
         Ok(c) => c,

@@ -2,6 +2,7 @@
 //! operation (one fingerprint) the answers that tell the agent what happened.
 
 use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Which request an agent made.
@@ -80,6 +81,42 @@ pub struct Op {
     /// On the approval routes: a person approves (or not) before it may run.
     pub approval: bool,
     pub amount: Value,
+    /// On the hostile upstream (`--world hostile|mixed`): its routes, its quote, the draws its requests name.
+    pub hostile: Option<std::sync::Arc<HostileOp>>,
+}
+
+/// Where a hostile preview route reads the quote's expiry (soak-hostile.yaml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuoteRead {
+    /// `quote_expires: /expires_at`
+    Body,
+    /// `quote_expires: header:quote-expires-at`
+    Header,
+    /// No `quote_expires`: the preview streams.
+    Free,
+}
+
+/// An operation on the hostile upstream.
+#[derive(Debug)]
+pub struct HostileOp {
+    /// `/hostile` (HTTP/1.1 to the upstream), `/hostile2` (h2c) or `/hostile-nokey` (an upstream that ignores keys).
+    pub confirm_prefix: &'static str,
+    /// Its status route's prefix (`/hostile` or `/hostile-nokey`).
+    pub status_prefix: &'static str,
+    /// The business reference its requests carry (the `/hostile-nokey` routes).
+    pub client_ref: Option<String>,
+    pub quote_read: QuoteRead,
+    /// The quote the preview answered (its id in the upstream's ledger).
+    pub quote_id: Option<String>,
+    /// The draws of this operation's requests: `draw_base`, `draw_base + 1`, … (`x-hostile-draw`).
+    pub draw_base: u64,
+    pub next_draw: AtomicU64,
+}
+
+impl HostileOp {
+    pub fn draw(&self) -> u64 {
+        self.draw_base.wrapping_add(self.next_draw.fetch_add(1, Ordering::Relaxed))
+    }
 }
 
 /// A broken invariant (or contract), said precisely.
@@ -104,6 +141,8 @@ pub fn definite(kind: &str) -> bool {
             | "fingerprint_missing"
             | "rejected"
             | "approval_lapsed"
+            // The operation's business reference names another one: refused, nothing ran.
+            | "reference_in_use"
     ) || kind.starts_with("upstream_4")
 }
 
@@ -116,6 +155,8 @@ pub struct Reply {
     pub status: u16,
     pub content_type: String,
     pub replayed: Option<String>,
+    /// The gateway's `agent-fingerprint` header (a preview's), every value of it.
+    pub fingerprint_headers: Vec<String>,
     pub body: Vec<u8>,
     pub json: Value,
 }
@@ -134,8 +175,8 @@ pub fn classify(req: Req, nonce: Option<&str>, r: &Reply) -> (String, Option<Str
         return (format!("preview_{}", r.status), None, None);
     }
     if req.is_confirm() {
-        // The first execution's own answer, passed through.
-        if r.status == 201 && j["status"] == "executed" {
+        // The first execution's own answer, passed through (the demo's 201; the hostile upstream's 200 or 201).
+        if (200..300).contains(&r.status) && j["status"] == "executed" {
             let tid = j["transfer_id"].as_str().map(str::to_owned);
             let mut problem = None;
             if nonce.is_some_and(|n| j["idempotency_key"] != n) {
@@ -206,6 +247,7 @@ mod tests {
             status,
             content_type: ct.into(),
             replayed: None,
+            fingerprint_headers: Vec::new(),
             body: body.as_bytes().to_vec(),
             json: serde_json::from_str(body).unwrap_or(Value::Null),
         }

@@ -24,6 +24,13 @@ pub struct RunFacts {
     /// APPROVED operations the demo executed.
     pub approved_executed: usize,
     pub approver: crate::approver::ApproverLog,
+    /// `--world`.
+    pub world: &'static str,
+    /// The hostile upstream's grammar branches, as drawn (None: the demo world).
+    pub hostile_branches: Option<BTreeMap<String, u64>>,
+    pub hostile_executions: usize,
+    pub filter_panics: usize,
+    pub failed_streams: usize,
 }
 
 fn join_counts(m: &BTreeMap<String, u64>) -> String {
@@ -72,8 +79,8 @@ pub fn summary(log: &Log, faults: &[Injected], violations: &[Violation], f: &Run
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "## Chaos soak: seed {}, {} s of chaos, {} agents, commit {}\n",
-        f.seed, f.chaos_s, f.agents, f.commit
+        "## Chaos soak: seed {}, {} s of chaos, {} agents, world {}, commit {}\n",
+        f.seed, f.chaos_s, f.agents, f.world, f.commit
     );
     let confirms: Vec<_> = log.events.iter().filter(|e| e.req.is_confirm()).collect();
     let mut per_op: HashMap<usize, u64> = HashMap::new();
@@ -97,7 +104,12 @@ pub fn summary(log: &Log, faults: &[Injected], violations: &[Violation], f: &Run
         ("retries (confirms after an operation's first)", retries.to_string()),
         ("status polls (+ at the end)", format!("{} (+ {})", count(Req::Status), count(Req::Final))),
         ("tampered amounts / wrong subjects", format!("{} / {}", count(Req::Tamper), count(Req::WrongSubject))),
-        ("executions (demo ledger)", f.executions.to_string()),
+        ("executions (demo ledger and hostile upstream)", f.executions.to_string()),
+        ("executions by the hostile upstream", f.hostile_executions.to_string()),
+        (
+            "filter panics / streams failed by the filter (Envoy's logs)",
+            format!("{} / {}", f.filter_panics, f.failed_streams),
+        ),
         ("approval operations (confirms on the approval route)", approval_ops(log)),
         ("approval rows after settling", join_counts(&f.approval_states)),
         ("approver: waiting operations seen (drawn approve / reject / leave)", approver_seen(&f.approver)),
@@ -119,6 +131,19 @@ pub fn summary(log: &Log, faults: &[Injected], violations: &[Violation], f: &Run
     for kind in Fault::KINDS {
         let n = faults.iter().filter(|x| x.kind == kind).count();
         let _ = writeln!(s, "| {kind} | {n} |");
+    }
+
+    if let Some(branches) = &f.hostile_branches {
+        // What the hostile upstream did: each axis of its grammar with the values drawn, most frequent first.
+        let _ = writeln!(s, "\n| hostile upstream: grammar branch | drawn |\n|---|---:|");
+        let mut rows: Vec<(&String, &u64)> = branches.iter().collect();
+        rows.sort_by(|a, b| {
+            let axis = |k: &str| k.split('=').next().unwrap_or("").to_owned();
+            axis(a.0).cmp(&axis(b.0)).then(b.1.cmp(a.1))
+        });
+        for (k, n) in rows {
+            let _ = writeln!(s, "| {k} | {n} |");
+        }
     }
 
     let mut kinds: BTreeMap<&str, Vec<f64>> = BTreeMap::new();

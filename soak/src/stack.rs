@@ -14,6 +14,13 @@ use std::time::{Duration, Instant};
 /// The config under envoy/ the soak runs, and the placeholder of its second idemd endpoint.
 pub const ENVOY_CONFIG: &str = "soak.yaml";
 pub const SECOND_SIDECAR_PLACEHOLDER: &str = "port_value: 9091";
+/// The config of the hostile and mixed worlds, and its placeholders: the hostile upstream's port and the access
+/// log's path.
+pub const HOSTILE_ENVOY_CONFIG: &str = "soak-hostile.yaml";
+pub const HOSTILE_PLACEHOLDER: &str = "port_value: 8181";
+pub const ACCESS_LOG_PLACEHOLDER: &str = "/tmp/idem-soak-access.log";
+/// The fingerprint TTL of soak-hostile.yaml's hostile previews (the upstream's quotes are relative to it).
+pub const HOSTILE_TTL_S: u64 = 60;
 
 /// The demo's by-key endpoint (the harness points 127.0.0.1:8080 at this run's demo), for both scopes.
 const STATUS_ENDPOINT: &str = "payments.transfer=http://127.0.0.1:8080/v1/transfers/by-key/{key},\
@@ -26,8 +33,15 @@ pub const APPROVER: (&str, &str) = ("approver-soak", "soak-approver-credential-0
 /// idemd: 5 s leases (the routes' `lease_ms`) covering what the soak does to the upstream (slow answers < 2.4 s, the
 /// confirm route's 2 s timeout), a reconciler pass every 200 ms, a 404 trusted 1 s after the lease ended, and a retry
 /// budget that outlasts a demo restart (a lookup failing while the demo is down must not give up).
-fn idemd_args(instance: &str) -> Vec<String> {
+fn idemd_args(instance: &str, hostile: Option<u16>) -> Vec<String> {
     let approvers = format!("{}={}", APPROVER.0, APPROVER.1);
+    let status_endpoint = match hostile {
+        Some(port) => format!(
+            "{STATUS_ENDPOINT},payments.hostile=http://127.0.0.1:{port}/v1/transfers/by-key/{{key}},\
+             payments.hostile_nokey=http://127.0.0.1:{port}/v1/transfers/by-ref/{{ref}}"
+        ),
+        None => STATUS_ENDPOINT.to_owned(),
+    };
     [
         "--lease-ms",
         "5000",
@@ -46,7 +60,7 @@ fn idemd_args(instance: &str) -> Vec<String> {
         "--reconcile-retry-budget",
         "100",
         "--status-endpoint",
-        STATUS_ENDPOINT,
+        status_endpoint.as_str(),
         "--instance-id",
         instance,
         // The approval workload: the approver's own credential, and the lapse sweep every 200 ms.
@@ -89,12 +103,17 @@ pub struct SoakStack {
     pub envoy: Proc,
     pub redis: Proc,
     pub redis_stopped: bool,
+    /// The hostile upstream (in this process), in the hostile and mixed worlds.
+    pub hostile: Option<idem_hostile::Hostile>,
+    /// Envoy's access log (the hostile config's), surviving its restarts.
+    pub access_log: std::path::PathBuf,
     demo_opts: DemoOpts,
     sidecar_opts: [SidecarOpts; 2],
 }
 
 impl SoakStack {
-    pub async fn start(db: OwnPostgres) -> Result<SoakStack, BoxError> {
+    /// `hostile_seed`: start the hostile upstream with this seed and run `soak-hostile.yaml` (else `soak.yaml`).
+    pub async fn start(db: OwnPostgres, hostile_seed: Option<u64>) -> Result<SoakStack, BoxError> {
         let dir = tempfile::tempdir()?;
         let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
         let sidecar_ports = [ports.sidecar, free_port()?];
@@ -104,6 +123,15 @@ impl SoakStack {
             return Err(format!("no database name in {}", db.url).into());
         }
 
+        let hostile = match hostile_seed {
+            Some(seed) => {
+                let config = idem_hostile::Config { seed, ttl_hint_s: HOSTILE_TTL_S };
+                Some(idem_hostile::Hostile::start("127.0.0.1:0", config).await?)
+            }
+            None => None,
+        };
+        let hostile_port = hostile.as_ref().map(|h| h.addr.port());
+        let access_log = dir.path().join("envoy-access.log");
         let mut redis = spawn_redis(redis_port, dir.path())?;
         wait_redis(redis_port, &mut redis).await?;
         let demo_opts = DemoOpts { no_dedup: true, faults: true, ..Default::default() };
@@ -113,14 +141,14 @@ impl SoakStack {
             SidecarOpts {
                 redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
                 database_url: Some(db.url.clone()),
-                extra_args: idemd_args(id),
+                extra_args: idemd_args(id, hostile_port),
             }
             .for_ports(&ports)
         });
         let a = start_idemd(&sidecar_opts[0], 0, sidecar_ports[0], dir.path()).await?;
         let b = start_idemd(&sidecar_opts[1], 1, sidecar_ports[1], dir.path()).await?;
         let mut stack = SoakStack {
-            envoy: spawn_envoy(&ports, sidecar_ports[1], dir.path())?,
+            envoy: spawn_envoy(&ports, sidecar_ports[1], hostile_port, &access_log, dir.path())?,
             dir,
             ports,
             sidecar_ports,
@@ -131,6 +159,8 @@ impl SoakStack {
             idemd: [a, b],
             redis,
             redis_stopped: false,
+            hostile,
+            access_log,
             demo_opts,
             sidecar_opts,
         };
@@ -157,7 +187,8 @@ impl SoakStack {
 
     pub async fn restart_envoy(&mut self) -> Result<(), BoxError> {
         self.envoy.kill9();
-        self.envoy = spawn_envoy(&self.ports, self.sidecar_ports[1], self.dir.path())?;
+        let hostile = self.hostile.as_ref().map(|h| h.addr.port());
+        self.envoy = spawn_envoy(&self.ports, self.sidecar_ports[1], hostile, &self.access_log, self.dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/ready", self.ports.admin), &mut self.envoy).await
     }
 
@@ -245,9 +276,23 @@ impl SoakStack {
     }
 }
 
-fn spawn_envoy(ports: &Ports, second_sidecar: u16, dir: &std::path::Path) -> Result<Proc, BoxError> {
-    let edits = [(SECOND_SIDECAR_PLACEHOLDER.to_owned(), format!("port_value: {second_sidecar}"))];
-    start_envoy_workers(ENVOY_CONFIG, ports, &edits, dir, 2)
+fn spawn_envoy(
+    ports: &Ports,
+    second_sidecar: u16,
+    hostile: Option<u16>,
+    access_log: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<Proc, BoxError> {
+    let mut edits = vec![(SECOND_SIDECAR_PLACEHOLDER.to_owned(), format!("port_value: {second_sidecar}"))];
+    let config = match hostile {
+        Some(port) => {
+            edits.push((HOSTILE_PLACEHOLDER.to_owned(), format!("port_value: {port}")));
+            edits.push((ACCESS_LOG_PLACEHOLDER.to_owned(), access_log.display().to_string()));
+            HOSTILE_ENVOY_CONFIG
+        }
+        None => ENVOY_CONFIG,
+    };
+    start_envoy_workers(config, ports, &edits, dir, 2)
 }
 
 async fn start_idemd(opts: &SidecarOpts, i: usize, port: u16, dir: &std::path::Path) -> Result<Proc, BoxError> {

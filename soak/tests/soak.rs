@@ -21,11 +21,79 @@ async fn a_seeded_minute_of_chaos_breaks_no_invariant() -> TestResult {
     Ok(())
 }
 
+/// The same in the hostile world (`make soak` runs the mixed one): the hostile upstream's grammar on its routes,
+/// every invariant unchanged plus its own. `make test` runs the demo world until the filter's holes of issue 35
+/// are closed on main; then this one takes its place (drop the `ignore`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the hostile world finds issue 35's open holes on today's filter (docs/soak.md); run with --ignored"]
+async fn a_seeded_minute_in_the_mixed_world_breaks_no_invariant() -> TestResult {
+    let cfg = idem_soak::Config::new(45, SEED, 32).in_world(idem_soak::World::Mixed);
+    let Some(out) = idem_soak::run(&cfg).await? else { return Ok(()) };
+    assert!(
+        out.violations.is_empty(),
+        "seed {SEED}, mixed world: {} invariant violations (logs in {:?}):\n{}",
+        out.violations.len(),
+        out.kept_dir,
+        out.summary
+    );
+    Ok(())
+}
+
 #[test]
 fn the_soak_envoy_config_validates() -> TestResult {
     let (ok, out) = validate_envoy_config(idem_soak::stack::ENVOY_CONFIG)?;
     assert!(ok, "envoy --mode validate soak.yaml failed:\n{out}");
+    let (ok, out) = validate_envoy_config(idem_soak::stack::HOSTILE_ENVOY_CONFIG)?;
+    assert!(ok, "envoy --mode validate soak-hostile.yaml failed:\n{out}");
     Ok(())
+}
+
+/// soak-hostile.yaml is soak.yaml plus the hostile routes, clusters and an access log: the demo's part of the
+/// hostile and mixed worlds is the demo world's, so a change to one file that is not made in the other fails here.
+#[test]
+fn the_hostile_config_is_the_soak_config_plus_the_hostile_upstream() -> TestResult {
+    use serde_norway::Value;
+    let read = |name: &str| -> Result<Value, Box<dyn std::error::Error>> {
+        let text = std::fs::read_to_string(idem_e2e::repo_root().join("envoy").join(name))?;
+        Ok(serde_norway::from_str(&text)?)
+    };
+    let (demo, hostile) = (read(idem_soak::stack::ENVOY_CONFIG)?, read(idem_soak::stack::HOSTILE_ENVOY_CONFIG)?);
+    let hcm =
+        |v: &Value| v["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"].clone();
+    let named = |list: &Value, hostile: bool| -> Vec<Value> {
+        list.as_sequence()
+            .map(|l| {
+                l.iter()
+                    .filter(|r| r["name"].as_str().is_some_and(|n| n.starts_with("hostile")) == hostile)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let routes = |v: &Value| hcm(v)["route_config"]["virtual_hosts"][0]["routes"].clone();
+    assert_eq!(named(&routes(&demo), false), named(&routes(&hostile), false), "the demo's routes");
+    assert!(named(&routes(&hostile), true).len() >= 7, "the hostile routes");
+    let clusters = |v: &Value| v["static_resources"]["clusters"].clone();
+    assert_eq!(named(&clusters(&demo), false), named(&clusters(&hostile), false), "the demo's clusters");
+    assert_eq!(hcm(&demo)["http_filters"], hcm(&hostile)["http_filters"], "the filter and its configuration");
+    assert!(hcm(&hostile)["access_log"].as_sequence().is_some_and(|l| l.len() == 1));
+    let text =
+        std::fs::read_to_string(idem_e2e::repo_root().join("envoy").join(idem_soak::stack::HOSTILE_ENVOY_CONFIG))?;
+    for placeholder in [idem_soak::stack::HOSTILE_PLACEHOLDER, idem_soak::stack::ACCESS_LOG_PLACEHOLDER] {
+        assert!(text.contains(placeholder), "{placeholder}");
+    }
+    Ok(())
+}
+
+#[test]
+fn the_world_flag() {
+    use idem_soak::World;
+    assert_eq!(World::parse("mixed"), Ok(World::Mixed));
+    assert!(World::parse("hostiles").is_err());
+    // The approval workload (agent 7) stays on the demo in every world; mixed splits the others.
+    assert!(!World::Hostile.hostile_agent(7) && World::Hostile.hostile_agent(2));
+    assert!(World::Mixed.hostile_agent(1) && !World::Mixed.hostile_agent(2));
+    assert!(!(0..32).any(|a| World::Demo.hostile_agent(a)));
 }
 
 #[test]
@@ -39,4 +107,19 @@ fn the_same_seed_draws_the_same_fault_schedule() {
     // Every kind of fault is in every schedule long enough to hold them.
     let kinds: std::collections::BTreeSet<&str> = a.iter().take(8).map(|s| s.fault.kind()).collect();
     assert_eq!(kinds.len(), idem_soak::faults::Fault::KINDS.len());
+}
+
+/// What the hostile world's agents hold against the gateway's header: every top-level field an agent or a
+/// case-insensitive decoder reads as the fingerprint, escapes decoded.
+#[test]
+fn every_spelling_of_a_fingerprint_field_is_seen() -> TestResult {
+    let body: serde_json::Value = serde_json::from_str(
+        r#"{"\u0066ingerprint":"a","Fingerprint":"b","FINGERPRINT":"c","card":{"fingerprint":"d"}}"#,
+    )?;
+    let mut seen: Vec<String> =
+        idem_soak::agents::named_fingerprints(&body).into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+    seen.sort();
+    assert_eq!(seen, [r#"FINGERPRINT="c""#, r#"Fingerprint="b""#, r#"fingerprint="a""#]);
+    assert!(idem_soak::agents::named_fingerprints(&serde_json::json!([{"fingerprint": "x"}])).is_empty());
+    Ok(())
 }
