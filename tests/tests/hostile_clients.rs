@@ -26,7 +26,10 @@
 //! * **HTTP/2 trailers** on the approval route and on a valid MCP execute; **chunked** HTTP/1.1
 //!   bodies, cut inside the fingerprint and the amount, on MCP, client keys and approval;
 //! * **duplicate JSON keys** where the second reading would change the decision: an approval
-//!   threshold (10.00 or 5000.00), an MCP execute's amount (7777.77 asks a person).
+//!   threshold (10.00 or 5000.00), an MCP execute's amount (7777.77 asks a person), the MCP status
+//!   tool's fingerprint;
+//! * **empty guarded headers** (fingerprint, subject, `Idempotency-Key`, `Mcp-Method`): no value,
+//!   never a pass.
 //!
 //! A client-key route binds no field, so its body is the upstream's to read (gzip, duplicate keys):
 //! the tests assert it is forwarded once and the same bytes under the same key are replayed.
@@ -36,6 +39,7 @@
 
 use idem_e2e::bypass::{
     assert_envelope, assert_problem, assert_rpc_error, assert_tool_error, fresh_key, mcp_args, seen, show, tools_call,
+    Seen,
 };
 use idem_e2e::http2::{self, H2Request};
 use idem_e2e::wire;
@@ -852,7 +856,17 @@ async fn duplicate_keys_that_would_change_a_decision_are_refused() -> TestResult
         );
         assert_rpc_error(&mcp_bytes(&stack, &[], call.into_bytes()).await?, 400, -32700);
     }
-    seen(&stack).await?.assert_same(before, "bodies with duplicate keys");
+    // The MCP status tool: two fingerprints in its arguments name two operations.
+    let q2 = mcp(&stack, &[], &tools_call(json!(13), "quote_transfer", mcp_args("11.00", "payee-42", None))).await?;
+    let other = quoted(&q2)?;
+    let status = format!(
+        r#"{{"jsonrpc":"2.0","id":14,"method":"tools/call","params":{{"name":"get_transfer_status","arguments":{{"fingerprint":"{mfp}","fingerprint":"{other}"}}}}}}"#
+    );
+    assert_rpc_error(&mcp_bytes(&stack, &[], status.into_bytes()).await?, 400, -32700);
+    seen(&stack).await?.assert_same(
+        Seen { forwarded: before.forwarded + 1, ..before },
+        "bodies with duplicate keys (and one more quote)",
+    );
     assert!(pending(&stack).await?.is_empty(), "nobody was asked");
 
     // A client-key route binds no field, so the gateway decides nothing on the body: the upstream
@@ -865,9 +879,10 @@ async fn duplicate_keys_that_would_change_a_decision_are_refused() -> TestResult
         ("idempotency-key", key.as_bytes()),
     ];
     let dup = format!(r#"{{"amount":"1.00","amount":"9999.00",{rest}}}"#).into_bytes();
+    let base = seen(&stack).await?;
     let first = post_raw(&stack, "/programs/v1/transfers", &h, dup.clone()).await?;
     let after_first = seen(&stack).await?;
-    assert_eq!(after_first.forwarded, before.forwarded + 1, "{}", show(&first));
+    assert_eq!(after_first.forwarded, base.forwarded + 1, "{}", show(&first));
     let again = post_raw(&stack, "/programs/v1/transfers", &h, dup).await?;
     assert_eq!((again.status, &again.body), (first.status, &first.body), "replayed: {}", show(&again));
     let other =
@@ -875,5 +890,48 @@ async fn duplicate_keys_that_would_change_a_decision_are_refused() -> TestResult
     assert_problem(&other, 422, "idempotency-key-reused");
     seen(&stack).await?.assert_same(after_first, "the key again, with the same or another body");
     assert!(after_first.executions <= 1, "at most once: {after_first:?}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------- empty guarded headers
+
+/// Guarded headers present but empty (or blank): never a wildcard, never "no header, so pass". An
+/// empty fingerprint header is an invalid fingerprint (400), and beside a valid body fingerprint the
+/// two differ (400); an empty or blank subject is no caller (401, and a preview mints nothing); an
+/// empty `Idempotency-Key` is a missing key (problem 400); an empty `Mcp-Method` over a `tools/call`
+/// disagrees with the body (-32020). Nothing is forwarded for any of them.
+#[tokio::test]
+async fn empty_guarded_headers_are_no_value_never_a_pass() -> TestResult {
+    let stack = Stack::start(sqlite_only(false)).await?;
+    let (_, fp) = stack.preview(json!("95.00")).await?;
+    let before = seen(&stack).await?;
+    let a = post(&stack, "/v1/transfers", &[("agent-fingerprint", "")], &transfer(json!("95.00"), "m")).await?;
+    assert_envelope(&a, 400, "fingerprint_invalid");
+    let mut body = transfer(json!("95.00"), "m");
+    body["fingerprint"] = json!(fp);
+    let a = post(&stack, "/v1/transfers", &[("agent-fingerprint", "")], &body).await?;
+    assert_envelope(&a, 400, "fingerprint_invalid");
+    for subject in ["", "   "] {
+        let h: [(&str, &[u8]); 3] = [
+            ("x-agent-subject", subject.as_bytes()),
+            ("content-type", b"application/json"),
+            ("agent-fingerprint", fp.as_bytes()),
+        ];
+        let a = post_raw(&stack, "/v1/transfers", &h, transfer(json!("95.00"), "m").to_string().into_bytes()).await?;
+        assert_envelope(&a, 401, "unauthenticated");
+        let h: [(&str, &[u8]); 2] = [("x-agent-subject", subject.as_bytes()), ("content-type", b"application/json")];
+        let p = post_raw(&stack, "/v1/transfers/preview", &h, transfer(json!("95.00"), "m").to_string().into_bytes())
+            .await?;
+        assert_envelope(&p, 401, "unauthenticated");
+        assert!(p.json.get("fingerprint").is_none(), "no fingerprint for no caller: {}", show(&p));
+    }
+    let k = post(&stack, "/programs/v1/transfers", &[("idempotency-key", "")], &transfer(json!("95.00"), "m")).await?;
+    assert_problem(&k, 400, "idempotency-key-missing");
+    let call = tools_call(json!(13), "execute_transfer", mcp_args("9999.00", "payee-mallory", None));
+    let key = fresh_key("mcp-empty");
+    let m = mcp(&stack, &[("idempotency-key", &key), ("mcp-method", "")], &call).await?;
+    assert_rpc_error(&m, 400, -32020);
+    seen(&stack).await?.assert_same(before, "empty guarded headers");
+    assert_eq!(stack.stat("wasmcustom.idem.minted").await?, 1, "the one plain preview");
     Ok(())
 }
