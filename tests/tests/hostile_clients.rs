@@ -12,8 +12,9 @@
 //!
 //! * **odd request ids** (a space, non-ASCII UTF-8, a would-be log field, 4 KiB, empty; a non-UTF-8
 //!   byte): a forged fingerprint under each is still audited and counted by idemd, its id made safe
-//!   (percent-encoded, cut at 128) in the audit and in idemd's log line (issue 35 hole 6); and on
-//!   every surface such an id changes no answer and no execution;
+//!   (percent-encoded, cut at 128) in the audit and in idemd's log line (issue 35 hole 6), on a
+//!   confirm, a status lookup and an MCP execute; on every surface such an id changes no answer and
+//!   no execution; and (open) a burst of forgeries leaves every one in the audit;
 //! * **mixed-case and comma-joined** guarded headers (`Agent-Fingerprint` + `AGENT-FINGERPRINT`, and
 //!   the subject, `Idempotency-Key` and `Mcp-Method` likewise, written on the wire; `fp, other` in one
 //!   line on confirm, approval and status; a subject with a comma is one subject, bound whole, never
@@ -198,9 +199,9 @@ async fn events(stack: &Stack, want: usize, within: Duration) -> Result<Vec<Valu
 }
 
 /// Issue 35, hole 6: a forged fingerprint sent with an `x-request-id` holding a space, non-ASCII
-/// characters, a would-be log field, or 4 KiB: each refusal is reported, and idemd records every one
-/// (an audit line, a count) with the id made safe — percent-encoded, cut at 128 — in the audit and
-/// in its log line. It once refused the whole report (the id was not "printable ASCII without
+/// characters, a would-be log field, or 4 KiB (on a confirm; and on a status lookup and an MCP
+/// execute): each refusal is reported, and idemd records every one (an audit line, a count) with the
+/// id made safe — percent-encoded, cut at 128 — in the audit and in its log line. It once refused the whole report (the id was not "printable ASCII without
 /// spaces"), so the forgery left no trace in idemd.
 #[tokio::test]
 async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResult {
@@ -220,7 +221,12 @@ async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResul
         ),
         (long.clone(), long[..128].to_owned(), long[..128].to_owned()),
     ];
+    let q = mcp(&stack, &[], &tools_call(json!(1), "quote_transfer", mcp_args("10.00", "payee-42", None))).await?;
+    let mcp_fake = forged(&quoted(&q)?)?;
     let before = seen(&stack).await?;
+    // One at a time: idemd writes at most MAX_EVENT_WRITES (4) audit lines at once and only counts
+    // the rest (a burst is not what this test is about; see the issue 35 report).
+    let mut written = 0;
     for (rid, echoed, _) in &cases {
         let h: [(&str, &[u8]); 4] = [
             ("x-agent-subject", SUBJECT.as_bytes()),
@@ -231,7 +237,24 @@ async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResul
         let a = post_raw(&stack, "/v1/transfers", &h, transfer(json!("10.00"), "m").to_string().into_bytes()).await?;
         assert_envelope(&a, 400, "fingerprint_invalid");
         assert_eq!(a.json["trace_id"], echoed.as_str(), "the agent's reference is its own id: {}", show(&a));
+        written += 1;
+        events(&stack, written, Duration::from_secs(10)).await?;
     }
+    // The same on the other surfaces that verify a fingerprint: a status lookup, an MCP execute.
+    let mut cases = cases;
+    let rid = format!("{run} status lookup é");
+    let h: [(&str, &[u8]); 3] = [
+        ("x-agent-subject", SUBJECT.as_bytes()),
+        ("agent-fingerprint", fake.as_bytes()),
+        ("x-request-id", rid.as_bytes()),
+    ];
+    assert_envelope(&get_raw(&stack, "/v1/transfers/status", &h).await?, 400, "fingerprint_invalid");
+    cases.push((rid.clone(), rid, format!("{run}%20status%20lookup%20%C3%A9")));
+    events(&stack, written + 1, Duration::from_secs(10)).await?;
+    let rid = format!("{run} mcp execute");
+    let call = tools_call(json!(2), "execute_transfer", mcp_args("10.00", "payee-42", Some(&mcp_fake)));
+    assert_tool_error(&mcp(&stack, &[("x-request-id", &rid)], &call).await?, "fingerprint_invalid");
+    cases.push((rid.clone(), rid, format!("{run}%20mcp%20execute")));
     seen(&stack).await?.assert_same(before, "forgeries");
     let n = cases.len();
     assert_eq!(stack.stat("wasmcustom.idem.security.bad_signature").await?, n as u64);
@@ -241,7 +264,20 @@ async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResul
     let mut wanted: Vec<&str> = cases.iter().map(|(_, _, safe)| safe.as_str()).collect();
     audited.sort_unstable();
     wanted.sort_unstable();
-    assert_eq!(audited, wanted, "one audit line each, the id made safe: {all:?}\nidemd:\n{}", stack.sidecar.log_text());
+    if audited != wanted {
+        let url = format!("http://127.0.0.1:{}/stats?filter=cluster.idem_sidecar.upstream_(rq|cx)", stack.ports.admin);
+        let calls = stack.http.get(url).send().await?.text().await?;
+        let calls: Vec<&str> = calls.lines().filter(|l| !l.ends_with(": 0")).collect();
+        let envoy = stack.envoy.log_text();
+        let lines: Vec<&str> = envoy.lines().filter(|l| l.contains("security_event") || l.contains("error")).collect();
+        return Err(format!(
+            "one audit line each, the id made safe:\naudited {audited:?}\nwanted  {wanted:?}\nEnvoy's calls to idemd: \
+             {calls:?}\nEnvoy:\n{}\nidemd:\n{}",
+            lines.join("\n"),
+            stack.sidecar.log_text()
+        )
+        .into());
+    }
     assert!(all.iter().all(|e| e["kind"] == "bad_signature" && e["actor"] == "filter"), "{all:?}");
     let m = stack.idemd_metrics().await?;
     assert_eq!(metric(&m, "idem_security_events_total", &[("kind", "bad_signature")]), Some(n as f64), "{m}");
@@ -254,6 +290,41 @@ async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResul
         assert!(line.is_some(), "trace_id={safe} in idemd's log:\n{log}");
     }
     assert!(!log.contains("security_event=none scope"), "a client's words never became log fields:\n{log}");
+    Ok(())
+}
+
+/// A client decides whether its forgeries are written: idemd writes at most `MAX_EVENT_WRITES` (4)
+/// audit lines at once and only counts the rest (`idem_security_events_unrecorded_total`), so a few
+/// forgeries sent back to back (each answered at once; the reports overlap while SQLite writes)
+/// leave lines out of the audit, and the one that matters can hide among junk ones. Found while
+/// testing hole 6 on the native module (6 sequential forgeries in 20 ms: 4 lines).
+#[tokio::test]
+#[ignore = "issue 35: a burst of forgeries is counted but not all written to idem_audit (idemd store)"]
+async fn a_burst_of_forgeries_leaves_every_one_in_the_audit() -> TestResult {
+    let stack = Stack::start(sqlite_only(false)).await?;
+    let (_, fp) = stack.preview(json!("10.00")).await?;
+    let fake = forged(&fp)?;
+    let n = 12;
+    for i in 0..n {
+        let rid = format!("burst-{i}");
+        let a = post(
+            &stack,
+            "/v1/transfers",
+            &[("agent-fingerprint", &fake), ("x-request-id", &rid)],
+            &transfer(json!("10.00"), "m"),
+        )
+        .await?;
+        assert_envelope(&a, 400, "fingerprint_invalid");
+    }
+    let all = events(&stack, n, Duration::from_secs(10)).await?;
+    let m = stack.idemd_metrics().await?;
+    assert_eq!(metric(&m, "idem_security_events_total", &[("kind", "bad_signature")]), Some(n as f64), "{m}");
+    assert_eq!(
+        all.len(),
+        n,
+        "every forgery in the audit; unrecorded: {:?}",
+        metric(&m, "idem_security_events_unrecorded_total", &[])
+    );
     Ok(())
 }
 
