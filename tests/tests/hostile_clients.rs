@@ -14,7 +14,8 @@
 //!   byte): a forged fingerprint under each is still audited and counted by idemd, its id made safe
 //!   (percent-encoded, cut at 128) in the audit and in idemd's log line (issue 35 hole 6), on a
 //!   confirm, a status lookup and an MCP execute; on every surface such an id changes no answer and
-//!   no execution; and (open) a burst of forgeries leaves every one in the audit;
+//!   no execution; and (open) a burst of forgeries leaves every one in the audit, and the filter's
+//!   own warning line carries no field a client wrote;
 //! * **mixed-case and comma-joined** guarded headers (`Agent-Fingerprint` + `AGENT-FINGERPRINT`, and
 //!   the subject, `Idempotency-Key` and `Mcp-Method` likewise, written on the wire; `fp, other` in one
 //!   line on confirm, approval and status; a subject with a comma is one subject, bound whole, never
@@ -290,6 +291,33 @@ async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResul
         assert!(line.is_some(), "trace_id={safe} in idemd's log:\n{log}");
     }
     assert!(!log.contains("security_event=none scope"), "a client's words never became log fields:\n{log}");
+    Ok(())
+}
+
+/// The filter's own warning line (`agent_idempotency security_event=… trace_id=… scope=… nonce=…`)
+/// prints the request id raw: a client that sends `x-request-id: r1 security_event=none scope=x`
+/// writes fields into the line a log pipeline parses (Envoy's log, seen on both builds). It should
+/// carry the id in the form idemd's audit and log line use (`api::safe_trace_id`; one rule, best in
+/// `idem_core::trace`, for both).
+#[tokio::test]
+#[ignore = "issue 35: the filter's security_event log line carries a client's request id raw (filter)"]
+async fn the_filters_warning_line_carries_no_field_a_client_wrote() -> TestResult {
+    let stack = Stack::start(sqlite_only(false)).await?;
+    let (_, fp) = stack.preview(json!("10.00")).await?;
+    let rid = format!("{} security_event=none scope=elsewhere nonce=0", run_id());
+    let h = [("agent-fingerprint", forged(&fp)?), ("x-request-id", rid.clone())];
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_envelope(
+        &post(&stack, "/v1/transfers", &h, &transfer(json!("10.00"), "m")).await?,
+        400,
+        "fingerprint_invalid",
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = stack.envoy.log_text();
+    let lines: Vec<&str> =
+        log.lines().filter(|l| l.contains("agent_idempotency security_event=bad_signature")).collect();
+    assert_eq!(lines.len(), 1, "one warning line:\n{log}");
+    assert!(!lines[0].contains("security_event=none"), "a client's words became fields: {}", lines[0]);
     Ok(())
 }
 
