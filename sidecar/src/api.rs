@@ -26,6 +26,10 @@
 //! (action `security_event`), within the SQL timeout. 503 when it could not
 //! be written; the filter ignores every answer.
 //!
+//! Every trace id the filter sends (a report's, an acquire's, …) is the client's `x-request-id`:
+//! it is stored and logged in a safe form (`safe_trace_id`) and never refused, so no value a client
+//! picks can keep a call, least of all a security event, out of the audit.
+//!
 //! `POST /v1/renew` carries every lease one filter instance holds for requests
 //! still upstream (DESIGN §4); each is extended if its owner still holds it,
 //! and `lost` names those it no longer does. Not audited: nothing changes state.
@@ -119,10 +123,11 @@ pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers, look
 }
 
 async fn acquire(State(store): State<Arc<Store>>, body: Bytes) -> Response {
-    let req: AcquireRequest = match parse(&body) {
+    let mut req: AcquireRequest = match parse(&body) {
         Ok(r) => r,
         Err(why) => return bad_request(why),
     };
+    req.trace_id = safe_trace_id(&req.trace_id);
     if let Err(why) = check_acquire(&req) {
         return bad_request(why);
     }
@@ -135,20 +140,22 @@ async fn acquire(State(store): State<Arc<Store>>, body: Bytes) -> Response {
 }
 
 async fn complete(State(store): State<Arc<Store>>, body: Bytes) -> Response {
-    let req: CompleteRequest = match parse(&body) {
+    let mut req: CompleteRequest = match parse(&body) {
         Ok(r) => r,
         Err(why) => return bad_request(why),
     };
+    req.trace_id = safe_trace_id(&req.trace_id);
     // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
     let answer = store.complete(&req).await;
     (ack_status(answer.outcome), Json(answer)).into_response()
 }
 
 async fn release(State(store): State<Arc<Store>>, body: Bytes) -> Response {
-    let req: ReleaseRequest = match parse(&body) {
+    let mut req: ReleaseRequest = match parse(&body) {
         Ok(r) => r,
         Err(why) => return bad_request(why),
     };
+    req.trace_id = safe_trace_id(&req.trace_id);
     // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
     let answer = store.release(&req).await;
     (ack_status(answer.outcome), Json(answer)).into_response()
@@ -213,11 +220,13 @@ async fn security_event(State(store): State<Arc<Store>>, body: Bytes) -> Respons
     if let Err(why) = check_event(&report) {
         return bad_request(why);
     }
+    // The client's `x-request-id`, as the filter passed it on: never a reason to refuse (issue 35).
+    let trace_id = safe_trace_id(&report.trace_id);
     tracing::warn!(
         kind = report.kind.as_str(),
         scope = %report.scope,
         key = report.key.as_ref().map(|k| k.as_str()).unwrap_or("-"),
-        trace_id = %report.trace_id,
+        trace_id = %trace_id,
         security_event = report.kind.as_str(),
         "security event reported by the filter"
     );
@@ -228,7 +237,7 @@ async fn security_event(State(store): State<Arc<Store>>, body: Bytes) -> Respons
         scope: report.scope,
         key: report.key.map(|k| k.to_string()),
         subject_hash: report.subject_hash,
-        trace_id: report.trace_id,
+        trace_id,
     };
     // The write goes on in its own task even if the filter has gone away.
     match store.security_event(event).await {
@@ -248,12 +257,42 @@ fn event_why(kind: SecurityKind, scope: &str) -> String {
     format!("{} on scope {scope}: {what}; refused by the filter", kind.as_str())
 }
 
+/// The filter's own words (the route's scope, the hash it computed) are checked; the trace id is
+/// not: it is whatever the client put in `x-request-id`, so it is made safe, never a reason to drop
+/// the event (`safe_trace_id`).
 fn check_event(r: &SecurityEventReport) -> Result<(), String> {
     check_field("scope", &r.scope, MAX_SCOPE, true)?;
     check_field("subject_hash", &r.subject_hash, MAX_SUBJECT_HASH, false)?;
-    check_field("trace_id", &r.trace_id, MAX_TRACE_ID, true)?;
     // The key was checked by its type (idem_core::protocol::OpKey) while parsing.
     Ok(())
+}
+
+/// A trace id as idemd's log lines and audit keep it. It is the client's `x-request-id` (the filter
+/// passes it on, clipped), so any text may arrive, and a client-chosen value must never decide
+/// whether a call is recorded (issue 35: a space in it once made idemd refuse a security event's
+/// report, and the forgery left no trace). Printable ASCII other than `%` stays as sent, so every
+/// id Envoy or a tracer makes is unchanged; every other character (space, control, non-ASCII, `%`)
+/// is percent-encoded, byte by byte of its UTF-8 (`a b` → `a%20b`, `é` → `%C3%A9`): the result has no space
+/// or line break to forge a log field or line with, is one value in any SQL collation, and reads
+/// back to the original. Cut to [`MAX_TRACE_ID`] at a whole character.
+pub fn safe_trace_id(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len().min(MAX_TRACE_ID));
+    let mut utf8 = [0u8; 4];
+    for c in raw.chars() {
+        let kept = c.is_ascii_graphic() && c != '%';
+        let width = if kept { 1 } else { 3 * c.len_utf8() };
+        if out.len() + width > MAX_TRACE_ID {
+            break;
+        }
+        if kept {
+            out.push(c);
+        } else {
+            for b in c.encode_utf8(&mut utf8).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out
 }
 
 async fn healthz(State(store): State<Arc<Store>>) -> Response {
@@ -316,8 +355,12 @@ fn request_span(route: &str, headers: &HeaderMap) -> tracing::Span {
         "/v1/security-events" => ("security_event", "idemd security-event"),
         _ => ("other", "idemd"),
     };
-    let trace_id =
-        headers.get("x-request-id").or_else(|| headers.get("traceparent")).and_then(|v| v.to_str().ok()).unwrap_or("-");
+    // The same form as the audit's (`safe_trace_id`), whatever bytes the header holds.
+    let trace_id = headers
+        .get("x-request-id")
+        .or_else(|| headers.get("traceparent"))
+        .map_or_else(|| "-".to_string(), |v| safe_trace_id(&String::from_utf8_lossy(v.as_bytes())));
+    let trace_id = trace_id.as_str();
     let span = tracing::info_span!(
         "request",
         op,
@@ -505,6 +548,30 @@ mod tests {
         ] {
             let err = check_acquire(&with_fields(f, &p)).unwrap_err();
             assert!(err.starts_with("fields") && err.contains(says), "{f}: {err}");
+        }
+    }
+
+    #[test]
+    fn trace_ids_are_kept_safe_never_refused() {
+        // What Envoy, tracers and the tests make stays as it is.
+        for same in ["", "4bf92f3577b34da6a3ce929d0e0e4736", "f81d4fae-7dec-11d0-a765-00a0c91e6bf6", "sec-a1.b_c~d"] {
+            assert_eq!(safe_trace_id(same), same);
+        }
+        assert_eq!(safe_trace_id("odd id"), "odd%20id");
+        assert_eq!(safe_trace_id("café"), "caf%C3%A9");
+        assert_eq!(safe_trace_id("100%"), "100%25", "% itself, so every escape reads back");
+        assert_eq!(safe_trace_id("a\nb\u{0}"), "a%0Ab%00");
+        assert_eq!(safe_trace_id("t-1 security_event=none\r\nFAKE"), "t-1%20security_event=none%0D%0AFAKE");
+        assert_eq!(safe_trace_id("\u{fffd}"), "%EF%BF%BD", "what a lossy read of a non-UTF-8 byte gives");
+        // Cut to the column at a whole character.
+        assert_eq!(safe_trace_id(&"x".repeat(500)), "x".repeat(MAX_TRACE_ID));
+        let cut = safe_trace_id(&"é".repeat(100));
+        assert_eq!(cut, "%C3%A9".repeat(MAX_TRACE_ID / 6));
+        let cut = safe_trace_id(&format!("{}é", "x".repeat(MAX_TRACE_ID - 4)));
+        assert_eq!(cut, "x".repeat(MAX_TRACE_ID - 4), "a character is escaped whole or not at all");
+        for raw in ["a b", "é", "\n", "%", &"é".repeat(300)] {
+            let safe = safe_trace_id(raw);
+            assert!(safe.len() <= MAX_TRACE_ID && safe.bytes().all(|b| b.is_ascii_graphic()), "{raw:?}: {safe}");
         }
     }
 
