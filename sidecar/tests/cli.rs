@@ -199,6 +199,9 @@ mod ops_cli {
         needs_review_of(dir, "u")
     }
 
+    /// The request id of the operation `needs_review_of` makes, as the client sent it.
+    const AS_SENT: &str = "trace cli-1 é";
+
     fn needs_review_of(dir: &std::path::Path, subject_hash: &str) -> (String, String) {
         let db = format!("sqlite://{}/idem.db?mode=rwc", dir.display());
         let key = idemd::store::new_owner();
@@ -215,7 +218,8 @@ mod ops_cli {
                 subject_hash: subject_hash.into(),
                 scope: "payments.manual".into(),
                 lease_ms: 0,
-                trace_id: "trace-cli-1".into(),
+                // As idemd's API keeps the request id an agent's reply carried (`api::safe_trace_id`).
+                trace_id: idemd::api::safe_trace_id(AS_SENT),
                 mode: Default::default(),
                 exp: None,
                 upstream_ignores_keys: false,
@@ -260,8 +264,10 @@ mod ops_cli {
         assert_eq!(o.status.code(), Some(2), "--done needs --result-file: {}", text(&o));
         let o = ops(&db, &["resolve", &key, "--done", "--release", "--why", "x"]);
         assert_eq!(o.status.code(), Some(2), "one decision at a time: {}", text(&o));
-        let o = ops(&db, &["show", "not a key"]);
+        let o = ops(&db, &["show", "not\na key"]);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let o = ops(&db, &["show", "not a key"]);
+        assert_eq!(o.status.code(), Some(3), "a trace id with spaces, unknown: {}", text(&o));
         let o = ops(&db, &["show", "NOT-A-KEY"]);
         assert_eq!(o.status.code(), Some(3), "an unknown trace id: {}", text(&o));
         assert!(text(&o).contains("no operation with trace id NOT-A-KEY"), "{}", text(&o));
@@ -311,10 +317,14 @@ mod ops_cli {
         assert!(lines[2].contains("operator:bob") && lines[2].contains("resolve_done"));
         assert!(lines[2].contains("NEEDS_REVIEW -> DONE") && lines[2].ends_with("found t_7 in the ledger"));
         // The trace id a reply carried finds the same operation, and the filter's line names it.
-        assert!(lines[0].ends_with("[trace trace-cli-1]"), "{t}");
-        let by_trace = ops(&db, &["show", "trace-cli-1"]);
-        assert_eq!(by_trace.status.code(), Some(0), "{}", text(&by_trace));
-        assert_eq!(text(&by_trace), t);
+        // A request id with a space and a non-ASCII letter is kept percent-encoded; the operator finds
+        // the operation by either spelling: as the agent's reply said it, or as the audit shows it.
+        assert!(lines[0].ends_with("[trace trace%20cli-1%20%C3%A9]"), "{t}");
+        for spelling in [AS_SENT, "trace%20cli-1%20%C3%A9"] {
+            let by_trace = ops(&db, &["show", spelling]);
+            assert_eq!(by_trace.status.code(), Some(0), "{spelling}: {}", text(&by_trace));
+            assert_eq!(text(&by_trace), t);
+        }
     }
 
     /// A person never settles an operation of their own subject, whichever surface they use: the

@@ -78,9 +78,9 @@ pub fn main(args: OpsArgs) -> ExitCode {
 pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
     // Check what can be checked before touching the database.
     if let OpsCommand::Show { key, .. } = &args.command {
-        // An operation key, or a trace id from an agent's reply (printable, bounded).
-        if !crate::api::is_token(key)
-            && (key.is_empty() || key.len() > 128 || !key.bytes().all(|b| b.is_ascii_graphic()))
+        // An operation key, or a trace id from an agent's reply: any text a client sent as its
+        // request id (idemd keeps it percent-encoded, `api::safe_trace_id`), bounded, one line.
+        if !crate::api::is_token(key) && (key.trim().is_empty() || key.len() > 512 || key.chars().any(char::is_control))
         {
             check_key(key)?;
         }
@@ -104,7 +104,12 @@ pub async fn run(args: OpsArgs) -> Result<String, OpsError> {
             let key = if crate::api::is_token(&reference) {
                 reference
             } else {
-                let keys = sql.keys_by_trace(&reference).await.map_err(unreachable)?;
+                // As the audit keeps it (`api::safe_trace_id`: a request id with a space or a
+                // non-ASCII letter is percent-encoded), or as the operator pasted it from there.
+                let mut keys = sql.keys_by_trace(&crate::api::safe_trace_id(&reference)).await.map_err(unreachable)?;
+                if keys.is_empty() {
+                    keys = sql.keys_by_trace(&reference).await.map_err(unreachable)?;
+                }
                 match keys.as_slice() {
                     [one] => one.clone(),
                     [] => return Err(OpsError::Refused(format!("no operation with trace id {reference}"))),
