@@ -225,8 +225,7 @@ async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResul
     let q = mcp(&stack, &[], &tools_call(json!(1), "quote_transfer", mcp_args("10.00", "payee-42", None))).await?;
     let mcp_fake = forged(&quoted(&q)?)?;
     let before = seen(&stack).await?;
-    // One at a time: idemd writes at most MAX_EVENT_WRITES (4) audit lines at once and only counts
-    // the rest (a burst is not what this test is about; see the issue 35 report).
+    // One at a time: a burst is its own test (a_burst_of_forgeries_leaves_every_one_in_the_audit).
     let mut written = 0;
     for (rid, echoed, _) in &cases {
         let h: [(&str, &[u8]); 4] = [
@@ -321,13 +320,13 @@ async fn the_filters_warning_line_carries_no_field_a_client_wrote() -> TestResul
     Ok(())
 }
 
-/// A client decides whether its forgeries are written: idemd writes at most `MAX_EVENT_WRITES` (4)
-/// audit lines at once and only counts the rest (`idem_security_events_unrecorded_total`), so a few
-/// forgeries sent back to back (each answered at once; the reports overlap while SQLite writes)
-/// leave lines out of the audit, and the one that matters can hide among junk ones. Found while
-/// testing hole 6 on the native module (6 sequential forgeries in 20 ms: 4 lines).
+/// A client never decides whether its forgeries are written: idemd writes at most `MAX_EVENT_WRITES`
+/// (4) audit lines at once, and the rest wait their turn (`MAX_QUEUED_EVENTS`), where they were
+/// only counted before (`idem_security_events_unrecorded_total`), so a few forgeries sent back to
+/// back (each answered at once; the reports overlap while SQLite writes) left lines out of the
+/// audit, and the one that matters could hide among junk ones (6 sequential forgeries in 20 ms on
+/// the native module: 4 lines).
 #[tokio::test]
-#[ignore = "issue 35: a burst of forgeries is counted but not all written to idem_audit (idemd store)"]
 async fn a_burst_of_forgeries_leaves_every_one_in_the_audit() -> TestResult {
     let stack = Stack::start(sqlite_only(false)).await?;
     let (_, fp) = stack.preview(json!("10.00")).await?;

@@ -41,6 +41,7 @@ pub mod rules;
 pub mod sql;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -70,8 +71,14 @@ const FILTER: &str = "filter";
 
 /// Security events written to SQL at once, at most. A flood of forged
 /// fingerprints (each one a report) must not take the connections the
-/// acquires need: past this the event is still counted, but not written.
+/// acquires need: past this the events wait their turn, in order.
 pub const MAX_EVENT_WRITES: usize = 4;
+
+/// Security events waiting to be written, at most: past this one is counted but not written
+/// (`idem_security_events_unrecorded_total`), so a flood costs bounded memory. Each waits rather
+/// than being dropped at once because a client must not decide which of its forgeries reach the
+/// audit: a burst of junk ones once hid the next (four writes at once, the rest only counted).
+pub const MAX_QUEUED_EVENTS: usize = 10_000;
 
 #[derive(Clone, Debug)]
 pub struct StoreSettings {
@@ -105,8 +112,27 @@ pub struct Store {
     settings: StoreSettings,
     metrics: Arc<Metrics>,
     event_writes: Arc<Semaphore>,
+    /// Security events counted and not yet written (waiting for, or holding, a write).
+    events_pending: Arc<AtomicUsize>,
     /// Where a person approves (`--approval-console-url`): told to the agent with `approval_required`.
     console: Option<String>,
+}
+
+/// One security event counted in [`Store::events_pending`] until its write ends (or it is not
+/// written): `None` when [`MAX_QUEUED_EVENTS`] are already pending.
+struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    fn enter(count: &Arc<AtomicUsize>) -> Option<Pending> {
+        let entered = Pending(Arc::clone(count));
+        (count.fetch_add(1, Ordering::AcqRel) < MAX_QUEUED_EVENTS).then_some(entered)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// How an attempt ended.
@@ -121,7 +147,15 @@ impl Store {
         metrics.set_redis_configured(redis.is_some());
         metrics.set_redis_up(redis.is_some());
         metrics.set_sql_up(true);
-        Self { sql, redis, settings, metrics, event_writes: Arc::new(Semaphore::new(MAX_EVENT_WRITES)), console: None }
+        Self {
+            sql,
+            redis,
+            settings,
+            metrics,
+            event_writes: Arc::new(Semaphore::new(MAX_EVENT_WRITES)),
+            events_pending: Arc::new(AtomicUsize::new(0)),
+            console: None,
+        }
     }
 
     /// Name where a person approves: the URL the agent is told to send the user to.
@@ -608,14 +642,20 @@ impl Store {
     /// (the filter never waits for the answer) does not cancel it, and a
     /// caller that does wait may drop the handle to not wait. The handle
     /// answers `false` when the line was not written (SQL down or slow, or
-    /// [`MAX_EVENT_WRITES`] writes already running).
+    /// [`MAX_QUEUED_EVENTS`] already waiting). At most [`MAX_EVENT_WRITES`]
+    /// run at once; the rest wait their turn in order (the semaphore is fair).
     pub fn security_event(&self, event: SecurityEvent) -> tokio::task::JoinHandle<bool> {
         self.metrics.security_event(event.kind.as_str());
-        let permit = Arc::clone(&self.event_writes).try_acquire_owned();
+        let pending = Pending::enter(&self.events_pending);
+        let writes = Arc::clone(&self.event_writes);
         let (sql, metrics) = (self.sql.clone(), Arc::clone(&self.metrics));
         tokio::spawn(async move {
-            let Ok(_permit) = permit else {
-                warn!(kind = event.kind.as_str(), "too many security events at once: counted, not written");
+            let permit = match pending {
+                Some(_) => writes.acquire_owned().await.ok(),
+                None => None,
+            };
+            let Some(_permit) = permit else {
+                warn!(kind = event.kind.as_str(), "too many security events waiting: counted, not written");
                 metrics.security_event_unrecorded();
                 return false;
             };
@@ -790,5 +830,19 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
         assert_ne!(a, b);
+    }
+
+    /// Security events wait for a write up to MAX_QUEUED_EVENTS pending; one more is refused,
+    /// and a place frees when an event's write ends.
+    #[test]
+    fn pending_security_events_are_bounded_and_freed() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let held: Vec<Pending> = (0..MAX_QUEUED_EVENTS).filter_map(|_| Pending::enter(&count)).collect();
+        assert_eq!(held.len(), MAX_QUEUED_EVENTS);
+        assert!(Pending::enter(&count).is_none(), "one past the bound is not queued");
+        assert_eq!(count.load(Ordering::Acquire), MAX_QUEUED_EVENTS, "a refused one leaves no count");
+        drop(held);
+        assert_eq!(count.load(Ordering::Acquire), 0);
+        assert!(Pending::enter(&count).is_some());
     }
 }
