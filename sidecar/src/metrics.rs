@@ -33,8 +33,6 @@ use prometheus_client::registry::Registry;
 
 use idem_core::protocol::SecurityKind;
 
-use crate::store::replication::{Mode, Replication};
-
 /// What a status lookup can come to (`idem_reconcile_lookups_total{result}`).
 pub const LOOKUP_RESULTS: [&str; 3] = ["found", "not_found", "failed"];
 
@@ -303,12 +301,6 @@ impl Metrics {
              upstreams that ignore keys too, and a failover may run such an operation twice",
             async_risk_accepted.clone(),
         );
-        for mode in Mode::ALL {
-            drop(replication_info.get_or_create(&ModeLabels { mode: mode.as_str() }));
-        }
-        for mode in [Mode::Async, Mode::Unknown, Mode::Standby] {
-            drop(replication_refused.get_or_create(&ModeLabels { mode: mode.as_str() }));
-        }
         for event in APPROVAL_EVENTS {
             drop(approvals.get_or_create(&EventLabels { event }));
         }
@@ -351,13 +343,21 @@ impl Metrics {
         }
     }
 
-    /// The replication state just read: its mode at 1, every other at 0.
-    pub fn set_replication(&self, r: &Replication) {
-        for mode in Mode::ALL {
-            self.replication_info.get_or_create(&ModeLabels { mode: mode.as_str() }).set(i64::from(mode == r.mode));
+    /// The replication state just read: `current` at 1, every other mode of `modes` at 0 (so each series
+    /// exists from the start), and the standbys seen.
+    pub fn set_replication(&self, current: &'static str, modes: &[&'static str], standbys: i64, sync_standbys: i64) {
+        for &mode in modes {
+            self.replication_info.get_or_create(&ModeLabels { mode }).set(i64::from(mode == current));
         }
-        self.sql_standbys.set(r.standbys);
-        self.sql_sync_standbys.set(r.sync_standbys);
+        self.sql_standbys.set(standbys);
+        self.sql_sync_standbys.set(sync_standbys);
+    }
+
+    /// The modes whose refusals `idem_replication_refused_total` counts, at 0 before the first.
+    pub fn replication_refusable(&self, modes: &[&'static str]) {
+        for &mode in modes {
+            drop(self.replication_refused.get_or_create(&ModeLabels { mode }));
+        }
     }
 
     pub fn replication_refused(&self, mode: &'static str) {

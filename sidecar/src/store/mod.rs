@@ -131,7 +131,8 @@ impl Store {
         metrics.set_redis_configured(redis.is_some());
         metrics.set_redis_up(redis.is_some());
         metrics.set_sql_up(true);
-        metrics.set_replication(&sql.replication());
+        replication::show(&metrics, &sql.replication());
+        metrics.replication_refusable(&replication::REFUSING);
         Self {
             sql,
             redis,
@@ -161,7 +162,7 @@ impl Store {
     pub async fn refresh_replication(&self) -> Replication {
         let before = self.sql.replication();
         let now = self.sql.refresh_replication().await;
-        self.metrics.set_replication(&now);
+        replication::show(&self.metrics, &now);
         if now.mode != before.mode {
             warn!(from = before.mode.as_str(), to = now.mode.as_str(), detail = %now.detail, "SQL replication changed");
         }

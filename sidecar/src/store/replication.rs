@@ -63,6 +63,14 @@ impl Mode {
     }
 }
 
+/// The modes an acquire can be refused in (`idem_replication_refused_total{mode}`).
+pub const REFUSING: [&str; 3] = ["async", "unknown", "standby"];
+
+/// Put what was read into the metrics (`idem_sql_replication_info{mode}` and the standby gauges).
+pub fn show(metrics: &crate::metrics::Metrics, r: &Replication) {
+    metrics.set_replication(r.mode.as_str(), &Mode::ALL.map(Mode::as_str), r.standbys, r.sync_standbys);
+}
+
 /// What idemd read about its database's replication.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Replication {
@@ -340,6 +348,11 @@ mod tests {
                     assert_eq!(refusal(mode, accept, ignores).is_some(), ignores && !accept, "{mode:?}");
                 }
             }
+        }
+        // The refused-acquire counter names exactly the modes that can refuse.
+        for mode in Mode::ALL {
+            let refuses = refusal(mode, false, true).is_some();
+            assert_eq!(REFUSING.contains(&mode.as_str()), refuses, "{mode:?}");
         }
         let why = refusal(Mode::Async, false, true).unwrap_or_default();
         assert!(why.contains("--accept-async-failover-risk") && why.contains("ignores Idempotency-Key"), "{why}");
