@@ -241,3 +241,31 @@ fn idemd_refuses_to_start_on_a_standby() {
     assert!(stderr.contains("is a standby, not the primary") && stderr.contains("pg_is_in_recovery"), "{stderr}");
     assert_eq!(db.standby().psql("SELECT to_regclass('idem_record') IS NULL").expect("psql"), "t", "nothing written");
 }
+
+/// The live queries on each backend: the shared single-node servers read as `single`, with the facts behind it
+/// (a query that failed would read `unknown` and refuse every acquire for an upstream that ignores keys).
+#[test]
+fn single_node_servers_read_as_single_on_every_backend() {
+    use idem_testkit::backends::{available, mysql_url, postgres_url};
+    use idemd::store::replication::Mode;
+    use idemd::store::sql::{SqlOptions, SqlStore};
+    let dir = tempfile::tempdir().expect("dir");
+    let sqlite = format!("sqlite://{}/idem.db?mode=rwc", dir.path().display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    for (name, url, says) in [
+        ("postgres", postgres_url(), "synchronous_commit="),
+        ("mariadb", mysql_url(), "semi-sync off"),
+        ("sqlite", sqlite, "one file on one node"),
+    ] {
+        if name != "sqlite" && !available(name, &url).expect("backend") {
+            continue;
+        }
+        let read = rt.block_on(async {
+            let sql = SqlStore::connect(&url, &SqlOptions::default()).await.expect("connect");
+            (sql.replication(), sql.refresh_replication().await)
+        });
+        assert_eq!(read.0, read.1, "{name}: read at connect and again");
+        assert_eq!(read.0.mode, Mode::Single, "{name}: {}", read.0.detail);
+        assert!(read.0.detail.contains(says), "{name}: {}", read.0.detail);
+    }
+}
