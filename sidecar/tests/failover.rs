@@ -160,6 +160,26 @@ fn sync_standby_keeps_the_acquire_through_failover() {
     idemd.sees("single");
 }
 
+/// Synchronous, with its standby gone: a commit waits for a standby that never answers, so the acquire is never
+/// acknowledged (STORE_UNAVAILABLE at idemd's SQL timeout: nothing ran). A failover to that standby then finds no
+/// row, and the retry is the operation's first execution, not its second.
+#[test]
+fn sync_without_its_standby_acknowledges_nothing_it_could_lose() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = replicated(dir.path(), Replication::Sync) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &[]);
+    db.caught_up().expect("caught up");
+    db.cut_replication().expect("cut");
+    idemd.sees("sync");
+
+    let k = key();
+    let (status, first) = idemd.acquire(&k, true);
+    assert_eq!((status, first["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{first}");
+    db.fail_over().expect("fail over");
+    let retry = idemd.acquire_after_failover(&k, true);
+    assert_eq!(retry["outcome"], "ACQUIRED", "the first attempt ran nothing: {retry}");
+}
+
 /// Asynchronous standby that lags: an acquire for an upstream that ignores keys is refused before anything
 /// ran, one for an upstream that honours keys is served (and after the failover that lost it, ACQUIRED again
 /// under the same key: the upstream's deduplication is what protects it).
