@@ -10,7 +10,8 @@
 //! | `POST /v1/security-events`   | 202 `OK` (written to the audit); 503 `STORE_UNAVAILABLE`; 400   |
 //! | any `/v1/*` without a token  | 401 `{"error":"unauthorized"}`; nothing read or changed         |
 //! | `/v1/approvals…`             | an approver's credential, not the filter's (`crate::approvals`) |
-//! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down; each store's state       |
+//! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down or a standby; each store's |
+//! |                              | state and the SQL replication (`store::replication`)            |
 //! | `GET /metrics`               | Prometheus (OpenMetrics text)                                   |
 //!
 //! `GET /v1/operations/{key}?exp=<unix s>`: the filter names the fingerprint's
@@ -296,14 +297,34 @@ pub fn safe_trace_id(raw: &str) -> String {
 }
 
 async fn healthz(State(store): State<Arc<Store>>) -> Response {
+    use crate::store::replication::Mode;
     let h = store.health().await;
-    // Redis down is degraded, not down: SQL alone keeps every answer exact.
-    let (status, word) = match (h.sql, h.redis) {
-        ("up", "down") => (StatusCode::OK, "degraded"),
-        ("up", _) => (StatusCode::OK, "ok"),
+    // What the database promises across a failover, read now (as the probe does), and what idemd
+    // therefore refuses (DESIGN §4, "The truth never goes back in time").
+    let replication = if h.sql == "up" { store.refresh_replication().await } else { store.sql().replication() };
+    // Redis down is degraded, not down: SQL alone keeps every answer exact. A standby takes no write:
+    // every acquire is refused, as with SQL down.
+    let (status, word) = match (h.sql, h.redis, replication.mode) {
+        ("up", _, Mode::Standby) => (StatusCode::SERVICE_UNAVAILABLE, "down"),
+        ("up", "down", _) => (StatusCode::OK, "degraded"),
+        ("up", _, _) => (StatusCode::OK, "ok"),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "down"),
     };
-    (status, Json(json!({"status": word, "redis": h.redis, "sql": h.sql}))).into_response()
+    let refuses = match replication.mode {
+        Mode::Single | Mode::Sync => "nothing",
+        Mode::Standby => "every acquire",
+        Mode::Async | Mode::Unknown if store.accepts_async_failover_risk() => "nothing (risk accepted)",
+        Mode::Async | Mode::Unknown => "acquires for upstreams that ignore keys",
+    };
+    let detail = json!({
+        "mode": replication.mode.as_str(),
+        "standbys": replication.standbys,
+        "sync_standbys": replication.sync_standbys,
+        "detail": replication.detail,
+        "async_failover_risk_accepted": store.accepts_async_failover_risk(),
+        "refuses": refuses,
+    });
+    (status, Json(json!({"status": word, "redis": h.redis, "sql": h.sql, "replication": detail}))).into_response()
 }
 
 async fn metrics(State(store): State<Arc<Store>>) -> Response {

@@ -159,6 +159,14 @@ pub struct StoreArgs {
     /// Budget for one SQL call; past it the database counts as unavailable.
     #[arg(long, env = "IDEM_SQL_TIMEOUT_MS", default_value_t = 2000)]
     pub sql_timeout_ms: u64,
+
+    /// On a database that replicates asynchronously (or whose replication idemd cannot read), acquire
+    /// for routes whose upstream ignores Idempotency-Key too. The cost: a failover to a standby that had not
+    /// caught up loses the acquire, and the retry executes the operation a second time. Without it those
+    /// acquires are refused (status_unavailable, nothing runs); routes whose upstream honours keys are
+    /// served either way. See docs/operations.md, "Topologies".
+    #[arg(long, env = "IDEM_ACCEPT_ASYNC_FAILOVER_RISK")]
+    pub accept_async_failover_risk: bool,
 }
 
 /// The IN_FLIGHT lease and the terminal retention, with the facts they must cover.

@@ -10,6 +10,14 @@
 //! longest-expired IN_FLIGHT row ended: a reconciler that keeps up holds it
 //! near zero (deploy/observability/alerts.yaml has the rules).
 //!
+//! `idem_sql_replication_info{mode}` says what the SQL truth promises across a
+//! failover (single, sync, async, standby, unknown; 1 on the current mode, 0 on
+//! the others), read at start and by every store probe, with
+//! `idem_sql_standbys`/`idem_sql_sync_standbys` beside it;
+//! `idem_replication_refused_total{mode}` counts the acquires that topology
+//! could not keep and idemd refused, and `idem_async_failover_risk_accepted` is
+//! 1 when the operator accepted that risk instead.
+//!
 //! Label sets an alert compares over time (security kinds, reconciler
 //! decisions, each scope's lookups) exist at 0 from the start: a series that
 //! appears at its first increment is invisible to `increase()`.
@@ -64,6 +72,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
 }
@@ -113,6 +126,11 @@ pub struct Metrics {
     approvals: Family<EventLabels, Counter>,
     approval_wait: Histogram,
     approvals_awaiting: Gauge,
+    replication_info: Family<ModeLabels, Gauge>,
+    sql_standbys: Gauge,
+    sql_sync_standbys: Gauge,
+    replication_refused: Family<ModeLabels, Counter>,
+    async_risk_accepted: Gauge,
 }
 
 impl Default for Metrics {
@@ -147,6 +165,11 @@ impl Metrics {
         // 1 s .. ~9 h: a person answers in seconds to hours.
         let approval_wait = Histogram::new(exponential_buckets(1.0, 2.0, 16));
         let approvals_awaiting = Gauge::default();
+        let replication_info = Family::<ModeLabels, Gauge>::default();
+        let sql_standbys = Gauge::default();
+        let sql_sync_standbys = Gauge::default();
+        let replication_refused = Family::<ModeLabels, Counter>::default();
+        let async_risk_accepted = Gauge::default();
 
         // Counters get their `_total` suffix from the OpenMetrics encoder.
         registry.register("idem_acquire", "Acquire answers by outcome and key mode", acquire.clone());
@@ -249,6 +272,35 @@ impl Metrics {
             "Operations waiting for a person's approval (AWAITING_APPROVAL, not past exp), as of the last store probe",
             approvals_awaiting.clone(),
         );
+        registry.register(
+            "idem_sql_replication_info",
+            "What the SQL truth promises across a failover, as read at start and by the store probe: 1 on the \
+             current mode (single, sync: an acquire survives; async, unknown: a failover can lose it, so acquires \
+             for upstreams that ignore keys are refused; standby: read-only, every acquire refused), 0 on the others",
+            replication_info.clone(),
+        );
+        registry.register(
+            "idem_sql_standbys",
+            "Standbys (replicas) streaming from the SQL database, as of the last store probe",
+            sql_standbys.clone(),
+        );
+        registry.register(
+            "idem_sql_sync_standbys",
+            "Of those, the standbys a commit waits for (synchronous, quorum, semi-synchronous)",
+            sql_sync_standbys.clone(),
+        );
+        registry.register(
+            "idem_replication_refused",
+            "Acquires refused before anything ran because the SQL topology could not keep them through a \
+             failover (standby; async or unknown for an upstream that ignores keys), by mode",
+            replication_refused.clone(),
+        );
+        registry.register(
+            "idem_async_failover_risk_accepted",
+            "1 when idemd runs with --accept-async-failover-risk: on an asynchronous topology it acquires for \
+             upstreams that ignore keys too, and a failover may run such an operation twice",
+            async_risk_accepted.clone(),
+        );
         for event in APPROVAL_EVENTS {
             drop(approvals.get_or_create(&EventLabels { event }));
         }
@@ -283,7 +335,37 @@ impl Metrics {
             approvals,
             approval_wait,
             approvals_awaiting,
+            replication_info,
+            sql_standbys,
+            sql_sync_standbys,
+            replication_refused,
+            async_risk_accepted,
         }
+    }
+
+    /// The replication state just read: `current` at 1, every other mode of `modes` at 0 (so each series
+    /// exists from the start), and the standbys seen.
+    pub fn set_replication(&self, current: &'static str, modes: &[&'static str], standbys: i64, sync_standbys: i64) {
+        for &mode in modes {
+            self.replication_info.get_or_create(&ModeLabels { mode }).set(i64::from(mode == current));
+        }
+        self.sql_standbys.set(standbys);
+        self.sql_sync_standbys.set(sync_standbys);
+    }
+
+    /// The modes whose refusals `idem_replication_refused_total` counts, at 0 before the first.
+    pub fn replication_refusable(&self, modes: &[&'static str]) {
+        for &mode in modes {
+            drop(self.replication_refused.get_or_create(&ModeLabels { mode }));
+        }
+    }
+
+    pub fn replication_refused(&self, mode: &'static str) {
+        self.replication_refused.get_or_create(&ModeLabels { mode }).inc();
+    }
+
+    pub fn set_async_failover_risk_accepted(&self, accepted: bool) {
+        self.async_risk_accepted.set(i64::from(accepted));
     }
 
     pub fn approval(&self, event: &'static str) {

@@ -4,6 +4,11 @@
 //! call, and a reconciler that is stuck (or runs nowhere: every replica with
 //! `--no-reconcile`) cannot report its own lag. Runs on every replica; the
 //! backlog is the same database's, so the rules take the `max` over replicas.
+//! It also reads what the database promises across a failover
+//! (`store::replication`): a topology that changes under a running idemd (a
+//! synchronous standby dropped, a failover to a node with no standby, a Service
+//! now pointing at a standby) changes what the next acquires accept within one
+//! interval.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +38,7 @@ impl Probe {
         if health.sql != "up" {
             return (health, None);
         }
+        self.store.refresh_replication().await;
         match self.store.sql().backlog(now_ms()).await {
             Ok(b) => {
                 let metrics = self.store.metrics();

@@ -71,7 +71,28 @@ pub async fn open_store(stores: &StoreArgs, ttl: &TtlArgs) -> Result<Store, Fail
         // Redis gate; twice that, plus slack, is certainly stale.
         stale_in_flight_ms: stores.sql_timeout_ms.saturating_mul(2).saturating_add(1_000),
     };
-    Ok(Store::new(sql, redis, settings, Arc::new(Metrics::new())))
+    let store = Store::new(sql, redis, settings, Arc::new(Metrics::new()))
+        .accepting_async_failover_risk(stores.accept_async_failover_risk);
+    Ok(store)
+}
+
+/// The start-up line that says what the database promises and what idemd therefore accepts.
+pub fn replication_line(store: &Store) -> String {
+    use crate::store::replication::Mode;
+    let r = store.sql().replication();
+    let accepts = match (r.mode, store.accepts_async_failover_risk()) {
+        (Mode::Single | Mode::Sync, _) => "every route".to_string(),
+        (Mode::Standby, _) => "nothing (a standby takes no writes)".to_string(),
+        (Mode::Async | Mode::Unknown, false) => {
+            "routes whose upstream honours keys; acquires for upstreams that ignore keys are refused (a failover \
+             could lose them)"
+                .to_string()
+        }
+        (Mode::Async | Mode::Unknown, true) => "every route, with --accept-async-failover-risk: a failover may run \
+             an operation of an upstream that ignores keys twice"
+            .to_string(),
+    };
+    format!("idemd database replication: {} ({}); accepting {accepts}", r.mode.as_str(), r.detail)
 }
 
 /// The API's credentials, or why idemd must not start.
@@ -123,6 +144,20 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let addr = listener.local_addr().map_err(|e| Failure::Runtime(e.to_string()))?;
     let redis = args.stores.redis_url.as_deref().map(redact_url).unwrap_or_else(|| "off".to_string());
     println!("idemd listening on {addr} (redis: {redis}, sql: {})", store.sql().backend().name());
+    // Not println!: a caller that read the first line and closed the pipe must not panic idemd.
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", replication_line(&store)).and_then(|()| out.flush());
+    }
+    let replication = store.sql().replication();
+    info!(mode = replication.mode.as_str(), detail = %replication.detail, "SQL replication");
+    if store.accepts_async_failover_risk() {
+        tracing::warn!(
+            "--accept-async-failover-risk: on an asynchronous topology, operations of upstreams that ignore keys are \
+             acquired although a failover can lose the acquire and run them twice"
+        );
+    }
     info!(%addr, lease_ms = args.ttl.lease_ms, retention_s = args.ttl.terminal_retention_s, "serving");
 
     // Small JSON answers on keep-alive connections: without NODELAY, Nagle

@@ -27,6 +27,11 @@
 //! - Redis down or erroring: the same answers from SQL alone.
 //!   SQL down: nothing can be acquired (STORE_UNAVAILABLE: nothing ran, safe
 //!   to retry), but what Redis already knows (replays, IN_FLIGHT) still answers.
+//! - The truth never goes back in time (`replication`): an acquire the
+//!   database's topology cannot keep through a failover (a standby; an
+//!   asynchronous primary, for a route whose upstream ignores keys, unless the
+//!   operator accepted that cost) is answered STORE_UNAVAILABLE before either
+//!   store is touched: nothing recorded, nothing runs.
 
 pub mod approval;
 pub mod audit;
@@ -35,6 +40,7 @@ mod claims;
 mod group_commit;
 pub mod record;
 pub mod redis;
+pub mod replication;
 pub mod resolution;
 pub mod retention;
 pub mod rules;
@@ -55,6 +61,7 @@ use tracing::{debug, info, warn, Instrument};
 use self::audit::{Audit, SecurityEvent};
 use self::record::Record;
 use self::redis::{AcquireReply, Binding, RedisDown, RedisStore, WriteReply};
+use self::replication::Replication;
 use self::sql::{NewInFlight, SqlError, SqlStore};
 use crate::metrics::Metrics;
 
@@ -116,6 +123,9 @@ pub struct Store {
     events_pending: Arc<AtomicUsize>,
     /// Where a person approves (`--approval-console-url`): told to the agent with `approval_required`.
     console: Option<String>,
+    /// `--accept-async-failover-risk`: on an asynchronously replicated database, acquire for upstreams that
+    /// ignore keys anyway (a failover may then run an operation twice).
+    accept_async_failover_risk: bool,
 }
 
 /// One security event counted in [`Store::events_pending`] until its write ends (or it is not
@@ -147,6 +157,8 @@ impl Store {
         metrics.set_redis_configured(redis.is_some());
         metrics.set_redis_up(redis.is_some());
         metrics.set_sql_up(true);
+        replication::show(&metrics, &sql.replication());
+        metrics.replication_refusable(&replication::REFUSING);
         Self {
             sql,
             redis,
@@ -155,7 +167,33 @@ impl Store {
             event_writes: Arc::new(Semaphore::new(MAX_EVENT_WRITES)),
             events_pending: Arc::new(AtomicUsize::new(0)),
             console: None,
+            accept_async_failover_risk: false,
         }
+    }
+
+    /// `--accept-async-failover-risk`: acquire on an asynchronously replicated (or unreadable) topology for
+    /// upstreams that ignore keys too, at the cost of a second execution after a failover that lost the
+    /// acquire.
+    pub fn accepting_async_failover_risk(mut self, accept: bool) -> Self {
+        self.accept_async_failover_risk = accept;
+        self.metrics.set_async_failover_risk_accepted(accept);
+        self
+    }
+
+    pub fn accepts_async_failover_risk(&self) -> bool {
+        self.accept_async_failover_risk
+    }
+
+    /// What the database promises, read now (the store probe, `/healthz`): kept for the acquires that follow,
+    /// shown in the metrics, and logged when it changed.
+    pub async fn refresh_replication(&self) -> Replication {
+        let before = self.sql.replication();
+        let now = self.sql.refresh_replication().await;
+        replication::show(&self.metrics, &now);
+        if now.mode != before.mode {
+            warn!(from = before.mode.as_str(), to = now.mode.as_str(), detail = %now.detail, "SQL replication changed");
+        }
+        now
     }
 
     /// Name where a person approves: the URL the agent is told to send the user to.
@@ -193,6 +231,15 @@ impl Store {
     /// The acquire as the API answers it: with the approval record beside the outcome where the
     /// route asks a person first (DESIGN §4, "Approval"; `approval`).
     pub async fn acquire_answer(&self, req: &AcquireRequest) -> WithApproval<AcquireResponse> {
+        // First, before anything is recorded anywhere: can this topology keep the acquire through a failover?
+        let mode = self.sql.replication_mode();
+        if let Some(why) = replication::refusal(mode, self.accept_async_failover_risk, req.upstream_ignores_keys) {
+            warn!(key = %req.key, scope = %req.scope, replication = mode.as_str(), reason = why, "acquire refused");
+            self.metrics.replication_refused(mode.as_str());
+            let answer = unavailable();
+            self.after_acquire(req, &answer);
+            return WithApproval { answer, approval: None };
+        }
         if let Some(gated) = self.approval_gate(req).await {
             self.after_acquire(req, &gated.answer);
             return gated;

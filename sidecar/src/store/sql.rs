@@ -24,6 +24,7 @@ use super::audit::Audit;
 use super::group_commit::{GroupCommit, Statement, Write};
 use super::now_ms;
 use super::record::Record;
+use super::replication::{Mode, Replication};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -404,6 +405,9 @@ pub struct SqlStore {
     /// `None` for Postgres and MySQL, whose writers lock rows, not the database, and whose
     /// commits already share a log flush.
     group: Option<GroupCommit>,
+    /// What the database promised when last read (`replication`): read at connect, refreshed by the
+    /// store probe; every clone shares it.
+    replication: std::sync::Arc<std::sync::RwLock<Replication>>,
 }
 
 impl SqlStore {
@@ -451,8 +455,26 @@ impl SqlStore {
                 )
             }
         };
-        let mut store =
-            Self { pool, backend, q: std::sync::Arc::new(Queries::new(backend)), timeout: opts.timeout, group: None };
+        let mut store = Self {
+            pool,
+            backend,
+            q: std::sync::Arc::new(Queries::new(backend)),
+            timeout: opts.timeout,
+            group: None,
+            replication: std::sync::Arc::new(std::sync::RwLock::new(Replication::unknown("not read yet".into()))),
+        };
+        // Before the migrations, which would fail on a read-only standby with a less useful error: writes go
+        // to the primary only (DESIGN §4, "The truth never goes back in time").
+        let replication = store.refresh_replication().await;
+        if replication.mode == Mode::Standby {
+            return Err(SqlError::Config(format!(
+                "refusing to start: {} is a standby, not the primary ({}). idemd records operations on the \
+                 primary only: point --database-url at the primary's read-write address (a Patroni or \
+                 CloudNativePG -rw Service, the cluster endpoint of a managed database)",
+                crate::redact::redact_url(url),
+                replication.detail
+            )));
+        }
         store.migrate().await?;
         if let Pool::Lite(p) = &store.pool {
             store.group = Some(GroupCommit::start(p.clone()));
@@ -462,6 +484,23 @@ impl SqlStore {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The replication state as last read (at connect, or by the last [`refresh_replication`](Self::refresh_replication)).
+    pub fn replication(&self) -> Replication {
+        self.replication.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The mode alone, as last read: what every acquire asks (no copy of the words).
+    pub fn replication_mode(&self) -> Mode {
+        self.replication.read().unwrap_or_else(std::sync::PoisonError::into_inner).mode
+    }
+
+    /// Read the replication state now and keep it for [`replication`](Self::replication).
+    pub async fn refresh_replication(&self) -> Replication {
+        let now = self.read_replication().await;
+        *self.replication.write().unwrap_or_else(std::sync::PoisonError::into_inner) = now.clone();
+        now
     }
 
     pub(super) async fn bounded<T>(

@@ -1,0 +1,291 @@
+//! The truth never goes back in time (DESIGN §4; issue 37): a replicated Postgres fails over under a
+//! running idemd, in the worst window (the acquire committed on the primary, the standby not caught up).
+//!
+//! Real parts only: a private primary and a streaming standby made with `pg_basebackup -R`
+//! (`idem_testkit::pg_server::Replicated`), the `idemd` binary on SQL alone, its HTTP API; the primary is
+//! SIGKILLed, the standby promoted, and the one address idemd was given moves to it (as a Service does).
+//!
+//! - synchronous standby: the acquire survives, the retry is IN_FLIGHT with the first owner;
+//! - asynchronous standby, upstream ignores keys: refused before anything ran (STORE_UNAVAILABLE, no row),
+//!   so nothing can run twice; upstream honours keys: served (the failover loses the acquire and the retry
+//!   is ACQUIRED again, with the same key, which such an upstream deduplicates);
+//! - asynchronous with `--accept-async-failover-risk`: the measured cost, a second ACQUIRED with a new owner;
+//! - pointed at a standby, idemd refuses to start.
+//!
+//! Each metric and /healthz detail says which topology idemd saw.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use idem_testkit::pg_server::{Replicated, Replication};
+use idem_testkit::proc::Proc;
+use serde_json::{json, Value};
+
+const PARAM: &str = "7d865e959b2466918c9863afca942d0fb89d7c9ac0c99bafc3749504ded97730";
+const SUBJECT: &str = "9f86d081884c7d659a2feaa0c55ad015";
+
+struct Idemd {
+    base: String,
+    proc: Proc,
+    http: reqwest::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+fn idemd_command(database_url: &str, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_idemd"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("IDEM_") {
+            c.env_remove(k);
+        }
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+    c.args(["serve", "--insecure-no-auth", "--no-reconcile", "--probe-interval-ms", "200", "--sql-timeout-ms", "2000"])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--database-url", database_url])
+        .args(extra);
+    c
+}
+
+impl Idemd {
+    fn start(dir: &Path, database_url: &str, extra: &[&str]) -> Idemd {
+        let mut proc = Proc::spawn("idemd", &mut idemd_command(database_url, extra), dir).expect("spawn idemd");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let base = loop {
+            let log = proc.log_text();
+            if let Some(line) = log.lines().find(|l| l.starts_with("idemd listening on ")) {
+                let addr = line["idemd listening on ".len()..].split(' ').next().expect("addr");
+                break format!("http://{addr}");
+            }
+            assert!(!proc.exited(), "idemd exited:\n{log}");
+            assert!(Instant::now() < deadline, "idemd did not start:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        Idemd { base, proc, http: reqwest::Client::new(), rt }
+    }
+
+    /// `POST /v1/acquire` as the filter sends it: (HTTP status, answer).
+    fn acquire(&self, key: &str, upstream_ignores_keys: bool) -> (u16, Value) {
+        let body = json!({
+            "key": key, "param_hash": PARAM, "subject_hash": SUBJECT, "scope": "payments.transfer",
+            "lease_ms": 60_000, "upstream_ignores_keys": upstream_ignores_keys,
+        });
+        self.rt.block_on(async {
+            let r = self.http.post(format!("{}/v1/acquire", self.base)).json(&body).send().await.expect("acquire");
+            (r.status().as_u16(), r.json().await.expect("json"))
+        })
+    }
+
+    /// The acquire once the failover is behind idemd: its pool's connections to the dead primary fail
+    /// (STORE_UNAVAILABLE: nothing ran, safe to retry) until it has reconnected through the moved address.
+    fn acquire_after_failover(&self, key: &str, upstream_ignores_keys: bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, answer) = self.acquire(key, upstream_ignores_keys);
+            if answer["outcome"] != "STORE_UNAVAILABLE" {
+                assert_eq!(status, 200, "{answer}");
+                return answer;
+            }
+            assert!(Instant::now() < deadline, "still STORE_UNAVAILABLE:\n{}", self.proc.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        self.rt.block_on(async {
+            let r = self.http.get(format!("{}{path}", self.base)).send().await.expect("get");
+            (r.status().as_u16(), r.text().await.expect("text"))
+        })
+    }
+
+    fn metrics(&self) -> String {
+        self.get("/metrics").1
+    }
+
+    fn healthz(&self) -> Value {
+        serde_json::from_str(&self.get("/healthz").1).expect("healthz json")
+    }
+
+    /// Wait until the probe has read `mode` (idem_sql_replication_info{mode} is 1).
+    fn sees(&self, mode: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while metric(&self.metrics(), &format!("idem_sql_replication_info{{mode=\"{mode}\"}}")) != Some(1.0) {
+            assert!(Instant::now() < deadline, "mode {mode} never read:\n{}", self.metrics());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// One sample's value from the exposition (`name{labels}` exactly as written there).
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn rows(db: &idem_testkit::pg_server::PostgresServer, key: &str) -> String {
+    db.psql(&format!("SELECT count(*) FROM idem_record WHERE idem_key = '{key}'")).expect("count")
+}
+
+fn key() -> String {
+    idemd::store::new_owner()
+}
+
+fn replicated(dir: &Path, mode: Replication) -> Option<Replicated> {
+    Replicated::start(dir, mode).expect("replicated postgres")
+}
+
+/// Synchronous standby: the acquire was on the standby before idemd answered ACQUIRED, so after the failover
+/// the retry is IN_FLIGHT with the first owner, whatever the upstream does with keys.
+#[test]
+fn sync_standby_keeps_the_acquire_through_failover() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = replicated(dir.path(), Replication::Sync) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &[]);
+    idemd.sees("sync");
+    assert!(idemd.proc.log_text().contains("idemd database replication: sync"), "{}", idemd.proc.log_text());
+    let h = idemd.healthz();
+    assert_eq!((h["status"].as_str(), h["replication"]["mode"].as_str()), (Some("ok"), Some("sync")), "{h}");
+    assert_eq!(h["replication"]["sync_standbys"], 1, "{h}");
+
+    let k = key();
+    let (status, first) = idemd.acquire(&k, true);
+    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
+    // No waiting for the standby: the commit already did.
+    db.fail_over().expect("fail over");
+    assert_eq!(rows(db.standby(), &k), "1", "the promoted standby has the acquire");
+
+    let retry = idemd.acquire_after_failover(&k, true);
+    assert_eq!(retry["outcome"], "IN_FLIGHT", "{retry}");
+    assert_eq!(retry["owner"], first["owner"], "the first owner still holds it");
+    // The new primary has no standby of its own: a single node, as idemd now reads.
+    idemd.sees("single");
+}
+
+/// Synchronous, with its standby gone: a commit waits for a standby that never answers, so the acquire is never
+/// acknowledged (STORE_UNAVAILABLE at idemd's SQL timeout: nothing ran). A failover to that standby then finds no
+/// row, and the retry is the operation's first execution, not its second.
+#[test]
+fn sync_without_its_standby_acknowledges_nothing_it_could_lose() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = replicated(dir.path(), Replication::Sync) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &[]);
+    db.caught_up().expect("caught up");
+    db.cut_replication().expect("cut");
+    idemd.sees("sync");
+
+    let k = key();
+    let (status, first) = idemd.acquire(&k, true);
+    assert_eq!((status, first["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{first}");
+    db.fail_over().expect("fail over");
+    let retry = idemd.acquire_after_failover(&k, true);
+    assert_eq!(retry["outcome"], "ACQUIRED", "the first attempt ran nothing: {retry}");
+}
+
+/// Asynchronous standby that lags: an acquire for an upstream that ignores keys is refused before anything
+/// ran, one for an upstream that honours keys is served (and after the failover that lost it, ACQUIRED again
+/// under the same key: the upstream's deduplication is what protects it).
+#[test]
+fn async_standby_refuses_keyless_acquires_and_serves_honoured_keys() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = replicated(dir.path(), Replication::Async) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &[]);
+    // idemd's schema reaches the standby, then the standby is cut off: it lags from here on.
+    db.caught_up().expect("caught up");
+    db.cut_replication().expect("cut");
+
+    let keyless = key();
+    let (status, refused) = idemd.acquire(&keyless, true);
+    assert_eq!((status, refused["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{refused}");
+    assert_eq!(rows(db.primary(), &keyless), "0", "refused before anything was recorded");
+    let log = idemd.proc.log_text();
+    assert!(log.contains("acquire refused") && log.contains("ignores Idempotency-Key"), "{log}");
+    assert!(log.contains("idemd database replication: async"), "{log}");
+
+    let keyed = key();
+    let (status, first) = idemd.acquire(&keyed, false);
+    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
+    assert_eq!(rows(db.primary(), &keyed), "1");
+    assert_eq!(rows(db.standby(), &keyed), "0", "the standby lags: the worst window");
+
+    let m = idemd.metrics();
+    // Cut off, the standby is still known by its replication slot: async, not single.
+    assert_eq!(metric(&m, r#"idem_sql_replication_info{mode="async"}"#), Some(1.0), "{m}");
+    assert_eq!(metric(&m, r#"idem_replication_refused_total{mode="async"}"#), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "idem_async_failover_risk_accepted"), Some(0.0), "{m}");
+    let h = idemd.healthz();
+    assert_eq!(h["replication"]["refuses"], "acquires for upstreams that ignore keys", "{h}");
+
+    db.fail_over().expect("fail over");
+    // The failover lost the acquire: the retry, carrying the same key to an upstream that deduplicates by it,
+    // is ACQUIRED again. Served, as the topology promises for such a route.
+    let retry = idemd.acquire_after_failover(&keyed, false);
+    assert_eq!(retry["outcome"], "ACQUIRED", "{retry}");
+    assert_ne!(retry["owner"], first["owner"]);
+
+    // The promoted standby has no standby: single, and the refused operation may run now, for the first time.
+    idemd.sees("single");
+    let now = idemd.acquire_after_failover(&keyless, true);
+    assert_eq!(now["outcome"], "ACQUIRED", "{now}");
+}
+
+/// The operator accepted the risk: what issue 37 measured without idemd knowing, now chosen and flagged.
+/// An acquire for an upstream that ignores keys is lost by the failover, and the retry gets a new owner: a
+/// second execution.
+#[test]
+fn async_with_the_risk_accepted_executes_twice_after_failover() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = replicated(dir.path(), Replication::Async) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &["--accept-async-failover-risk"]);
+    db.caught_up().expect("caught up");
+    db.cut_replication().expect("cut");
+    let log = idemd.proc.log_text();
+    assert!(log.contains("--accept-async-failover-risk"), "logged at start: {log}");
+    assert_eq!(metric(&idemd.metrics(), "idem_async_failover_risk_accepted"), Some(1.0));
+
+    let k = key();
+    let (status, first) = idemd.acquire(&k, true);
+    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
+    db.fail_over().expect("fail over");
+    let retry = idemd.acquire_after_failover(&k, true);
+    assert_eq!(retry["outcome"], "ACQUIRED", "the failover lost the first acquire: {retry}");
+    assert_ne!(retry["owner"], first["owner"], "a second owner: a second execution");
+}
+
+/// Pointed at a standby, idemd refuses to start: exit 2, and the error says why and what to do.
+#[test]
+fn idemd_refuses_to_start_on_a_standby() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(db) = replicated(dir.path(), Replication::Async) else { return };
+    let out = idemd_command(&db.standby().url(), &[]).output().expect("run idemd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is a standby, not the primary") && stderr.contains("pg_is_in_recovery"), "{stderr}");
+    assert_eq!(db.standby().psql("SELECT to_regclass('idem_record') IS NULL").expect("psql"), "t", "nothing written");
+}
+
+/// The live queries on each backend: the shared single-node servers read as `single`, with the facts behind it
+/// (a query that failed would read `unknown` and refuse every acquire for an upstream that ignores keys).
+#[test]
+fn single_node_servers_read_as_single_on_every_backend() {
+    use idem_testkit::backends::{available, mysql_url, postgres_url};
+    use idemd::store::replication::Mode;
+    use idemd::store::sql::{SqlOptions, SqlStore};
+    let dir = tempfile::tempdir().expect("dir");
+    let sqlite = format!("sqlite://{}/idem.db?mode=rwc", dir.path().display());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    for (name, url, says) in [
+        ("postgres", postgres_url(), "synchronous_commit="),
+        ("mariadb", mysql_url(), "semi-sync off"),
+        ("sqlite", sqlite, "one file on one node"),
+    ] {
+        if name != "sqlite" && !available(name, &url).expect("backend") {
+            continue;
+        }
+        let read = rt.block_on(async {
+            let sql = SqlStore::connect(&url, &SqlOptions::default()).await.expect("connect");
+            (sql.replication(), sql.refresh_replication().await)
+        });
+        assert_eq!(read.0, read.1, "{name}: read at connect and again");
+        assert_eq!(read.0.mode, Mode::Single, "{name}: {}", read.0.detail);
+        assert!(read.0.detail.contains(says), "{name}: {}", read.0.detail);
+    }
+}
