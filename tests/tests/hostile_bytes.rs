@@ -122,3 +122,22 @@ async fn a_client_header_that_is_not_text_never_panics_and_never_decides() -> Te
     assert_eq!(counts(&stack).await?, (1, 1));
     Ok(())
 }
+
+/// A `.wasm` that traps anyway fails one stream, never the worker: every committed configuration
+/// that loads the `.wasm` through Envoy's own filter reloads a failed VM for the next request
+/// (`failure_policy: FAIL_RELOAD`; checked against a real trap of the filter before this fix:
+/// FAIL_CLOSED answered 503 to every later request, FAIL_RELOAD served them).
+#[test]
+fn every_committed_wasm_configuration_reloads_a_failed_vm() -> TestResult {
+    for config in ["e2e.yaml", "e2e-rds.yaml", "envoy.yaml", "compose.yaml", "soak.yaml"] {
+        let text = std::fs::read_to_string(repo_root().join("envoy").join(config))?;
+        let filters = text.matches("extensions.filters.http.wasm.v3.Wasm").count();
+        assert!(filters > 0, "{config}: no .wasm filter");
+        assert_eq!(text.matches("failure_policy: FAIL_RELOAD").count(), filters, "{config}");
+        assert!(
+            !text.contains("failure_policy: FAIL_OPEN") && !text.contains("fail_open: true"),
+            "{config}: unguarded"
+        );
+    }
+    Ok(())
+}
