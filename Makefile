@@ -107,7 +107,7 @@ bench: build
 # Reproduce one: cd fuzz && cargo fuzz run --sanitizer none -a TARGET artifacts/TARGET/crash-…
 FUZZ_SECONDS   ?= 60
 FUZZ_SANITIZER ?= none
-FUZZ_TARGETS   ?= fingerprint strict_json param_hash plugin_config route_policy protocol mcp splice
+FUZZ_TARGETS   ?= fingerprint strict_json param_hash plugin_config route_policy protocol mcp splice response
 fuzz:
 	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	@cd fuzz && failed=""; for t in $(FUZZ_TARGETS); do \

@@ -3,11 +3,12 @@
 #[cfg(target_arch = "wasm32")]
 pub use wasm::{now_ms, wasm_plugin_configuration, WasmHost};
 
-/// proxy-wasm host calls that report failure instead of panicking: the SDK's
-/// trait helpers `unwrap()` every host status, and a panic kills the VM (and
-/// with it every stream on this worker).
+/// Host calls through `crate::abi`, which report failure instead of panicking: the SDK's own
+/// panic on statuses and bytes a host or client chooses, and a panic kills the VM (and with it
+/// every stream on this worker).
 #[cfg(target_arch = "wasm32")]
 mod wasm {
+    use crate::abi::{self, Status};
     use crate::metrics::Metrics;
     use idem_adapter::{Host, Level, ROUTE_ANNOTATION_PATH};
     use idem_core::leases::LeaseBook;
@@ -16,10 +17,9 @@ mod wasm {
     use idem_core::protocol::{LeaseRenewal, OwnerToken};
     use idem_core::trace::{HostSpan, Trace};
     use proxy_wasm::hostcalls;
-    use proxy_wasm::types::{BufferType, MapType};
     use std::cell::RefCell;
     use std::rc::Rc;
-    use std::time::{Duration, UNIX_EPOCH};
+    use std::time::Duration;
 
     pub struct WasmHost {
         metrics: Rc<Metrics>,
@@ -36,14 +36,10 @@ mod wasm {
     /// Unix milliseconds by the host's clock (0 if unknown: every held lease then looks fresh,
     /// and the next readable tick renews it).
     pub fn now_ms() -> u64 {
-        hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0)
+        abi::current_time_ns().map(|ns| ns / 1_000_000).unwrap_or(0)
     }
 
-    fn warn_on_err<T>(what: &str, r: Result<T, proxy_wasm::types::Status>) -> Option<T> {
+    fn warn_on_err<T, E: std::fmt::Debug>(what: &str, r: Result<T, E>) -> Option<T> {
         match r {
             Ok(v) => Some(v),
             Err(status) => {
@@ -54,17 +50,20 @@ mod wasm {
     }
 
     pub fn wasm_plugin_configuration() -> Vec<u8> {
-        hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten().unwrap_or_default()
+        abi::get_buffer(abi::PLUGIN_CONFIGURATION, 0, usize::MAX).ok().flatten().unwrap_or_default()
+    }
+
+    /// A header map: names as text (HTTP names are tokens; one that is not is read leniently, it
+    /// names no header the guard reads), values as the bytes sent.
+    fn header_pairs(map: u32) -> Vec<(String, Vec<u8>)> {
+        let pairs: Result<_, Status> = abi::header_pairs(map);
+        pairs.unwrap_or_default().into_iter().map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v)).collect()
     }
 
     impl Env for WasmHost {
         /// 0 if the host cannot tell, which makes every fingerprint look expired: fail safe.
         fn now_s(&self) -> u64 {
-            hostcalls::get_current_time()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_secs())
-                .unwrap_or(0)
+            abi::current_time_ns().map(|ns| ns / 1_000_000_000).unwrap_or(0)
         }
 
         fn random16(&mut self) -> Option<[u8; 16]> {
@@ -73,40 +72,37 @@ mod wasm {
         }
 
         fn shared_get(&self, key: &str) -> Option<Vec<u8>> {
-            hostcalls::get_shared_data(key).ok().and_then(|(value, _cas)| value)
+            abi::shared_data(key).ok().flatten()
         }
     }
 
     impl Host for WasmHost {
-        fn request_header(&self, name: &str) -> Option<String> {
-            hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
+        fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+            abi::header_value(abi::REQUEST_HEADERS, name).ok().flatten()
         }
 
-        fn request_headers(&self) -> Vec<(String, String)> {
-            hostcalls::get_map(MapType::HttpRequestHeaders).unwrap_or_default()
+        fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+            header_pairs(abi::REQUEST_HEADERS)
         }
 
         fn set_request_header(&mut self, name: &str, value: &str) {
-            warn_on_err("set request header", hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)));
+            warn_on_err("set request header", abi::set_header(abi::REQUEST_HEADERS, name, value));
         }
 
         fn remove_request_header(&mut self, name: &str) {
-            warn_on_err("remove request header", hostcalls::remove_map_value(MapType::HttpRequestHeaders, name));
+            warn_on_err("remove request header", abi::remove_header(abi::REQUEST_HEADERS, name));
         }
 
-        fn response_headers(&self) -> Vec<(String, String)> {
-            hostcalls::get_map(MapType::HttpResponseHeaders).unwrap_or_default()
+        fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
+            header_pairs(abi::RESPONSE_HEADERS)
         }
 
         fn set_response_header(&mut self, name: &str, value: &str) {
-            warn_on_err(
-                "set response header",
-                hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value)),
-            );
+            warn_on_err("set response header", abi::set_header(abi::RESPONSE_HEADERS, name, value));
         }
 
         fn remove_response_header(&mut self, name: &str) {
-            warn_on_err("remove response header", hostcalls::remove_map_value(MapType::HttpResponseHeaders, name));
+            warn_on_err("remove response header", abi::remove_header(abi::RESPONSE_HEADERS, name));
         }
 
         /// The annotation struct in one property read, already in proxy-wasm's pairs encoding.
@@ -115,32 +111,32 @@ mod wasm {
         }
 
         fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-            hostcalls::get_property(path.to_vec()).ok().flatten()
+            abi::property(path).ok().flatten()
         }
 
         fn request_body(&self, size: usize) -> Vec<u8> {
-            hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok().flatten().unwrap_or_default()
+            abi::get_buffer(abi::REQUEST_BODY, 0, size).ok().flatten().unwrap_or_default()
         }
 
         fn response_body(&self, size: usize) -> Vec<u8> {
-            hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size).ok().flatten().unwrap_or_default()
+            abi::get_buffer(abi::RESPONSE_BODY, 0, size).ok().flatten().unwrap_or_default()
         }
 
         fn replace_response_body(&mut self, old_size: usize, body: &[u8]) {
-            warn_on_err("set response body", hostcalls::set_buffer(BufferType::HttpResponseBody, 0, old_size, body));
+            warn_on_err("set response body", abi::set_buffer(abi::RESPONSE_BODY, 0, old_size, body));
         }
 
         fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
             let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            warn_on_err("send local reply", hostcalls::send_http_response(u32::from(status), headers, Some(body)));
+            warn_on_err("send local reply", abi::send_local_response(status, &headers, body));
         }
 
         fn resume_request(&mut self) {
-            warn_on_err("resume request", hostcalls::resume_http_request());
+            warn_on_err("resume request", abi::resume(abi::STREAM_REQUEST));
         }
 
         fn resume_response(&mut self) {
-            warn_on_err("resume response", hostcalls::resume_http_response());
+            warn_on_err("resume response", abi::resume(abi::STREAM_RESPONSE));
         }
 
         fn dispatch(
@@ -150,25 +146,22 @@ mod wasm {
             body: Option<&[u8]>,
             timeout: Duration,
         ) -> Option<u64> {
-            warn_on_err(
-                "dispatch_http_call",
-                hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout),
-            )
-            .map(u64::from)
+            // The SDK's call (see `abi`): it registers the token for the answer's routing.
+            #[allow(clippy::disallowed_methods)]
+            let sent = hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout);
+            warn_on_err("dispatch_http_call", sent).map(u64::from)
         }
 
         fn call_answer(&self, num_headers: usize, body_size: usize) -> CalloutAnswer {
             if num_headers == 0 {
                 return CalloutAnswer::failed();
             }
-            let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            let status = abi::header_value(abi::CALL_RESPONSE_HEADERS, ":status")
                 .ok()
                 .flatten()
+                .and_then(|s| String::from_utf8(s).ok())
                 .and_then(|s| s.parse().ok());
-            let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
+            let body = abi::get_buffer(abi::CALL_RESPONSE_BODY, 0, body_size).ok().flatten().unwrap_or_default();
             CalloutAnswer { status, body }
         }
 
@@ -178,7 +171,7 @@ mod wasm {
 
         fn shared_set(&mut self, key: &str, value: &[u8]) {
             // No CAS: the last terminal result written for a slot wins, and any of them is true.
-            warn_on_err("set_shared_data", hostcalls::set_shared_data(key, Some(value), None));
+            warn_on_err("set_shared_data", abi::set_shared_data(key, value));
         }
 
         /// proxy-wasm has no access to Envoy's span (envoy#22028): callouts continue the

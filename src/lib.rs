@@ -9,6 +9,7 @@
 // Natively (workspace builds and tests) there is nothing to run: the entry points exist on wasm32.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, unused_imports))]
 
+mod abi;
 mod context;
 mod host;
 mod metrics;

@@ -12,11 +12,8 @@ pub struct Metrics {
 impl Metrics {
     #[cfg(target_arch = "wasm32")]
     pub fn define() -> Metrics {
-        use proxy_wasm::{hostcalls, types::MetricType};
-        let ids = Counter::ALL
-            .iter()
-            .filter_map(|c| hostcalls::define_metric(MetricType::Counter, c.name()).ok().map(|id| (*c, id)))
-            .collect();
+        let ids =
+            Counter::ALL.iter().filter_map(|c| crate::abi::define_counter(c.name()).ok().map(|id| (*c, id))).collect();
         Metrics { ids }
     }
 
@@ -28,7 +25,7 @@ impl Metrics {
     #[cfg(target_arch = "wasm32")]
     pub fn add(&self, counter: Counter, n: usize) {
         if let Some((_, id)) = self.ids.iter().find(|(c, _)| *c == counter) {
-            let _ = proxy_wasm::hostcalls::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
+            let _ = crate::abi::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 }

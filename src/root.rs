@@ -16,12 +16,10 @@ mod wasm {
     use idem_core::machine::Counter;
     use idem_core::policy;
     use idem_core::trace::Trace;
-    use proxy_wasm::hostcalls;
     use proxy_wasm::traits::{Context, HttpContext, RootContext};
     use proxy_wasm::types::ContextType;
     use std::cell::RefCell;
     use std::rc::Rc;
-    use std::time::Duration;
 
     #[derive(Default)]
     pub struct Root {
@@ -71,7 +69,8 @@ mod wasm {
                     );
                     self.metrics = Some(Rc::new(Metrics::define()));
                     self.shared = Some(Rc::new(Shared::new(config)));
-                    if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(TICK_MS)) {
+                    let tick = u32::try_from(TICK_MS).unwrap_or(u32::MAX);
+                    if let Err(status) = crate::abi::set_tick_period_ms(tick) {
                         // Without ticks no lease is renewed: refuse, as for any broken configuration.
                         log::error!("cannot set the lease tick: {status:?}");
                         return false;

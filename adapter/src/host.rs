@@ -19,12 +19,16 @@ pub enum Level {
 pub const ROUTE_ANNOTATION_PATH: [&str; 4] = ["xds", "route_metadata", "filter_metadata", ROUTE_NAMESPACE];
 
 pub trait Host: Env {
-    fn request_header(&self, name: &str) -> Option<String>;
+    /// A request header's value as the client sent it: bytes, which need not be text (whether
+    /// that matters is core's to say, `RequestHead::from_headers`). A host never decodes a value
+    /// in a way that can fail (the proxy-wasm SDK's string getters panic on non-UTF-8).
+    fn request_header(&self, name: &str) -> Option<Vec<u8>>;
     /// Every request header entry, pseudo-headers included, a repeated header once per value.
-    fn request_headers(&self) -> Vec<(String, String)>;
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
     fn set_request_header(&mut self, name: &str, value: &str);
     fn remove_request_header(&mut self, name: &str);
-    fn response_headers(&self) -> Vec<(String, String)>;
+    /// Every response header entry, values as bytes (`ResponseHead::from_headers` reads them).
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)>;
     fn set_response_header(&mut self, name: &str, value: &str);
     fn remove_response_header(&mut self, name: &str);
     /// The route's annotation as `policy::encode_pairs` bytes (one leaf per

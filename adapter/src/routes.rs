@@ -37,6 +37,9 @@ pub enum RouteLookup {
     /// No rule matches the request as sent, but one matches it as a lenient upstream reads it
     /// (another spelling of the path or method): refused, naming the path to send.
     NotCanonical(String),
+    /// A rule's path with a method the rule neither guards nor lets pass (DESIGN §6: a guarded
+    /// path is guarded for every method): refused, nothing forwarded; the text says why.
+    MethodNotGuarded(String),
 }
 
 #[derive(Default)]
@@ -58,7 +61,7 @@ impl RouteCache {
             RouteLookup::Broken(why) => host.log(crate::host::Level::Error, &format!("bad route annotation: {why}")),
             // Annotated, but nothing the filter guards (no role): rules may still apply.
             RouteLookup::NotMine => return by_rule(host, &config.routes),
-            RouteLookup::Guarded(_) | RouteLookup::NotCanonical(_) => {}
+            RouteLookup::Guarded(_) | RouteLookup::NotCanonical(_) | RouteLookup::MethodNotGuarded(_) => {}
         }
         let mut entries = self.entries.borrow_mut();
         if entries.len() >= MAX_ENTRIES {
@@ -90,7 +93,10 @@ fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
     if rules.is_empty() {
         return RouteLookup::NotMine;
     }
-    let header = |name: &str| host.request_header(name).unwrap_or_default();
+    // Read leniently (not UTF-8: decoded with replacement characters): these only choose a rule,
+    // and a spelling no rule names is still judged by `lenient_match` below, never passed as text
+    // nobody could read.
+    let header = |name: &str| host.request_header(name).map(|v| lossy(&v)).unwrap_or_default();
     // The path alone rules out most requests: one header read instead of three.
     let path = header(":path");
     let named = rules.any_path_matches(&path);
@@ -101,6 +107,10 @@ fn by_rule(host: &dyn Host, rules: &RouteRules) -> RouteLookup {
     let (method, authority) = (header(":method"), header(":authority"));
     if let Some(rule) = rules.find(&method, &authority, &path).filter(|_| named) {
         return RouteLookup::Guarded(Rc::clone(&rule.policy));
+    }
+    // A rule's path, another method: guarded too, unless the rule lets that method pass.
+    if let Some(why) = rules.method_refused(&method, &authority, &path).filter(|_| named) {
+        return RouteLookup::MethodNotGuarded(why);
     }
     // Not a guarded request as sent. Could the upstream read it as one? (DESIGN §6)
     let mut methods = vec![method];
@@ -117,9 +127,13 @@ const METHOD_OVERRIDES: [&str; 3] = ["x-http-method-override", "x-http-method", 
 
 /// The values of every method-override header, in either spelling: Envoy forwards underscores by
 /// default, and a CGI-style server (WSGI, Rack, PHP) reads `x_http_method_override` as the dashed one.
-fn method_overrides(headers: &[(String, String)]) -> Vec<String> {
+fn method_overrides(headers: &[(String, Vec<u8>)]) -> Vec<String> {
     let is_override = |name: &str| METHOD_OVERRIDES.iter().any(|m| read_as(name, m));
-    headers.iter().filter(|(k, _)| is_override(k)).map(|(_, v)| v.clone()).collect()
+    headers.iter().filter(|(k, _)| is_override(k)).map(|(_, v)| lossy(v)).collect()
+}
+
+fn lossy(value: &[u8]) -> String {
+    String::from_utf8_lossy(value).into_owned()
 }
 
 fn parse(pairs: &[(String, Vec<u8>)], defaults: &RouteDefaults) -> RouteLookup {

@@ -101,6 +101,13 @@ impl<H: Host> Stream<H> {
                 self.host.send_reply(reply.http_status, &reply.headers, &reply.body);
                 return Action::Pause;
             }
+            RouteLookup::MethodNotGuarded(why) => {
+                let trace = self.read_trace_id();
+                let reply = machine::method_not_guarded(cfg, &trace, &why);
+                self.host.count(Counter::RejectedHeader);
+                self.host.send_reply(reply.http_status, &reply.headers, &reply.body);
+                return Action::Pause;
+            }
             RouteLookup::Broken(_) => {
                 // A guarded route with a broken annotation must not run unprotected.
                 let trace = self.read_trace_id();
@@ -187,8 +194,9 @@ impl<H: Host> Stream<H> {
     }
 
     fn read_trace_id(&self) -> String {
-        let rid = self.host.request_header("x-request-id");
-        let tp = self.host.request_header("traceparent");
+        // Not the guard's headers: used when text, else as if absent.
+        let text = |name: &str| self.host.request_header(name).and_then(|v| String::from_utf8(v).ok());
+        let (rid, tp) = (text("x-request-id"), text("traceparent"));
         Trace::of(rid.as_deref(), tp.as_deref(), None).id
     }
 
@@ -216,31 +224,10 @@ impl<H: Host> Stream<H> {
     fn read_response_head(&self) -> ResponseHead {
         let full = self.machine.response_needs_headers();
         let framing = self.machine.response_needs_framing();
-        let headers = self.host.response_headers();
-        let values = |name: &'static str| header_values(&headers, name);
-        let first = |name: &'static str| values(name).next();
-        let mut head = ResponseHead {
-            status: first(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
-            content_type: first("content-type").map(str::to_owned),
-            attempts: 1,
-            ..ResponseHead::default()
-        };
-        if framing {
-            // Repeated, a length counts only if every copy agrees, and the codings are one list
-            // (RFC 9110 §5.3): a splice is never planned on the first of two disagreeing values.
-            let mut lengths = values("content-length").map(|l| l.trim().parse::<u64>().ok());
-            head.content_length = match lengths.next().flatten() {
-                Some(l) if lengths.all(|o| o == Some(l)) => Some(l),
-                _ => None,
-            };
-            let codings: Vec<&str> = values("content-encoding").collect();
-            head.content_encoding = (!codings.is_empty()).then(|| codings.join(", "));
-        }
+        let mut head = ResponseHead::from_headers(&self.host.response_headers(), full, framing);
         if full {
             head.code_details =
                 self.host.property(&["response", "code_details"]).and_then(|b| String::from_utf8(b).ok());
-            head.attempts = first("x-envoy-attempt-count").and_then(|a| a.parse().ok()).unwrap_or(1);
-            head.headers = headers;
         }
         head
     }
@@ -361,11 +348,6 @@ impl<H: Host> Stream<H> {
         }
         flow
     }
-}
-
-/// Every value of header `name` (names compared as HTTP does, without case), in order.
-fn header_values<'h>(headers: &'h [(String, String)], name: &'static str) -> impl Iterator<Item = &'h str> {
-    headers.iter().filter(move |(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
 }
 
 /// A stream Envoy ends early (a reset, the client gone) stops renewing its lease: from then on

@@ -80,13 +80,13 @@ impl Env for Fake {
 }
 
 impl Host for Fake {
-    fn request_header(&self, name: &str) -> Option<String> {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
         self.header_reads.set(self.header_reads.get() + 1);
-        Fake::header(&self.request_headers, name)
+        Fake::header(&self.request_headers, name).map(String::into_bytes)
     }
-    fn request_headers(&self) -> Vec<(String, String)> {
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.header_reads.set(self.header_reads.get() + 1);
-        self.request_headers.clone()
+        self.request_headers.iter().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect()
     }
     fn set_request_header(&mut self, name: &str, value: &str) {
         self.request_headers.push((name.into(), value.into()));
@@ -94,9 +94,9 @@ impl Host for Fake {
     fn remove_request_header(&mut self, name: &str) {
         self.request_headers.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
     }
-    fn response_headers(&self) -> Vec<(String, String)> {
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.response_header_reads.set(self.response_header_reads.get() + 1);
-        self.response_headers.clone()
+        self.response_headers.iter().map(|(k, v)| (k.clone(), v.clone().into_bytes())).collect()
     }
     fn set_response_header(&mut self, name: &str, value: &str) {
         self.remove_response_header(name);
@@ -557,8 +557,15 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
     let size = s.host().request_body.len();
     s.on_request_body(size, true);
     assert_eq!(s.host().last_reply_json()["status"], "fingerprint_missing");
-    // Other methods and paths pass; a path no rule has is told from the path alone (one header read).
-    assert_eq!(start("GET", "/v1/transfers", false).0, Action::Continue);
+    // Other methods on the guarded path are refused, nothing forwarded (issue 35, hole 9: a PUT reached an
+    // upstream that serves any method); other paths pass, and a path no rule has is told from the path alone
+    // (one header read).
+    for method in ["GET", "PUT", "PATCH", "DELETE"] {
+        let (action, s) = start(method, "/v1/transfers", false);
+        assert_eq!(action, Action::Pause, "{method}");
+        assert_eq!(s.host().last_reply_json()["status"], "path_not_canonical", "{method}");
+        assert_eq!((s.host().resumed_request, s.host().counters.as_slice()), (0, &[Counter::RejectedHeader][..]));
+    }
     let (action, s) = start("POST", "/v1/transfers/x", false);
     assert_eq!((action, s.host().header_reads.get()), (Action::Continue, 1));
     // Another spelling of the guarded request is refused, never passed (DESIGN §6).
@@ -581,6 +588,20 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
         };
         let status = s.host().last_reply_json()["status"].as_str().map(str::to_owned);
         assert_eq!((action, status.as_deref()), (Action::Pause, Some("path_not_canonical")), "{header}");
+    }
+    // A method the rule lets pass goes on unguarded; the others stay refused.
+    let text = text.replace(
+        r#""match":{"method":"POST","path":"/v1/transfers"},"#,
+        r#""match":{"method":"POST","path":"/v1/transfers"},"pass_methods":["GET"],"#,
+    );
+    let passing = Rc::new(Shared::new(parse_plugin_config(text.as_bytes(), &|_| None)?));
+    for (method, want) in [("GET", Action::Continue), ("PUT", Action::Pause)] {
+        let mut fake = Fake::default();
+        request(&mut fake, &json!({"amount": 1}), &[(":method", method), (":authority", "pay.example")]);
+        fake.request_headers.retain(|(k, _)| k != ":path");
+        fake.request_headers.push((":path".into(), "/v1/transfers".into()));
+        let mut s = Stream::new(Rc::clone(&passing), fake);
+        assert_eq!(s.on_request_headers(false), want, "{method}");
     }
     // Route metadata wins over a rule: this route is a preview, which needs no fingerprint.
     let (action, mut s) = start("POST", "/v1/transfers", true);

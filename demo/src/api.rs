@@ -42,10 +42,48 @@ async fn preview(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Res
     if faults.card_fingerprint {
         quote["card"] = json!({ "brand": "visa", "fingerprint": "card_fp_7f3a" });
     }
-    match &faults.split {
-        Some(name) => split_answer(quote.to_string().into_bytes(), app.config.fault_dir.clone(), name.clone()),
-        None => (StatusCode::OK, Json(quote)).into_response(),
+    let mut text = quote.to_string().into_bytes();
+    if let Some(key) = &faults.self_fingerprint {
+        // The raw key text goes in as written (`\u0066ingerprint` stays escaped): the first member.
+        let member = format!("\"{key}\":\"{SELF_FINGERPRINT}\",");
+        text.splice(1..1, member.into_bytes());
     }
+    let mut response = match &faults.split {
+        Some(name) => split_answer(text, app.config.fault_dir.clone(), name.clone()),
+        None => raw_json(StatusCode::OK, String::from_utf8_lossy(&text).into_owned()),
+    };
+    for value in &faults.quote_expires_at {
+        if let Ok(v) = header::HeaderValue::from_bytes(value) {
+            response.headers_mut().append(QUOTE_EXPIRES_HEADER, v);
+        }
+    }
+    response
+}
+
+/// The header `x-demo-quote-expires-at` fills (a route's `quote_expires: header:quote-expires-at`).
+const QUOTE_EXPIRES_HEADER: &str = "quote-expires-at";
+
+/// The value `x-demo-self-fingerprint` gives the upstream's own fingerprint field.
+pub(crate) const SELF_FINGERPRINT: &str = "upstream_fp_0000";
+
+/// The `quote-expires-at` lines `x-demo-quote-expires-at: <spec>[,<spec>…]` asks for, one per spec:
+/// `+N`/`-N` is unix now plus/minus N seconds, `bytes` a value that is not UTF-8, anything else
+/// is sent as written (`soon`).
+fn quote_expires_lines(spec: &str) -> Vec<Vec<u8>> {
+    let now = transfer::unix_now();
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let offset = |n: &str| n.parse::<u64>().ok();
+            match (s.strip_prefix('+').and_then(offset), s.strip_prefix('-').and_then(offset)) {
+                (Some(n), _) => (now + n).to_string().into_bytes(),
+                (_, Some(n)) => now.saturating_sub(n).to_string().into_bytes(),
+                _ if s == "bytes" => vec![0xE9, 0xFF],
+                _ => s.as_bytes().to_vec(),
+            }
+        })
+        .collect()
 }
 
 /// `x-demo-split: <name>`: the answer's `Content-Length` and first half at once, the rest only once
@@ -333,6 +371,13 @@ pub(crate) struct Faults {
     split: Option<String>,
     /// `x-demo-card-fingerprint: 1` (preview): the quote names a card with a `fingerprint` of its own.
     card_fingerprint: bool,
+    /// `x-demo-quote-expires-at: +600,+2` (preview): one `quote-expires-at` line per value, as an
+    /// upstream with a clock, a parser or a proxy of its own may send them.
+    quote_expires_at: Vec<Vec<u8>>,
+    /// `x-demo-self-fingerprint: <key>` (preview): the quote's first member is `"<key>":
+    /// "upstream_fp_0000"`, the key text as written (`Fingerprint`, `\u0066ingerprint`): an
+    /// upstream that names the gateway's field itself. Letters, digits, `_` and `\` only.
+    self_fingerprint: Option<String>,
 }
 
 impl Faults {
@@ -359,6 +404,13 @@ impl Faults {
             quote_ttl_s: get("x-demo-quote-ttl-s").and_then(|v| v.parse().ok()),
             split: get("x-demo-split").filter(file_name).map(str::to_owned),
             card_fingerprint: get("x-demo-card-fingerprint") == Some("1"),
+            quote_expires_at: get("x-demo-quote-expires-at").map(quote_expires_lines).unwrap_or_default(),
+            self_fingerprint: get("x-demo-self-fingerprint")
+                .filter(|k| {
+                    (1..=64).contains(&k.len())
+                        && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'\\')
+                })
+                .map(str::to_owned),
         }
     }
 

@@ -174,6 +174,7 @@ fn head(fingerprint: Option<String>) -> RequestHead {
         mcp_method: None,
         mcp_name: None,
         repeated: None,
+        not_text: None,
     }
 }
 

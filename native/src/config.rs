@@ -136,6 +136,8 @@ pub fn annotation_pairs(json: &[u8]) -> Result<Vec<u8>, String> {
         RouteLookup::NotMine => Err("per-route config: no `role`: nothing to guard".into()),
         RouteLookup::Guarded(_) => Ok(encoded),
         // Only a request's spelling is ever not canonical, never an annotation.
-        RouteLookup::NotCanonical(_) => Err("per-route config: not an annotation".into()),
+        RouteLookup::NotCanonical(_) | RouteLookup::MethodNotGuarded(_) => {
+            Err("per-route config: not an annotation".into())
+        }
     }
 }

@@ -67,7 +67,8 @@ impl EnvoyStream {
         EnvoyStream(ptr)
     }
 
-    pub fn header(&self, kind: HeaderType, name: &str) -> Option<String> {
+    /// A header's value as sent: bytes, never decoded here (core decides what non-text means).
+    pub fn header(&self, kind: HeaderType, name: &str) -> Option<Vec<u8>> {
         let mut out = envoy_buffer::NULL;
         // SAFETY: `name` outlives the call; `out` is ours to fill; index 0, no count wanted.
         let found = unsafe {
@@ -80,11 +81,12 @@ impl EnvoyStream {
                 std::ptr::null_mut(),
             )
         };
-        found.then(|| text(copied(&out)))
+        found.then(|| copied(&out))
     }
 
-    /// Every entry of a header map, a repeated header once per value.
-    pub fn headers(&self, kind: HeaderType) -> Vec<(String, String)> {
+    /// Every entry of a header map, a repeated header once per value; names as text (HTTP
+    /// names are tokens), values as the bytes sent.
+    pub fn headers(&self, kind: HeaderType) -> Vec<(String, Vec<u8>)> {
         // SAFETY: no buffers.
         let n = unsafe { abi::envoy_dynamic_module_callback_http_get_headers_size(self.0, kind) };
         if n == 0 {
@@ -95,8 +97,8 @@ impl EnvoyStream {
         if !unsafe { abi::envoy_dynamic_module_callback_http_get_headers(self.0, kind, raw.as_mut_ptr()) } {
             return Vec::new();
         }
-        let entry = |ptr, len| text(copied(&envoy_buffer { ptr, len }));
-        raw.iter().map(|h| (entry(h.key_ptr, h.key_len), entry(h.value_ptr, h.value_len))).collect()
+        let entry = |ptr, len| copied(&envoy_buffer { ptr, len });
+        raw.iter().map(|h| (text(entry(h.key_ptr, h.key_len)), entry(h.value_ptr, h.value_len))).collect()
     }
 
     /// Sets `name` to `value`, or removes it (`None`).

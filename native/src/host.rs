@@ -119,7 +119,7 @@ impl Env for NativeHost {
 }
 
 impl Host for NativeHost {
-    fn request_header(&self, name: &str) -> Option<String> {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
         self.envoy.header(HeaderType::REQUEST_HEADER, name)
     }
 
@@ -131,11 +131,11 @@ impl Host for NativeHost {
         self.envoy.set_header(HeaderType::REQUEST_HEADER, name, None);
     }
 
-    fn request_headers(&self) -> Vec<(String, String)> {
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.envoy.headers(HeaderType::REQUEST_HEADER)
     }
 
-    fn response_headers(&self) -> Vec<(String, String)> {
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.envoy.headers(HeaderType::RESPONSE_HEADER)
     }
 

@@ -809,16 +809,23 @@ fn a_filter_that_may_reroute_after_the_agent_filter_is_refused() -> TestResult {
     Ok(())
 }
 
-/// A route rule takes the methods it names; the methods a route lets through beyond them reach the upstream
-/// unguarded (the mesh's catch-all takes a PUT to /v1/transfers as it takes the POST).
+/// A route rule guards its path for every method: its own method runs the role, the others are refused, except
+/// the `pass_methods`, which reach the upstream unguarded (the mesh's catch-all takes a PUT to /v1/transfers as
+/// it takes the POST): only safe methods may be listed there.
 #[test]
-fn a_route_rule_guards_only_the_methods_it_names() -> TestResult {
+fn a_route_rule_guards_its_path_for_every_method_but_the_safe_ones_it_lets_pass() -> TestResult {
     let dir = tempfile::tempdir()?;
     let istio = committed("istio-like.yaml")?;
     let post_only =
         edit(&istio, r#""match":{"path":"/v1/transfers"}"#, r#""match":{"method":"POST","path":"/v1/transfers"}"#)?;
-    let run = check_text(dir.path(), "istio-post.yaml", &post_only)?;
-    assert_refused(&run, "catch-all-to-guarded-cluster", "istio-post.yaml: listener virtualInbound");
+    assert_ok(&check_text(dir.path(), "istio-post.yaml", &post_only)?);
+    let put = edit(
+        &istio,
+        r#""match":{"path":"/v1/transfers"}"#,
+        r#""match":{"method":"POST","path":"/v1/transfers"},"pass_methods":["PUT"]"#,
+    )?;
+    let run = check_text(dir.path(), "istio-put.yaml", &put)?;
+    assert_refused(&run, "catch-all-to-guarded-cluster", "istio-put.yaml: listener virtualInbound");
     assert!(run.stderr.contains("rule transfer_confirm"), "{}", run.stderr);
     // A rewrite on the mesh's catch-all lands paths no rule matched (`/`) on a rule's upstream path: the rules
     // judge the path the client sent, the upstream runs the one Envoy wrote (found by the generated configurations,
@@ -830,17 +837,30 @@ fn a_route_rule_guards_only_the_methods_it_names() -> TestResult {
     )?;
     let run = check_text(dir.path(), "istio-rewrite.yaml", &rewritten)?;
     assert_refused(&run, "catch-all-to-guarded-cluster", "istio-rewrite.yaml: listener virtualInbound");
-    // Envoy Gateway's routes take only POST: a rule that takes only POST is enough there; a route that lets every
-    // method through to that rule's path is refused.
+    // A rule guards its path for every method (issue 35, hole 9): a POST-only rule refuses the other methods,
+    // so a route that lets every method through to that rule's path is accepted; so is a rule that lets a GET
+    // list endpoint pass beside its POST-only confirm; one that lets a mutating method pass is refused.
     let gateway = committed("gateway-like.yaml")?;
     let post_rule =
         edit(&gateway, r#""match":{"path":"/v1/transfers"}"#, r#""match":{"method":"POST","path":"/v1/transfers"}"#)?;
     assert_ok(&check_text(dir.path(), "gateway-post.yaml", &post_rule)?);
     let confirm_route = "                match: { path: /v1/transfers, headers: [{ name: \":method\", string_match: { exact: POST } }] }\n";
     let any = edit(&post_rule, confirm_route, "                match: { path: /v1/transfers }\n")?;
-    let run = check_text(dir.path(), "gateway-any.yaml", &any)?;
+    assert_ok(&check_text(dir.path(), "gateway-any.yaml", &any)?);
+    let list = edit(
+        &any,
+        r#""match":{"method":"POST","path":"/v1/transfers"}"#,
+        r#""match":{"method":"POST","path":"/v1/transfers"},"pass_methods":["GET","HEAD"]"#,
+    )?;
+    assert_ok(&check_text(dir.path(), "gateway-list.yaml", &list)?);
+    let put = edit(
+        &any,
+        r#""match":{"method":"POST","path":"/v1/transfers"}"#,
+        r#""match":{"method":"POST","path":"/v1/transfers"},"pass_methods":["GET","PUT"]"#,
+    )?;
+    let run = check_text(dir.path(), "gateway-put.yaml", &put)?;
     assert_refused(&run, "exact-route-to-guarded-path", "route httproute/payments/transfers/rule/0/match/1/*");
-    assert!(run.stderr.contains("route rule transfer_confirm takes only POST requests"), "{}", run.stderr);
+    assert!(run.stderr.contains("route rule transfer_confirm lets PUT pass unguarded"), "{}", run.stderr);
     Ok(())
 }
 

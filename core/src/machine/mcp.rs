@@ -58,7 +58,7 @@ enum Phase {
         id: Value,
         role: Role,
         inner: Box<Machine>,
-        held: Option<ResponseHead>,
+        held: Option<Box<ResponseHead>>,
         framing: Framing,
         message: Value,
     },
@@ -209,7 +209,7 @@ impl Mcp {
         if matches!(**inner, Machine::Pass) {
             return Ok(Step::go_on());
         }
-        *held = Some(head.clone());
+        *held = Some(Box::new(head.clone()));
         if end_of_stream {
             return self.on_response_body(&[], env);
         }
@@ -241,6 +241,7 @@ impl Mcp {
             code_details: real.code_details.clone(),
             attempts: real.attempts,
             headers: real.headers.clone(),
+            not_text: real.not_text.clone(),
             // No length: the tool's answer is held (its JSON-RPC framing is rebuilt around it).
             ..ResponseHead::default()
         };
@@ -479,6 +480,13 @@ pub(super) fn repeated_header(name: &str) -> Step {
     let message = format!(
         "the {name} header was sent more than once (`_` for `-` counts as another copy): nothing was forwarded"
     );
+    rpc_error(Value::Null, code, &message)
+}
+
+/// A header the guard reads is not text (not UTF-8): refused as a repeated one is.
+pub(super) fn header_not_text(name: &str) -> Step {
+    let code = if name.starts_with("mcp-") { HEADER_MISMATCH } else { -32600 };
+    let message = format!("the {name} header is not text (its value is not UTF-8): nothing was forwarded");
     rpc_error(Value::Null, code, &message)
 }
 

@@ -76,6 +76,9 @@ pub struct RequestHead {
     pub mcp_name: Option<String>,
     /// A header the guard reads that came more than once (DESIGN §6: a 400, never "first wins").
     pub repeated: Option<&'static str>,
+    /// A header the guard reads whose value is not text (not UTF-8): a 400, never a guess at what
+    /// its bytes mean (two different byte strings must never read as one subject or key).
+    pub not_text: Option<&'static str>,
 }
 
 impl RequestHead {
@@ -83,7 +86,11 @@ impl RequestHead {
     /// Envoy gives them), reading what `needs` asks for and the subject from `subject_header`
     /// (`None` when the subject comes from a property). A header the guard reads that appears
     /// twice is noted in `repeated`; the host never chooses one of the values.
-    pub fn from_headers(headers: &[(String, String)], needs: HeadNeeds, subject_header: Option<&str>) -> RequestHead {
+    ///
+    /// Values are the bytes the client sent: a header the guard reads must be text (else
+    /// `not_text` names it); one it does not read (the request id, the trace context, the length)
+    /// is used only when it is text and otherwise decides nothing.
+    pub fn from_headers(headers: &[(String, Vec<u8>)], needs: HeadNeeds, subject_header: Option<&str>) -> RequestHead {
         let mut head = RequestHead::default();
         let mut seen: Vec<&'static str> = Vec::new();
         let mut note = |head: &mut RequestHead, name: &'static str| {
@@ -94,36 +101,47 @@ impl RequestHead {
             }
         };
         let (mut rid, mut tp, mut ts) = (None, None, None);
+        // A value the guard reads: its text, or (not UTF-8) noted and read as nothing.
+        let guarded = |head: &mut RequestHead, label: &'static str, value: &[u8]| match std::str::from_utf8(value) {
+            Ok(text) => Some(text.to_owned()),
+            Err(_) => {
+                head.not_text = head.not_text.or(Some(label));
+                None
+            }
+        };
         for (name, value) in headers {
             let name = name.as_str();
+            let text = std::str::from_utf8(value).ok();
             if subject_header.is_some_and(|s| s.eq_ignore_ascii_case(name)) {
                 note(&mut head, SUBJECT_HEADER_LABEL);
-                head.subject = Some(value.clone());
+                head.subject = guarded(&mut head, SUBJECT_HEADER_LABEL, value);
                 continue;
             }
             match name {
-                "x-request-id" => rid = rid.or(Some(value.as_str())),
-                "traceparent" => tp = tp.or(Some(value.as_str())),
-                "tracestate" => ts = ts.or(Some(value.as_str())),
-                "content-length" => head.content_length = value.trim().parse().ok(),
+                // Not the guard's: used when text, else as if absent.
+                "x-request-id" => rid = rid.or(text),
+                "traceparent" => tp = tp.or(text),
+                "tracestate" => ts = ts.or(text),
+                "content-length" => head.content_length = text.and_then(|t| t.trim().parse().ok()),
                 FINGERPRINT_HEADER if needs.fingerprint => {
                     note(&mut head, FINGERPRINT_HEADER);
-                    head.fingerprint = Some(value.clone());
+                    head.fingerprint = guarded(&mut head, FINGERPRINT_HEADER, value);
                 }
-                ":path" if needs.path => head.path = value.clone(),
-                ":method" if needs.method => head.method = value.clone(),
+                ":path" if needs.path => head.path = guarded(&mut head, ":path", value).unwrap_or_default(),
+                ":method" if needs.method => head.method = guarded(&mut head, ":method", value).unwrap_or_default(),
                 // Without regard to case, as Envoy removes it: whether a removal is due is read here.
                 n if needs.idempotency_key && n.eq_ignore_ascii_case(IDEMPOTENCY_KEY_HEADER) => {
                     note(&mut head, IDEMPOTENCY_KEY_HEADER);
-                    head.idempotency_key = Some(value.clone());
+                    // Present, text or not: a client's key is removed either way.
+                    head.idempotency_key = Some(guarded(&mut head, IDEMPOTENCY_KEY_HEADER, value).unwrap_or_default());
                 }
                 MCP_METHOD_HEADER if needs.mcp => {
                     note(&mut head, MCP_METHOD_HEADER);
-                    head.mcp_method = Some(value.clone());
+                    head.mcp_method = guarded(&mut head, MCP_METHOD_HEADER, value);
                 }
                 MCP_NAME_HEADER if needs.mcp => {
                     note(&mut head, MCP_NAME_HEADER);
-                    head.mcp_name = Some(value.clone());
+                    head.mcp_name = guarded(&mut head, MCP_NAME_HEADER, value);
                 }
                 // `idempotency_key` for `idempotency-key`: Envoy forwards it (underscores are allowed
                 // unless a listener says otherwise), and a CGI-style server (WSGI, Rack, PHP) reads both
@@ -216,6 +234,66 @@ pub struct ResponseHead {
     /// asked for them (a preview streams a JSON answer of known length with the fingerprint in it).
     pub content_length: Option<u64>,
     pub content_encoding: Option<String>,
+    /// With `headers`: the names (lower case) of the headers whose value is not text (not
+    /// UTF-8); `headers` has them decoded leniently, which the guard never reads as a fact.
+    pub not_text: Vec<String>,
+}
+
+impl ResponseHead {
+    /// The head from the answer's header pairs as the client would get them (values as bytes),
+    /// reading the full map only when `full` and the framing only when `framing` (a preview).
+    /// Where a header the guard reads came more than once, no copy is picked: a length counts
+    /// only if every copy agrees, the codings are one list (RFC 9110 §5.3), and a content type
+    /// that disagrees with itself is no type at all (nothing is minted into such an answer).
+    pub fn from_headers(headers: &[(String, Vec<u8>)], full: bool, framing: bool) -> ResponseHead {
+        let texts = |name: &'static str| {
+            headers.iter().filter(move |(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| std::str::from_utf8(v).ok())
+        };
+        // The one value of a header, when every copy is text and says the same.
+        let single = |name: &'static str| {
+            let mut all = texts(name);
+            let first = all.next()??;
+            all.all(|o| o == Some(first)).then(|| first.to_owned())
+        };
+        let mut head = ResponseHead {
+            status: single(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
+            content_type: single("content-type"),
+            attempts: 1,
+            ..ResponseHead::default()
+        };
+        if framing {
+            let mut lengths = texts("content-length").map(|l| l.and_then(|l| l.trim().parse::<u64>().ok()));
+            head.content_length = match lengths.next().flatten() {
+                Some(l) if lengths.all(|o| o == Some(l)) => Some(l),
+                _ => None,
+            };
+            let codings: Vec<String> =
+                texts("content-encoding").map(|c| c.map_or_else(|| "unreadable".to_owned(), str::to_owned)).collect();
+            head.content_encoding = (!codings.is_empty()).then(|| codings.join(", "));
+        }
+        if full {
+            head.attempts = single("x-envoy-attempt-count").and_then(|a| a.parse().ok()).unwrap_or(1);
+            head.headers = headers
+                .iter()
+                .map(|(k, v)| match std::str::from_utf8(v) {
+                    Ok(text) => (k.clone(), text.to_owned()),
+                    Err(_) => {
+                        head.not_text.push(k.to_ascii_lowercase());
+                        (k.clone(), String::from_utf8_lossy(v).into_owned())
+                    }
+                })
+                .collect();
+        }
+        head
+    }
+
+    /// Every value of header `name` the answer carries, as text; `None` if one is not text.
+    pub fn values(&self, name: &str) -> Option<Vec<&str>> {
+        if self.not_text.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            return None;
+        }
+        Some(self.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str()).collect())
+    }
 }
 
 /// The answer to a [`Callout`]. A callout that failed, timed out or could not
@@ -536,6 +614,21 @@ impl Ctx {
             .with(Effect::Count(Counter::RejectedHeader))
     }
 
+    /// A header the guard reads is not text: what its bytes mean is a guess (decoded leniently,
+    /// two different values may read as one), so it is refused like a repeated one.
+    fn header_not_text(&self, name: &str) -> Step {
+        let kind = match name {
+            FINGERPRINT_HEADER => ReplyKind::FingerprintInvalid,
+            IDEMPOTENCY_KEY_HEADER => ReplyKind::KeyInvalid,
+            _ => ReplyKind::InvalidHeader,
+        };
+        let detail = format!("{name} is not text (its value is not UTF-8)");
+        let ctx = ReplyContext { detail: Some(&detail), ..Default::default() };
+        Step::pause()
+            .with(Effect::Reply(self.render_as(kind, ctx, self.for_programs())))
+            .with(Effect::Count(Counter::RejectedHeader))
+    }
+
     /// A reply that needs nothing but the defaults.
     fn simple(&self, kind: ReplyKind) -> Step {
         let ctx = ReplyContext { retry_after_ms: self.config.defaults.retry_after_ms, ..Default::default() };
@@ -696,6 +789,11 @@ impl Machine {
         if let Some(name) = head.repeated {
             let step =
                 if ctx.policy.role == Role::Mcp { mcp::repeated_header(name) } else { ctx.repeated_header(name) };
+            return (Machine::Pass, step);
+        }
+        if let Some(name) = head.not_text {
+            let step =
+                if ctx.policy.role == Role::Mcp { mcp::header_not_text(name) } else { ctx.header_not_text(name) };
             return (Machine::Pass, step);
         }
         if ctx.policy.role == Role::Mcp {
@@ -904,6 +1002,13 @@ pub fn not_canonical(config: &PluginConfig, trace_id: &str, canonical: &str) -> 
     reply::render(ReplyKind::PathNotCanonical, config.language, &ctx)
 }
 
+/// The answer to a method a route rule's path is not guarded for and does not let pass (DESIGN
+/// §6): nothing is forwarded; `why` names the guarded and the passing methods.
+pub fn method_not_guarded(config: &PluginConfig, trace_id: &str, why: &str) -> Reply {
+    let ctx = ReplyContext { trace_id, detail: Some(why), ..Default::default() };
+    reply::render(ReplyKind::PathNotCanonical, config.language, &ctx)
+}
+
 /// A raw query parameter from a request path (`/status?fingerprint=...`).
 /// Fingerprints are base64url and need no percent-decoding.
 pub fn query_param(path: &str, name: &str) -> Option<String> {
@@ -913,12 +1018,14 @@ pub fn query_param(path: &str, name: &str) -> Option<String> {
 }
 
 /// The upstream's `Retry-After` in milliseconds (delta-seconds form only).
+/// Repeated, it counts only if every copy says the same (none is picked).
 pub fn retry_after_ms(headers: &[(String, String)]) -> Option<u64> {
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))
-        .and_then(|(_, v)| v.trim().parse::<u64>().ok())
-        .map(|s| s.saturating_mul(1000))
+    let mut all = headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case("retry-after")).map(|(_, v)| v.trim());
+    let first = all.next()?;
+    if !all.all(|v| v == first) {
+        return None;
+    }
+    first.parse::<u64>().ok().map(|s| s.saturating_mul(1000))
 }
 
 /// The fingerprint of a confirm or status body: the header wins, else the

@@ -7,7 +7,7 @@ use super::{parse_body, Counter, Ctx, Effect, Env, Flow, Outcome, ResponseHead, 
 use crate::canonical;
 use crate::fingerprint;
 use crate::policy::QuoteExpiry;
-use crate::reply::{ReplyContext, ReplyKind};
+use crate::reply::{Reply, ReplyContext, ReplyKind};
 use serde_json::Value;
 
 pub const FINGERPRINT_EXPIRES_HEADER: &str = "agent-fingerprint-expires-at";
@@ -39,6 +39,9 @@ enum Phase {
     },
     /// Minted into the headers, which went on with the grown length; the body streams.
     Streaming(StreamSplice),
+    /// No fingerprint for this answer (its quote is unusable): the held answer becomes this reply
+    /// once it is whole (a body can be replaced only from a body callback).
+    Refusing(Reply),
     Finished,
 }
 
@@ -93,11 +96,8 @@ impl Preview {
         let param_hash = param_hash.clone();
         let quote = match &self.ctx.policy.quote_expires {
             None => None,
-            Some(QuoteExpiry::Header(name)) => {
-                let stated = head.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim());
-                Some(stated.and_then(|v| QuoteExpiry::read(&Value::String(v.to_string()))))
-            }
-            Some(QuoteExpiry::Pointer(_)) if end_of_stream => Some(None),
+            Some(QuoteExpiry::Header(name)) => Some(quote_header(head, name)),
+            Some(QuoteExpiry::Pointer(_)) if end_of_stream => Some(Err("the answer has no body to state it in")),
             Some(QuoteExpiry::Pointer(_)) => {
                 // The validity is in the body: hold the answer until it is read.
                 self.phase = Phase::AwaitQuote { param_hash };
@@ -106,7 +106,16 @@ impl Preview {
         };
         let (mut step, token, exp) = match self.mint(&param_hash, quote, env) {
             Ok(minted) => minted,
-            Err(step) => return self.finish(step),
+            Err(Refusal::Pass(step)) => return self.finish(step),
+            // The answer's headers are in hand, its body is not: a reply replaces it now where
+            // it has no body, else once the body is whole. Nothing of it reaches the agent.
+            Err(Refusal::Replace(reply)) if end_of_stream => {
+                return self.finish(Step::pause().with(Effect::Reply(reply)))
+            }
+            Err(Refusal::Replace(reply)) => {
+                self.phase = Phase::Refusing(reply);
+                return Step::pause().with(Effect::RemoveResponseHeader("content-length"));
+            }
         };
         if end_of_stream {
             return self.finish(step);
@@ -147,30 +156,35 @@ impl Preview {
     }
 
     /// Mint, with `exp = min(now + ttl, the quote's expiry)` where the route states one
-    /// (`quote`: `None` without `quote_expires`; `Some(None)` when the answer's is unreadable).
-    /// `Err` is the step to end with: no randomness (the answer passes without a fingerprint), or
-    /// no usable quote expiry (the answer is replaced: nothing must be confirmable from it).
+    /// (`quote`: `None` without `quote_expires`; `Some(Err(why))` when the answer's is not one
+    /// usable value). `Err` says how to end: no randomness (the answer passes without a
+    /// fingerprint), or no usable quote expiry (the answer is replaced by this reply: nothing
+    /// must be confirmable from it).
     fn mint(
         &self,
         param_hash: &str,
-        quote: Option<Option<u64>>,
+        quote: Option<Result<u64, &'static str>>,
         env: &mut dyn Env,
-    ) -> Result<(Step, String, u64), Step> {
+    ) -> Result<(Step, String, u64), Refusal> {
         let policy = &self.ctx.policy;
         let now = env.now_s();
         let mut exp = now.saturating_add(policy.fingerprint_ttl_s);
-        match quote {
-            None => {}
-            Some(Some(q)) if q > now => exp = exp.min(q),
-            Some(_) => {
-                let detail = "the quote's expiry is missing, unreadable or past";
-                let ctx = ReplyContext { detail: Some(detail), ..Default::default() };
-                return Err(Step::go_on().with(Effect::Rewrite(self.ctx.render(ReplyKind::QuoteUnusable, ctx))));
+        let unusable = match quote {
+            None => None,
+            Some(Ok(q)) if q > now => {
+                exp = exp.min(q);
+                None
             }
+            Some(Ok(_)) => Some("the quote's expiry is past"),
+            Some(Err(why)) => Some(why),
+        };
+        if let Some(why) = unusable {
+            let ctx = ReplyContext { detail: Some(why), ..Default::default() };
+            return Err(Refusal::Replace(self.ctx.render(ReplyKind::QuoteUnusable, ctx)));
         }
         let Some(nonce) = env.random16() else {
             let warn = Effect::Warn("no randomness for a nonce; preview passes without a fingerprint".into());
-            return Err(Step::go_on().with(warn));
+            return Err(Refusal::Pass(Step::go_on().with(warn)));
         };
         let token =
             fingerprint::mint(&self.ctx.config.keyring, nonce, exp, &self.subject_hash, &policy.scope, param_hash);
@@ -189,8 +203,8 @@ impl Preview {
 
     pub(super) fn on_response_data(&mut self, end_of_stream: bool) -> Step {
         match (&self.phase, end_of_stream) {
-            (Phase::Minted { .. } | Phase::AwaitQuote { .. }, false) => Step::pause(),
-            (Phase::Minted { .. } | Phase::AwaitQuote { .. }, true) => Step::need_body(),
+            (Phase::Minted { .. } | Phase::AwaitQuote { .. } | Phase::Refusing(_), false) => Step::pause(),
+            (Phase::Minted { .. } | Phase::AwaitQuote { .. } | Phase::Refusing(_), true) => Step::need_body(),
             // Every chunk is read: the last one's splice depends on all of them.
             (Phase::Streaming(_), eos) => {
                 self.chunk_ends_stream = eos;
@@ -210,7 +224,20 @@ impl Preview {
                 Chunk::Last { body, spliced } => (body, spliced),
             };
             let mut step = Step::go_on().with(Effect::ReplaceResponseBody(body));
-            if splice.named() {
+            if splice.refused() {
+                // Part of it went on before its own fingerprint field showed: the rest became
+                // spaces, so the upstream's value never reached the agent (DESIGN §6).
+                self.ctx.policy.answers_named_fingerprint.set(true);
+                let why = "the preview's answer wrote a fingerprint field of its own after part of it had gone on: \
+                           the rest was blanked (the agent gets no usable answer and previews again), and this \
+                           route's answers are held (and the field replaced) from now on";
+                step = step.with(Effect::Warn(why.into()));
+            } else if splice.self_named() {
+                self.ctx.policy.answers_named_fingerprint.set(true);
+                let why = "the preview's answer wrote a fingerprint field of its own: replaced by the gateway's, \
+                           and this route's answers are held from now on";
+                step = step.with(Effect::Warn(why.into()));
+            } else if splice.named() {
                 // Seen once, held from now on: the held splice replaces such a field.
                 self.ctx.policy.answers_named_fingerprint.set(true);
                 let why = "the preview's answer may name a fingerprint field: this one has the fingerprint in the \
@@ -222,6 +249,10 @@ impl Preview {
             }
             return Ok(self.finish(step));
         }
+        if let Phase::Refusing(reply) = &self.phase {
+            let rewrite = Effect::Rewrite(reply.clone());
+            return Ok(self.finish(Step::go_on().with(rewrite)));
+        }
         let mut first = Step::go_on();
         if let Phase::AwaitQuote { param_hash } = &self.phase {
             let stated = match &self.ctx.policy.quote_expires {
@@ -230,13 +261,15 @@ impl Preview {
                     .and_then(|v| v.pointer(p).and_then(QuoteExpiry::read)),
                 _ => None,
             };
+            let stated = stated.ok_or("the quote's expiry is missing or unreadable");
             let param_hash = param_hash.clone();
             match self.mint(&param_hash, Some(stated), env) {
                 Ok((step, token, exp)) => {
                     first = step;
                     self.phase = Phase::Minted { token, exp };
                 }
-                Err(step) => return Ok(self.finish(step)),
+                Err(Refusal::Pass(step)) => return Ok(self.finish(step)),
+                Err(Refusal::Replace(reply)) => return Ok(self.finish(Step::go_on().with(Effect::Rewrite(reply)))),
             }
         }
         let Phase::Minted { token, exp } = &self.phase else {
@@ -266,8 +299,28 @@ impl Preview {
             Phase::AwaitQuote { .. } => "preview.await_quote",
             Phase::Minted { .. } => "preview.minted",
             Phase::Streaming(_) => "preview.streaming",
+            Phase::Refusing(_) => "preview.refusing",
             Phase::Finished => "preview.finished",
         }
+    }
+}
+
+/// Why a preview's answer gets no fingerprint.
+enum Refusal {
+    /// It passes as the upstream sent it (no randomness: nothing to mint with).
+    Pass(Step),
+    /// It is replaced by this reply (no usable quote: nothing may be confirmable from it).
+    Replace(Reply),
+}
+
+/// The quote's expiry from the answer's header `name` (DESIGN §3): exactly one copy, text, and a
+/// time. Two copies are refused, never one picked (DESIGN §6): `+600 s` beside `+2 s` cannot say
+/// which quote the upstream will honour.
+fn quote_header(head: &ResponseHead, name: &str) -> Result<u64, &'static str> {
+    match head.values(name).ok_or("the quote's expiry header is not text")?.as_slice() {
+        [] => Err("the quote's expiry header is missing"),
+        [one] => QuoteExpiry::read(&Value::String(one.trim().to_string())).ok_or("the quote's expiry is unreadable"),
+        _ => Err("the quote's expiry header came more than once"),
     }
 }
 

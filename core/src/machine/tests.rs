@@ -67,6 +67,7 @@ fn head(fp: Option<String>) -> RequestHead {
         mcp_method: None,
         mcp_name: None,
         repeated: None,
+        not_text: None,
     }
 }
 
@@ -808,6 +809,146 @@ fn a_fingerprint_never_outlives_the_quote() -> TestResult {
     Ok(())
 }
 
+/// The body effects a step asks for (a body can only be replaced from a body callback: asked
+/// for in a headers callback, the `.wasm`'s host call failed and the SDK panicked the VM).
+fn touches_body(step: &Step) -> bool {
+    step.effects.iter().any(|e| matches!(e, Effect::Rewrite(_) | Effect::ReplaceResponseBody(_)))
+}
+
+/// Issue 35, hole 2: a quote header that is past, unreadable, not text or missing, read with the
+/// answer's head. The answer is held and replaced once whole (`quote_unusable`), never from the
+/// headers callback; an answer with no body is answered locally. Hole 3: two copies of the header
+/// (+600 s and +2 s) are refused, never one picked, in either order.
+#[test]
+fn an_unusable_or_repeated_quote_header_holds_the_answer_and_replaces_it_whole() -> TestResult {
+    let header = |v: &[u8]| ("Quote-Expires-At".to_string(), v.to_vec());
+    type Headers = Vec<(String, Vec<u8>)>;
+    let cases: Vec<(&str, Headers)> = vec![
+        ("past", vec![header(b"90")]),
+        ("now", vec![header(b"100")]),
+        ("unparseable", vec![header(b"soon")]),
+        ("not text", vec![header(&[0xE9, 0xFF])]),
+        ("missing", vec![]),
+        ("repeated, long first", vec![header(b"700"), header(b"102")]),
+        ("repeated, short first", vec![header(b"102"), header(b"700")]),
+        ("repeated, same", vec![header(b"700"), header(b"700")]),
+    ];
+    for (what, quote) in cases {
+        for end_of_stream in [false, true] {
+            let mut env = FixedEnv::at(100, NONCE);
+            let (mut m, _) = Machine::start(quoting_ctx("header:quote-expires-at")?, &head(None), false, &mut env);
+            m.on_request_body(&body(json!(10)), &mut env)?;
+            let mut raw =
+                vec![(":status".to_string(), b"200".to_vec()), ("content-type".into(), b"application/json".to_vec())];
+            raw.extend(quote.clone());
+            let h = ResponseHead::from_headers(&raw, m.response_needs_headers(), m.response_needs_framing());
+            let step = m.on_response_head(&h, end_of_stream, &mut env)?;
+            assert!(!counted(&step, Counter::Minted), "{what}: minted");
+            assert!(!touches_body(&step), "{what}: the body is replaced from the headers callback: {step:?}");
+            let reply = if end_of_stream {
+                // No body to replace: a local reply takes the answer's place.
+                step.reply().cloned().ok_or(format!("{what}: no reply"))?
+            } else {
+                assert_eq!(step.flow, Flow::Pause, "{what}: the answer is held");
+                assert!(step.effects.contains(&Effect::RemoveResponseHeader("content-length")), "{what}");
+                assert_eq!(m.on_response_data(20, true)?, Step::need_body(), "{what}");
+                let step = m.on_response_body(br#"{"quote":1}"#, &mut env)?;
+                rewritten(&step).cloned().ok_or(format!("{what}: no rewrite"))?
+            };
+            let v: Value = serde_json::from_slice(&reply.body)?;
+            assert_eq!((reply.http_status, v["status"].as_str()), (502, Some("quote_unusable")), "{what}: {v}");
+            assert!(matches!(m, Machine::Pass), "{what}");
+        }
+    }
+    // One copy, in time: minted at once, as ever.
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(quoting_ctx("header:quote-expires-at")?, &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    let raw = vec![
+        (":status".to_string(), b"200".to_vec()),
+        ("content-type".into(), b"application/json".to_vec()),
+        header(b"700"),
+    ];
+    let h = ResponseHead::from_headers(&raw, true, true);
+    assert!(counted(&m.on_response_head(&h, false, &mut env)?, Counter::Minted));
+    Ok(())
+}
+
+/// The answer's head as core reads it from the bytes a host hands over: a header the guard reads
+/// that came twice and disagrees is no value at all; values that are not text are noted.
+#[test]
+fn the_answer_head_picks_no_copy_of_a_header_the_guard_reads() {
+    let raw = |list: &[(&str, &[u8])]| -> Vec<(String, Vec<u8>)> {
+        list.iter().map(|(k, v)| ((*k).to_string(), v.to_vec())).collect()
+    };
+    let h = ResponseHead::from_headers(
+        &raw(&[(":status", b"200"), ("content-type", b"application/json"), ("content-type", b"text/html")]),
+        true,
+        true,
+    );
+    assert_eq!(h.content_type, None);
+    let h = ResponseHead::from_headers(
+        &raw(&[(":status", b"200"), ("content-length", b"10"), ("content-length", b"12"), ("x", &[0xff])]),
+        true,
+        true,
+    );
+    assert_eq!((h.status, h.content_length), (200, None));
+    assert_eq!(h.not_text, vec!["x".to_string()]);
+    assert!(h.values("x").is_none());
+    let twice = vec![("retry-after".to_string(), "7".to_string()), ("retry-after".to_string(), "3600".to_string())];
+    assert_eq!(retry_after_ms(&twice), None);
+    assert_eq!(retry_after_ms(&twice[..1]), Some(7000));
+}
+
+/// Issue 35: a header value that is not UTF-8. One the guard reads (the subject, the fingerprint,
+/// a client's key, the MCP headers) is a 400 before anything is read or forwarded; one it does
+/// not read (the request id, the trace context) decides nothing and is as if absent.
+#[test]
+fn a_header_value_that_is_not_text_is_refused_where_the_guard_reads_it_and_ignored_elsewhere() -> TestResult {
+    let bytes = |list: &[(&str, &[u8])]| -> Vec<(String, Vec<u8>)> {
+        list.iter().map(|(k, v)| ((*k).to_string(), v.to_vec())).collect()
+    };
+    let bad: &[u8] = &[0xE9, 0xFF];
+    let confirm = HeadNeeds::for_role(Role::Confirm);
+    let subject = Some("x-agent-subject");
+    for (name, label) in [
+        ("x-agent-subject", SUBJECT_HEADER_LABEL),
+        ("agent-fingerprint", FINGERPRINT_HEADER),
+        ("idempotency-key", IDEMPOTENCY_KEY_HEADER),
+    ] {
+        let mut list: Vec<(&str, &[u8])> = vec![("x-agent-subject", b"alice")];
+        list.retain(|(k, _)| *k != name);
+        list.push((name, bad));
+        let h = RequestHead::from_headers(&bytes(&list), confirm, subject);
+        assert_eq!(h.not_text, Some(label), "{name}");
+        let mut env = FixedEnv::at(999, NONCE);
+        let (m, step) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+        let r = step.reply().ok_or(format!("{name}: no reply"))?;
+        assert_eq!(r.http_status, 400, "{name}");
+        assert!(counted(&step, Counter::RejectedHeader) && matches!(m, Machine::Pass), "{name}");
+        assert!(!step.effects.iter().any(|e| matches!(e, Effect::Call(_) | Effect::ResumeRequest)), "{name}");
+    }
+    let mcp = HeadNeeds::for_role(Role::Mcp);
+    for name in [MCP_METHOD_HEADER, MCP_NAME_HEADER] {
+        assert_eq!(RequestHead::from_headers(&bytes(&[(name, bad)]), mcp, None).not_text, Some(name));
+    }
+    // Not the guard's: never refused, never read.
+    for name in ["x-request-id", "traceparent", "tracestate", "content-length", "x-anything"] {
+        let h = RequestHead::from_headers(&bytes(&[("x-agent-subject", b"alice"), (name, bad)]), confirm, subject);
+        assert_eq!((h.not_text, h.repeated, h.content_length), (None, None, None), "{name}");
+        assert!(!h.trace.id.contains('\u{fffd}'), "{name}");
+        let mut env = FixedEnv::at(999, NONCE);
+        let (_, step) = Machine::start(ctx("confirm")?, &h, false, &mut env);
+        assert!(step.reply().is_none(), "{name}: refused");
+    }
+    // A preview reads no key: a client's odd key there is nobody's business.
+    let preview = HeadNeeds::for_role(Role::Preview);
+    let h =
+        RequestHead::from_headers(&bytes(&[("x-agent-subject", b"alice"), ("idempotency-key", bad)]), preview, subject);
+    assert_eq!(h.not_text, None);
+    Ok(())
+}
+
 #[test]
 fn preview_failure_or_non_json_mints_nothing() -> TestResult {
     for (status, ct) in [(500, "application/json"), (200, "text/html")] {
@@ -1403,8 +1544,8 @@ fn nothing_but_terminal_states_is_ever_cached() -> TestResult {
 
 // ---- headers the guard reads -------------------------------------------------
 
-fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-    list.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+    list.iter().map(|(k, v)| ((*k).to_string(), v.as_bytes().to_vec())).collect()
 }
 
 #[test]

@@ -2,12 +2,17 @@
 //! service owner cannot put metadata on a route (Istio's WasmPlugin selects
 //! workloads, not routes).
 //!
-//! A rule is `{ "name", "match": { "method"?, "host"?, "path" | "prefix" },
+//! A rule is `{ "name", "match": { "method"?, "host"?, "path" | "prefix" }, "pass_methods"?,
 //! ...the route annotation's fields }`. Matching is deliberately small and
 //! exact, so what a rule guards is obvious from reading it: an exact path whose
 //! `{param}` segments match one non-empty segment, or a literal prefix; an
 //! optional method; an optional host (case-insensitive, port ignored). No
 //! regular expressions, no query or header matching.
+//!
+//! A guarded path is guarded for every method (DESIGN §6): a rule with `match.method` guards that
+//! method, and any other method on its path is refused (nothing forwarded) unless the rule lists
+//! it in `pass_methods` (`["GET", "HEAD"]`: a list endpoint beside a POST-only confirm). Without
+//! `match.method` every method is guarded (and `pass_methods` is refused: name the method).
 //!
 //! Precedence: route metadata, when a route has it, wins; rules apply to routes
 //! without an annotation. Two rules that could match one request are refused
@@ -31,6 +36,17 @@ pub struct RouteRule {
     pub name: String,
     pub matcher: RouteMatch,
     pub policy: Rc<RoutePolicy>,
+    /// Methods that pass this rule's path unguarded (upper case); every other method is guarded.
+    pub pass_methods: Vec<String>,
+}
+
+impl RouteRule {
+    /// Whether `method` passes this rule's path unguarded (method names compared without case:
+    /// an upstream may read `get` as GET).
+    pub fn passes(&self, method: &str) -> bool {
+        self.matcher.method.as_deref().is_some_and(|m| !m.eq_ignore_ascii_case(method.trim()))
+            && self.pass_methods.iter().any(|p| p.eq_ignore_ascii_case(method.trim()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +101,35 @@ impl RouteRules {
         self.rules.iter().find(|r| r.matcher.matches(method, host, path))
     }
 
+    /// A request to a guarded path that no rule guards as sent (another method): `Some` says why
+    /// it is refused, unless every rule naming the path lists the method in `pass_methods`
+    /// (DESIGN §6: a guarded path is guarded for every method).
+    pub fn method_refused(&self, method: &str, authority: &str, path: &str) -> Option<String> {
+        let path = without_query(path);
+        let host = strip_port(authority);
+        let naming: Vec<&RouteRule> = self
+            .rules
+            .iter()
+            .filter(|r| r.matcher.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host)))
+            .filter(|r| r.matcher.path_matches(path))
+            .collect();
+        if naming.is_empty() || naming.iter().all(|r| r.passes(method)) {
+            return None;
+        }
+        let guarded: Vec<&str> = naming.iter().filter_map(|r| r.matcher.method.as_deref()).collect();
+        let passing: Vec<&str> = naming.iter().flat_map(|r| r.pass_methods.iter().map(String::as_str)).collect();
+        Some(format!(
+            "{path} is guarded for {}; {} nothing else is forwarded: send the operation with {}",
+            guarded.join(", "),
+            if passing.is_empty() {
+                "no method passes it, and".to_string()
+            } else {
+                format!("{} pass it unguarded;", passing.join(", "))
+            },
+            guarded.join(" or ")
+        ))
+    }
+
     /// Whether any rule's path matches `path`: most requests a mesh sends
     /// through the filter match no rule's path, and a host that must fetch
     /// each header (proxy-wasm copies every value into the VM) can stop here.
@@ -108,7 +153,15 @@ impl RouteRules {
         let canonical = lenient_path(path);
         let host = strip_port(authority);
         let folded = canonical.as_deref().unwrap_or_else(|| without_query(path));
-        let hit = self.rules.iter().any(|r| methods.iter().any(|m| r.matcher.matches_folded(m, host, folded)));
+        // A rule is hit by a method it guards, or by one it does not let pass (refused either way).
+        let hit = self.rules.iter().any(|r| {
+            methods.iter().any(|m| {
+                r.matcher.matches_folded(m, host, folded)
+                    || (r.matcher.host.as_deref().is_none_or(|h| h.eq_ignore_ascii_case(host))
+                        && r.matcher.path_matches_as(folded, true)
+                        && !r.passes(m))
+            })
+        });
         hit.then(|| folded.to_string())
     }
 }
@@ -276,7 +329,9 @@ impl fmt::Display for RuleError {
     }
 }
 
-const RULE_FIELDS: &[&str] = &["name", "match"];
+const RULE_FIELDS: &[&str] = &["name", "match", "pass_methods"];
+/// Bounds `pass_methods` (HTTP has nine methods; extensions are few).
+const MAX_PASS_METHODS: usize = 16;
 const MATCH_FIELDS: &[&str] = &["method", "host", "path", "prefix"];
 
 /// The `routes` array of a plugin configuration. Every message names the rule
@@ -333,6 +388,7 @@ fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteR
         )));
     }
     let matcher = parse_match(map.get("match"), &at)?;
+    let pass_methods = parse_pass_methods(map.get("pass_methods"), &matcher, &at)?;
     let get = |key: &str| match map.get(key)? {
         Value::String(s) => Some(LeafValue::Str(s.clone())),
         Value::Number(n) => n.as_f64().map(LeafValue::Num),
@@ -344,7 +400,47 @@ fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteR
         Ok(None) => return Err(RuleError(format!("{}: required (preview, confirm or status)", at("role")))),
         Err(PolicyError(e)) => return Err(RuleError(format!("routes[{i}] ({name}).{e}"))),
     };
-    Ok(RouteRule { name, matcher, policy: Rc::new(policy) })
+    Ok(RouteRule { name, matcher, policy: Rc::new(policy), pass_methods })
+}
+
+/// `pass_methods`: a list of HTTP methods (letters), none twice, never the method the rule guards.
+fn parse_pass_methods(
+    value: Option<&Value>,
+    matcher: &RouteMatch,
+    at: &dyn Fn(&str) -> String,
+) -> Result<Vec<String>, RuleError> {
+    let Some(value) = value else { return Ok(Vec::new()) };
+    let field = at("pass_methods");
+    let Value::Array(items) = value else {
+        return Err(RuleError(format!("{field}: expected a list of HTTP methods, e.g. [\"GET\", \"HEAD\"]")));
+    };
+    if items.len() > MAX_PASS_METHODS {
+        return Err(RuleError(format!("{field}: more than {MAX_PASS_METHODS} methods")));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        let method = match item {
+            Value::String(m) if !m.is_empty() && m.len() <= 32 && m.bytes().all(|b| b.is_ascii_alphabetic()) => {
+                m.to_ascii_uppercase()
+            }
+            other => return Err(RuleError(format!("{field}: {other} is not an HTTP method"))),
+        };
+        if matcher.method.as_deref() == Some(method.as_str()) {
+            return Err(RuleError(format!("{field}: {method} is the method this rule guards; it cannot also pass")));
+        }
+        if out.contains(&method) {
+            return Err(RuleError(format!("{field}: {method} is listed twice")));
+        }
+        out.push(method);
+    }
+    if matcher.method.is_none() && !out.is_empty() {
+        // Without match.method the rule guards every method: a list of exceptions would be read
+        // the other way round by half of its readers. Name the guarded method instead.
+        return Err(RuleError(format!(
+            "{field}: needs match.method (the method the rule guards); without it every method is guarded"
+        )));
+    }
+    Ok(out)
 }
 
 fn parse_match(value: Option<&Value>, at: &dyn Fn(&str) -> String) -> Result<RouteMatch, RuleError> {
@@ -546,13 +642,65 @@ mod tests {
         // The method, in another case or from an override header, is read leniently too.
         assert_eq!(r.lenient_match(&["post"], "h", "/v1/transfers").as_deref(), Some("/v1/transfers"));
         assert!(r.lenient_match(&["GET", "POST"], "h", "/v1/transfers").is_some());
-        assert!(r.lenient_match(&["GET"], "h", "/v1/transfers").is_none());
+        // Another method on the guarded path is refused as well, unless the rule lets it pass (hole 9).
+        assert!(r.lenient_match(&["GET"], "h", "/v1/transfers").is_some());
+        let passing = rules(json!([{"name": "confirm", "match": {"method": "POST", "path": "/v1/transfers"},
+            "pass_methods": ["GET"], "role": "confirm", "scope": "pay", "bind": "/amount", "lease_ms": 60000}]))?;
+        assert!(passing.lenient_match(&["GET"], "h", "/V1/transfers").is_none());
+        assert!(passing.lenient_match(&["GET", "PUT"], "h", "/V1/transfers").is_some());
         // Other paths stay other paths, and a plain path costs no allocation.
         for path in ["/v1/transfers/preview", "/v1/transfer", "/healthz", "/v1/accounts//pay"] {
             assert!(r.lenient_match(&["POST"], "h", path).is_none(), "{path}");
         }
         assert_eq!(lenient_path("/v1/transfers?x=1"), None);
         assert_eq!(lenient_path("/a/b"), None);
+        Ok(())
+    }
+
+    /// Issue 35, hole 9: a rule's path is guarded for every method. Its own method runs the role;
+    /// `pass_methods` pass unguarded; every other method is refused (`method_refused` says why).
+    #[test]
+    fn a_guarded_path_is_guarded_for_every_method_but_those_the_rule_lets_pass() -> Result<(), RuleError> {
+        let with_pass = |pass: Value| {
+            json!({"name": "confirm", "match": {"method": "POST", "path": "/v1/transfers/{id}"}, "pass_methods": pass,
+                   "role": "confirm", "scope": "pay", "bind": "/amount", "lease_ms": 60000})
+        };
+        let post_only =
+            rules(json!([rule("confirm", json!({"method": "POST", "path": "/v1/transfers/{id}"}), "confirm")]))?;
+        for method in ["PUT", "PATCH", "DELETE", "GET", "HEAD", "post", "Post"] {
+            assert!(post_only.find(method, "h", "/v1/transfers/7").is_none(), "{method}");
+            let why = post_only.method_refused(method, "h", "/v1/transfers/7?x").unwrap_or_default();
+            assert!(why.contains("guarded for POST") && why.contains("no method passes"), "{method}: {why}");
+        }
+        assert_eq!(post_only.method_refused("PUT", "h", "/v1/other"), None, "another path is not the rule's");
+        let list = rules(json!([with_pass(json!(["get", "HEAD"]))]))?;
+        assert_eq!(list.method_refused("GET", "h", "/v1/transfers/7"), None);
+        assert_eq!(list.method_refused("head", "h", "/v1/transfers/7"), None);
+        for method in ["PUT", "PATCH", "DELETE"] {
+            let why = list.method_refused(method, "h", "/v1/transfers/7").unwrap_or_default();
+            assert!(why.contains("GET, HEAD pass it unguarded"), "{method}: {why}");
+        }
+        // Two rules on one path with two methods: each guards its own; a third method passes only if both let it.
+        let two = rules(json!([
+            rule("confirm", json!({"method": "POST", "path": "/v1/t"}), "confirm"),
+            {"name": "status", "match": {"method": "GET", "path": "/v1/t"}, "pass_methods": ["HEAD"], "role": "status",
+             "scope": "pay"},
+        ]))?;
+        assert_eq!(two.find("GET", "h", "/v1/t").map(|r| r.name.as_str()), Some("status"));
+        assert!(two.method_refused("HEAD", "h", "/v1/t").is_some(), "the confirm rule does not let HEAD pass");
+        // Validated at load: methods, no duplicates, never the guarded method, and a method to guard.
+        for (pass, m, want) in [
+            (json!("GET"), json!({"method": "POST", "path": "/a"}), "expected a list of HTTP methods"),
+            (json!(["G ET"]), json!({"method": "POST", "path": "/a"}), "is not an HTTP method"),
+            (json!([1]), json!({"method": "POST", "path": "/a"}), "is not an HTTP method"),
+            (json!(["GET", "get"]), json!({"method": "POST", "path": "/a"}), "listed twice"),
+            (json!(["post"]), json!({"method": "POST", "path": "/a"}), "the method this rule guards"),
+            (json!(["GET"]), json!({"path": "/a"}), "needs match.method"),
+        ] {
+            let r = json!([{"name": "c", "match": m, "pass_methods": pass, "role": "confirm", "scope": "pay", "bind": "/amount"}]);
+            let err = rules(r).err().map(|e| e.0).unwrap_or_default();
+            assert!(err.contains("routes[0] (c).pass_methods") && err.contains(want), "{err}");
+        }
         Ok(())
     }
 

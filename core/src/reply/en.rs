@@ -38,7 +38,7 @@ pub(super) fn meaning(m: Meaning) -> String {
             detail.unwrap_or("named in `detail`")
         ),
         M::InvalidHeader(detail) => format!(
-            "A header the gateway reads came more than once ({}), so it cannot tell which one is meant. This call did not execute anything.",
+            "A header the gateway reads came more than once or is not text ({}), so it cannot tell what is meant. This call did not execute anything.",
             detail.unwrap_or("named in `detail`")
         ),
         M::QuoteUnusable => "The service answered the preview, but the quote's validity could not be read (or the quote has already expired), so no fingerprint was issued and nothing can be confirmed from this preview. This call did not execute anything.".into(),
@@ -55,7 +55,7 @@ pub(super) fn meaning(m: Meaning) -> String {
             "Another operation already uses this business reference ({}), and a reference must name one operation only. This call did not execute anything.",
             field.map(|f| format!("the field {f}")).unwrap_or_else(|| "named in `detail`".into())
         ),
-        M::PathNotCanonical => "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) of an operation the gateway guards. This call did not execute anything.".into(),
+        M::PathNotCanonical => "The request's path or method is another spelling (letter case, escapes, extra slashes or a method-override header) or another method of an operation the gateway guards. This call did not execute anything.".into(),
     }
 }
 
@@ -105,7 +105,7 @@ pub(super) fn instruction(i: Instruction) -> String {
         I::SendKey => "Send one Idempotency-Key header with a key that is unique to this operation (a UUID), and keep the same key when you retry it.".into(),
         I::OneKey => "Send exactly one key of at most 255 printable characters, quoted (\"key\") or bare, and keep it the same on every retry.".into(),
         I::FixField => "Correct that field (give amounts as a JSON number or a decimal string such as \"12.50\") and call again.".into(),
-        I::OneHeader => "Send that header exactly once, with one value, and call again.".into(),
+        I::OneHeader => "Send that header exactly once, with one plain-text value, and call again.".into(),
         I::NoConfirmForQuote => "Do not call the confirm tool for this preview. Call the preview tool again; if this keeps happening, tell the user that quotes cannot be confirmed right now.".into(),
         I::LookElsewhere { reference } => format!(
             "Do not tell the user it was not done, and do not confirm again with this fingerprint. Tell the user the outcome can no longer be looked up here and give them the reference {reference}, which an operator can check in the service's own records. If the user wants a new operation, call the preview tool again."

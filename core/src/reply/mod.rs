@@ -469,7 +469,7 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
         ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
         ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
         ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
-        ReplyKind::InvalidHeader => (400, "invalid-header", "A header the gateway reads was sent more than once"),
+        ReplyKind::InvalidHeader => (400, "invalid-header", "A header the gateway reads was sent more than once or is not text"),
         ReplyKind::PathNotCanonical => {
             (400, "path-not-canonical", "The path or method is another spelling of a guarded operation")
         }

@@ -34,7 +34,7 @@ pub(super) fn meaning(m: Meaning) -> String {
             format!("字段 {} 的类型错误或数值超出范围，本次调用没有执行任何操作。", detail.unwrap_or("（见 detail）"))
         }
         M::InvalidHeader(detail) => format!(
-            "网关读取的某个请求头出现了不止一次（{}），无法判断以哪个为准，本次调用没有执行任何操作。",
+            "网关读取的某个请求头出现了不止一次或不是文本（{}），无法判断其含义，本次调用没有执行任何操作。",
             detail.unwrap_or("见 detail")
         ),
         M::QuoteUnusable => "服务已返回预览结果，但无法读取报价的有效期（或报价已经过期），因此没有签发指纹，这次预览无法被确认。本次调用没有执行任何操作。".into(),
@@ -51,7 +51,7 @@ pub(super) fn meaning(m: Meaning) -> String {
             "另一个操作已经使用了这个业务引用（{}），而一个引用只能对应一个操作。本次调用没有执行任何操作。",
             field.map(|f| format!("字段 {f}")).unwrap_or_else(|| "见 `detail`".into())
         ),
-        M::PathNotCanonical => "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头），本次调用没有执行任何操作。".into(),
+        M::PathNotCanonical => "请求的路径或方法是网关所保护操作的另一种写法（大小写、转义、多余的斜杠或方法覆盖请求头）或另一种方法，本次调用没有执行任何操作。".into(),
     }
 }
 
@@ -101,7 +101,7 @@ pub(super) fn instruction(i: Instruction) -> String {
         I::SendKey => "发送一个只属于这笔操作的 Idempotency-Key（例如 UUID），重试时保持同一个键。".into(),
         I::OneKey => "只发送一个键，最多 255 个可打印字符，可加引号（\"key\"）或不加，每次重试保持不变。".into(),
         I::FixField => "修正该字段（金额请使用 JSON 数字或十进制字符串，例如 \"12.50\"），然后重新调用。".into(),
-        I::OneHeader => "该请求头只发送一次、只带一个值，然后重新调用。".into(),
+        I::OneHeader => "该请求头只发送一次、只带一个纯文本值，然后重新调用。".into(),
         I::NoConfirmForQuote => "不要为这次预览调用确认工具。请重新调用预览工具；如果反复出现，告诉用户目前报价无法确认。".into(),
         I::LookElsewhere { reference } => format!(
             "不要告诉用户操作没有完成，也不要用这个指纹再次确认。告诉用户这里已无法查询结果，并给出参考号 {reference}，运维人员可以在业务系统自己的记录中核对。如果用户想要新的操作，请先重新调用预览工具。"

@@ -7,9 +7,11 @@
 
 pub mod json_gen;
 pub mod mcp;
+pub mod response;
 mod targets;
 
 pub use mcp::mcp;
+pub use response::response;
 pub use targets::{fingerprint, param_hash, plugin_config, protocol, route_policy, splice, strict_json};
 
 /// A target body: the fuzzer's bytes in, a panic when an invariant breaks.
@@ -25,6 +27,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("protocol", protocol),
     ("mcp", mcp),
     ("splice", splice),
+    ("response", response),
 ];
 
 /// The keys every fingerprint target uses: `k1` (active) and `k0`.

@@ -132,6 +132,7 @@ fn head(mcp_method: Option<String>, mcp_name: Option<String>) -> RequestHead {
         mcp_method,
         mcp_name,
         repeated: None,
+        not_text: None,
     }
 }
 

@@ -47,14 +47,24 @@ macro_rules! corpus_tests {
     )*};
 }
 
-corpus_tests!(fingerprint, strict_json, param_hash, plugin_config, route_policy, protocol, mcp, splice);
+corpus_tests!(fingerprint, strict_json, param_hash, plugin_config, route_policy, protocol, mcp, splice, response);
 
 #[test]
 fn every_target_is_replayed() {
     let names: Vec<&str> = idem_fuzz_harness::TARGETS.iter().map(|(n, _)| *n).collect();
     assert_eq!(
         names,
-        ["fingerprint", "strict_json", "param_hash", "plugin_config", "route_policy", "protocol", "mcp", "splice"]
+        [
+            "fingerprint",
+            "strict_json",
+            "param_hash",
+            "plugin_config",
+            "route_policy",
+            "protocol",
+            "mcp",
+            "splice",
+            "response"
+        ]
     );
     for name in names {
         assert!(fuzz_dir().join("fuzz_targets").join(format!("{name}.rs")).is_file(), "{name}");

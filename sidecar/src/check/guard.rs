@@ -42,6 +42,8 @@ pub struct RuleGuard {
     pub name: String,
     pub matcher: RouteMatch,
     pub policy: RoutePolicy,
+    /// The methods the rule lets pass its path unguarded (every other method is guarded).
+    pub pass_methods: Vec<String>,
 }
 
 /// What the TTL rules read of a plugin configuration the filter accepts.
@@ -61,7 +63,12 @@ pub fn filter_settings(config: &PluginConfig) -> FilterSettings {
         rules: config
             .routes
             .iter()
-            .map(|r| RuleGuard { name: r.name.clone(), matcher: r.matcher.clone(), policy: (*r.policy).clone() })
+            .map(|r| RuleGuard {
+                name: r.name.clone(),
+                matcher: r.matcher.clone(),
+                policy: (*r.policy).clone(),
+                pass_methods: r.pass_methods.clone(),
+            })
             .collect(),
     }
 }

@@ -219,12 +219,26 @@ pub fn filter_on<'a>(way: &Way<'a>) -> Result<&'a FilterSettings, String> {
     Ok(settings)
 }
 
-/// Whether `rule` guards every method `methods` lets through (None: every method).
-pub fn rule_takes_every_method(rule: &RouteMatch, methods: &Option<Vec<String>>) -> bool {
-    match (&rule.method, methods) {
-        (None, _) => true,
-        (Some(m), Some(ms)) => ms.iter().all(|x| x.eq_ignore_ascii_case(m)),
-        (Some(_), None) => false,
+/// Methods that change nothing (RFC 9110 §9.2.1): the only ones a rule may let pass its path.
+const SAFE_METHODS: [&str; 4] = ["GET", "HEAD", "OPTIONS", "TRACE"];
+
+/// The methods `rule` lets pass its path unguarded that may change something (not safe): a rule
+/// that lists one leaves a way to the guarded upstream path around the guard.
+pub fn mutating_pass_methods(rule: &RuleGuard) -> Vec<&str> {
+    rule.pass_methods.iter().map(String::as_str).filter(|m| !SAFE_METHODS.contains(m)).collect()
+}
+
+/// Whether `rule` guards every method `methods` lets through (None: every method) that could
+/// change something. The filter guards a rule's path for every method (DESIGN §6): the rule's
+/// own method runs its role, every other method is refused, except those in `pass_methods`,
+/// which reach the upstream unguarded; only safe ones may (a GET list endpoint beside a
+/// POST-only confirm), so a rule that lets a mutating method pass, where the route lets it
+/// through, takes nothing.
+pub fn rule_takes_every_method(rule: &RuleGuard, methods: &Option<Vec<String>>) -> bool {
+    let mutating = mutating_pass_methods(rule);
+    match methods {
+        None => mutating.is_empty(),
+        Some(ms) => !ms.iter().any(|m| mutating.iter().any(|x| x.eq_ignore_ascii_case(m))),
     }
 }
 
@@ -258,7 +272,7 @@ fn unguarded(way: &Way, g: &GuardedPath) -> Option<String> {
             let takes = |rule: &RuleGuard| {
                 Kind::of(&rule.policy) == Some(g.kind)
                     && rule.matcher.host.is_none()
-                    && rule_takes_every_method(&rule.matcher, &way.route.methods)
+                    && rule_takes_every_method(rule, &way.route.methods)
             };
             let covered = match &way.route.downstream {
                 Space::Exact(d) => {
@@ -285,10 +299,11 @@ fn unguarded(way: &Way, g: &GuardedPath) -> Option<String> {
                 Some(r) if r.matcher.host.is_some() => {
                     format!("route rule {} takes only Host {}", r.name, r.matcher.host.as_deref().unwrap_or_default())
                 }
-                Some(r) if !rule_takes_every_method(&r.matcher, &way.route.methods) => format!(
-                    "route rule {} takes only {} requests, and the route lets every other method through",
+                Some(r) if !rule_takes_every_method(r, &way.route.methods) => format!(
+                    "route rule {} lets {} pass unguarded (pass_methods), and the route lets it through: only safe \
+                     methods (GET, HEAD, OPTIONS, TRACE) may pass a guarded path",
                     r.name,
-                    r.matcher.method.as_deref().unwrap_or_default()
+                    mutating_pass_methods(r).join(", ")
                 ),
                 _ => "the route is not annotated and no route rule takes its requests".into(),
             })
@@ -687,16 +702,15 @@ fn report_catch_all(
     let mut hits: Vec<(String, Vec<&str>)> = Vec::new();
     for c in clusters {
         let Some(how) = reach(config, way.target, c.target) else { continue };
-        // The filter applies its route rules to every route of its chain, and refuses their near misses.
-        // The filter applies its route rules to every route of its chain and refuses their near misses; a method
-        // the rule does not take passes, which matters only where the route's paths meet the rule's; a rewrite
-        // sends paths no rule matched onto the upstream paths the rules guard.
+        // The filter applies its route rules to every route of its chain and refuses their near misses and
+        // every method on their paths but the pass_methods; a mutating method a rule lets pass matters only where
+        // the route's paths meet the rule's; a rewrite sends paths no rule matched onto the upstream paths the
+        // rules guard.
         let covered = r.rewrite == paths::Rewrite::None
             && c.rule.is_some_and(|cr| {
                 settings.is_some_and(|s| {
                     s.rules.iter().any(|x| x.name == cr.name && x.matcher == cr.matcher)
-                        && (rule_takes_every_method(&cr.matcher, &r.methods)
-                            || !r.downstream.meets(&rule_space(&cr.matcher)))
+                        && (rule_takes_every_method(cr, &r.methods) || !r.downstream.meets(&rule_space(&cr.matcher)))
                 })
             });
         if covered {

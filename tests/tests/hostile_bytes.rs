@@ -1,0 +1,143 @@
+//! Nothing an upstream or a client sends may panic the filter (DESIGN §6, issue 35 holes 2 and 3),
+//! on both builds (`IDEM_E2E_HOST=native` for the module), in real Envoy with one worker: a panic
+//! of the `.wasm` would leave that worker's VM dead, and the request after it is the witness.
+//!
+//! - An upstream's quote header (`quote_expires: header:quote-expires-at`) that is past,
+//!   unparseable or not text: the preview is answered `quote_unusable` (502), no fingerprint.
+//! - The same header twice (+600 s and +2 s): refused, never one picked.
+//! - A client header whose value is not UTF-8: one the guard reads is a 400, one it does not read
+//!   (`x-request-id`) decides nothing.
+
+use idem_e2e::bypass::seen;
+use idem_e2e::*;
+use reqwest::header::HeaderValue;
+use serde_json::json;
+
+const PREVIEW: &str = "/v1/transfers/preview";
+
+/// The e2e stack, its preview route reading the quote's expiry from the answer's
+/// `quote-expires-at` header (the demo sends it with `x-demo-quote-expires-at`).
+async fn header_quote_stack() -> Result<Stack, BoxError> {
+    let pointer =
+        "quote_expires: /expires_at        # the demo's quote states its expiry: the fingerprint never outlives it";
+    let mut opts = sqlite_only(true);
+    opts.envoy_edits.push((pointer.into(), "quote_expires: header:quote-expires-at".into()));
+    Stack::start(opts).await
+}
+
+/// A preview whose upstream states `quote-expires-at` as `spec` says (see the demo's fault).
+async fn preview_with_quote(stack: &Stack, spec: &str) -> Result<Answer, BoxError> {
+    stack.post(PREVIEW, SUBJECT, &transfer(json!("12.00"), "quote"), &[("x-demo-quote-expires-at", spec)]).await
+}
+
+/// The worker still serves: a preview with a usable quote gets its fingerprint.
+async fn assert_worker_serves(stack: &Stack, after: &str) -> Result<String, BoxError> {
+    let ok = preview_with_quote(stack, "+600").await?;
+    assert_eq!(ok.status, 200, "after {after}, the next preview was not served: {ok:?}");
+    let fp = ok.header("agent-fingerprint").ok_or_else(|| format!("after {after}: no fingerprint: {ok:?}"))?;
+    Ok(fp.to_owned())
+}
+
+#[tokio::test]
+async fn an_unusable_quote_header_is_quote_unusable_and_the_worker_lives() -> TestResult {
+    let stack = header_quote_stack().await?;
+    for spec in ["-10", "+0", "soon", "bytes"] {
+        let minted = stack.stat("wasmcustom.idem.minted").await?;
+        let got = preview_with_quote(&stack, spec).await?;
+        assert_eq!(got.status, 502, "{spec}: {got:?}");
+        got.assert_prompt("quote_unusable");
+        assert!(got.json.get("quote_id").is_none(), "{spec}: the upstream's quote reached the agent: {got:?}");
+        assert!(got.header("agent-fingerprint").is_none(), "{spec}: {got:?}");
+        assert_eq!(stack.stat("wasmcustom.idem.minted").await?, minted, "{spec}");
+        assert_worker_serves(&stack, spec).await?;
+    }
+    Ok(())
+}
+
+/// Hole 3: `+600` beside `+2`, in either order: no fingerprint, so nothing can be confirmed after
+/// the 2-second quote expired.
+#[tokio::test]
+async fn a_repeated_quote_header_is_refused_never_one_picked() -> TestResult {
+    let stack = header_quote_stack().await?;
+    for spec in ["+600,+2", "+2,+600", "+600,+600"] {
+        let got = preview_with_quote(&stack, spec).await?;
+        assert_eq!(got.status, 502, "{spec}: {got:?}");
+        got.assert_prompt("quote_unusable");
+        assert!(got.header("agent-fingerprint").is_none() && got.json.get("fingerprint").is_none(), "{spec}");
+    }
+    // One copy: minted, and it confirms once.
+    let fp = assert_worker_serves(&stack, "the repeated quotes").await?;
+    let done = stack
+        .post("/v1/transfers", SUBJECT, &transfer(json!("12.00"), "quote"), &[("agent-fingerprint", fp.as_str())])
+        .await?;
+    assert_eq!(done.status, 201, "{done:?}");
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+/// A request with one header set to raw bytes (`\xE9\xFF`, not UTF-8).
+async fn send_with_bytes(stack: &Stack, path: &str, name: &str, fp: Option<&str>) -> Result<Answer, BoxError> {
+    let mut req = stack.http.post(stack.url(path)).json(&transfer(json!("12.00"), "bytes"));
+    if name != "x-agent-subject" {
+        req = req.header("x-agent-subject", SUBJECT);
+    }
+    if let Some(fp) = fp {
+        req = req.header("agent-fingerprint", fp);
+    }
+    req = req.header(name, HeaderValue::from_bytes(&[0xE9, 0xFF])?);
+    answer(req.send().await?).await
+}
+
+async fn answer(r: reqwest::Response) -> Result<Answer, BoxError> {
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let body = r.bytes().await?.to_vec();
+    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    Ok(Answer { status, headers, body, json })
+}
+
+#[tokio::test]
+async fn a_client_header_that_is_not_text_never_panics_and_never_decides() -> TestResult {
+    let stack = sqlite_only(true);
+    let stack = Stack::start(stack).await?;
+    // Not the guard's header: the preview is served as any other, and so is the next request.
+    let got = send_with_bytes(&stack, PREVIEW, "x-request-id", None).await?;
+    assert_eq!(got.status, 200, "{got:?}");
+    let fp = got.json["fingerprint"].as_str().ok_or_else(|| format!("no fingerprint: {got:?}"))?.to_owned();
+    // The guard's headers: a 400 before anything is forwarded.
+    let before = seen(&stack).await?;
+    let refused = stack.stat("wasmcustom.idem.rejected.invalid_header").await?;
+    for (name, status) in [("x-agent-subject", "invalid_header"), ("idempotency-key", "idempotency_key_invalid")] {
+        let got = send_with_bytes(&stack, "/v1/transfers", name, Some(&fp)).await?;
+        assert_eq!(got.status, 400, "{name}: {got:?}");
+        got.assert_prompt(status);
+    }
+    let got = send_with_bytes(&stack, PREVIEW, "x-agent-subject", None).await?;
+    assert_eq!(got.status, 400, "a preview's subject: {got:?}");
+    before.assert_same(seen(&stack).await?, "requests whose guarded headers are not text");
+    assert_eq!(stack.stat("wasmcustom.idem.rejected.invalid_header").await?, refused + 3);
+    // The confirm with an odd request id executes once: it decided nothing.
+    let done = send_with_bytes(&stack, "/v1/transfers", "x-request-id", Some(&fp)).await?;
+    assert_eq!(done.status, 201, "{done:?}");
+    assert_eq!(counts(&stack).await?, (1, 1));
+    Ok(())
+}
+
+/// A `.wasm` that traps anyway fails one stream, never the worker: every committed configuration
+/// that loads the `.wasm` through Envoy's own filter reloads a failed VM for the next request
+/// (`failure_policy: FAIL_RELOAD`; checked against a real trap of the filter before this fix:
+/// FAIL_CLOSED answered 503 to every later request, FAIL_RELOAD served them).
+#[test]
+fn every_committed_wasm_configuration_reloads_a_failed_vm() -> TestResult {
+    for config in ["e2e.yaml", "e2e-rds.yaml", "envoy.yaml", "compose.yaml", "soak.yaml"] {
+        let text = std::fs::read_to_string(repo_root().join("envoy").join(config))?;
+        let filters = text.matches("extensions.filters.http.wasm.v3.Wasm").count();
+        assert!(filters > 0, "{config}: no .wasm filter");
+        assert_eq!(text.matches("failure_policy: FAIL_RELOAD").count(), filters, "{config}");
+        assert!(
+            !text.contains("failure_policy: FAIL_OPEN") && !text.contains("fail_open: true"),
+            "{config}: unguarded"
+        );
+    }
+    Ok(())
+}
