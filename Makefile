@@ -118,7 +118,7 @@ fuzz:
 	if [ -n "$$failed" ]; then echo "*** fuzz: crashes in:$$failed (see fuzz/artifacts/)"; exit 1; fi
 
 # Chaos soak (soak/): seeded agents and faults against the whole real stack, then the invariant checks; writes
-# target/soak/summary.md and chart.svg. A 45 s run with a fixed seed is part of `make test` (the demo world).
+# target/soak/summary.md and chart.svg. A 45 s run with a fixed seed is part of `make test` (the mixed world).
 # WORLD=demo|hostile|mixed (default mixed): half the agents meet the hostile upstream (testkit/hostile) through
 # envoy/soak-hostile.yaml, its grammar's branches counted in the summary (docs/soak.md).
 # Then the generated configurations (tests/src/configs/): CONFIGS Envoy configurations mutated from the committed
