@@ -237,7 +237,7 @@ impl<H: Host> Stream<H> {
             Ok(step) => self.apply(step),
             Err(e) => {
                 // The machine refused an event it cannot take; its state is unchanged.
-                self.host.log(Level::Warn, &format!("agent_idempotency: {e} (trace_id={})", self.trace.id));
+                self.host.log(Level::Warn, &format!("agent_idempotency: {e} (trace_id={})", self.trace.logged()));
                 Action::Continue
             }
         }
@@ -282,10 +282,13 @@ impl<H: Host> Stream<H> {
                 Level::Warn,
                 &format!(
                     "agent_idempotency security_event={kind} trace_id={} scope={} nonce={nonce}",
-                    self.trace.id, self.scope
+                    self.trace.logged(),
+                    self.scope
                 ),
             ),
-            Effect::Warn(message) => self.host.log(Level::Warn, &format!("{message} (trace_id={})", self.trace.id)),
+            Effect::Warn(message) => {
+                self.host.log(Level::Warn, &format!("{message} (trace_id={})", self.trace.logged()))
+            }
             Effect::SetRequestHeader(name, value) => {
                 self.host.remove_request_header(name);
                 self.host.set_request_header(name, &value);

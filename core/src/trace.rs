@@ -13,6 +13,7 @@
 //!   operator who reads `trace_id` in an answer finds the same id in idemd's spans.
 
 use sha2::{Digest, Sha256};
+use std::fmt::Write;
 
 /// Longest `tracestate` passed on (W3C: 32 members of at most 256 bytes, plus commas); a longer
 /// one is dropped whole, as the spec allows, rather than cut mid-member.
@@ -54,6 +55,12 @@ impl Trace {
             tracestate: tracestate.filter(|s| !s.is_empty() && s.len() <= TRACESTATE_MAX).map(str::to_string),
             span: None,
         }
+    }
+
+    /// The id as a log line carries it ([`safe_id`]): a client's request id never writes a field
+    /// or a line of its own into the filter's log (the reply, JSON, names the id as sent).
+    pub fn logged(&self) -> String {
+        safe_id(&self.id, TRACE_ID_MAX)
     }
 
     /// The request is in the host's `span`: callouts become its children. A span whose ids are
@@ -156,6 +163,42 @@ fn new_traceparent(id: &str) -> String {
 }
 
 /// At most `max` bytes, on a character boundary.
+/// A trace id as replies, log lines, idemd and its audit carry it. It is the client's
+/// `x-request-id`, so any text may arrive, and a client-chosen value never decides what is
+/// recorded or forges a log field: printable ASCII stays as sent (every id Envoy or a tracer makes
+/// is unchanged), every other character (space, control, non-ASCII) is percent-encoded byte by byte
+/// of its UTF-8 (`a b` → `a%20b`, `é` → `%C3%A9`), and so is a `%` that does not already begin such an
+/// escape (`100%` → `100%25`). The result has no space or line break, and making it safe again
+/// changes nothing (the filter and idemd both apply it). Cut to `max` bytes at a whole escape.
+pub fn safe_id(raw: &str, max: usize) -> String {
+    let mut out = String::with_capacity(raw.len().min(max));
+    let mut utf8 = [0u8; 4];
+    let bytes = raw.as_bytes();
+    for (i, c) in raw.char_indices() {
+        let escape = c == '%'
+            && bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(b)));
+        let kept = c.is_ascii_graphic() && (c != '%' || escape);
+        let width = if kept { 1 } else { 3 * c.len_utf8() };
+        if out.len() + width > max {
+            break;
+        }
+        if kept {
+            out.push(c);
+        } else {
+            for b in c.encode_utf8(&mut utf8).bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+        }
+    }
+    // An escape cut in two by the limit would read as a `%` to be escaped next time.
+    if let Some(at) = out.get(out.len().saturating_sub(2)..).and_then(|tail| tail.find('%')) {
+        out.truncate(out.len().saturating_sub(2) + at);
+    }
+    out
+}
+
 fn clip(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
@@ -167,6 +210,30 @@ fn clip(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trace_id_is_made_safe_once_and_for_all() {
+        for (raw, safe) in [
+            ("6e1f0c7a-1b2c-4d5e-8f90-0123456789ab", "6e1f0c7a-1b2c-4d5e-8f90-0123456789ab"),
+            ("a b", "a%20b"),
+            ("r1 security_event=none\nx", "r1%20security_event=none%0Ax"),
+            ("café", "caf%C3%A9"),
+            ("100%", "100%25"),
+            ("50%2x", "50%252x"),
+            ("a%20b", "a%20b"),
+        ] {
+            assert_eq!(safe_id(raw, 128), safe, "{raw:?}");
+            assert_eq!(safe_id(safe, 128), safe, "{raw:?}: safe again changes nothing");
+        }
+        // Cut at a whole escape, never inside one.
+        assert_eq!(safe_id("ab é", 7), "ab%20");
+        assert_eq!(safe_id("abcd%", 6), "abcd");
+        let long = "x".repeat(300);
+        assert_eq!(safe_id(&long, 128).len(), 128);
+        // The reply names the caller's own id; a log line, its safe form.
+        let t = Trace::of(Some("a b"), None, None);
+        assert_eq!((t.id.as_str(), t.logged().as_str()), ("a b", "a%20b"));
+    }
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

@@ -268,32 +268,12 @@ fn check_event(r: &SecurityEventReport) -> Result<(), String> {
     Ok(())
 }
 
-/// A trace id as idemd's log lines and audit keep it. It is the client's `x-request-id` (the filter
-/// passes it on, clipped), so any text may arrive, and a client-chosen value must never decide
-/// whether a call is recorded (issue 35: a space in it once made idemd refuse a security event's
-/// report, and the forgery left no trace). Printable ASCII other than `%` stays as sent, so every
-/// id Envoy or a tracer makes is unchanged; every other character (space, control, non-ASCII, `%`)
-/// is percent-encoded, byte by byte of its UTF-8 (`a b` → `a%20b`, `é` → `%C3%A9`): the result has no space
-/// or line break to forge a log field or line with, is one value in any SQL collation, and reads
-/// back to the original. Cut to [`MAX_TRACE_ID`] at a whole character.
+/// A trace id as idemd's log lines and audit keep it: the filter's rule (`idem_core::trace::safe_id`),
+/// applied again because any caller may send any text, and a client-chosen value must never decide
+/// whether a call is recorded (a space in it once made idemd refuse a security event's report, and
+/// the forgery left no trace). The filter's safe form passes unchanged.
 pub fn safe_trace_id(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len().min(MAX_TRACE_ID));
-    let mut utf8 = [0u8; 4];
-    for c in raw.chars() {
-        let kept = c.is_ascii_graphic() && c != '%';
-        let width = if kept { 1 } else { 3 * c.len_utf8() };
-        if out.len() + width > MAX_TRACE_ID {
-            break;
-        }
-        if kept {
-            out.push(c);
-        } else {
-            for b in c.encode_utf8(&mut utf8).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        }
-    }
-    out
+    idem_core::trace::safe_id(raw, MAX_TRACE_ID)
 }
 
 async fn healthz(State(store): State<Arc<Store>>) -> Response {

@@ -36,8 +36,9 @@
 //! A client-key route binds no field, so its body is the upstream's to read (gzip, duplicate keys):
 //! the tests assert it is forwarded once and the same bytes under the same key are replayed.
 //!
-//! `#[ignore = "issue 35: …"]` marks a case that fails today because of a filter bug; switch it on
-//! with the fix.
+//! Four cases failed when the file was written (a burst of forgeries, a raw request id in the
+//! filter's log line, a non-UTF-8 request id on the `.wasm`, a status lookup naming two
+//! fingerprints); each ran ignored until its fix, and all run now.
 
 use idem_e2e::bypass::{
     assert_envelope, assert_problem, assert_rpc_error, assert_tool_error, fresh_key, mcp_args, seen, show, tools_call,
@@ -294,12 +295,10 @@ async fn a_forgery_under_an_odd_request_id_is_audited_and_counted() -> TestResul
 }
 
 /// The filter's own warning line (`agent_idempotency security_event=… trace_id=… scope=… nonce=…`)
-/// prints the request id raw: a client that sends `x-request-id: r1 security_event=none scope=x`
-/// writes fields into the line a log pipeline parses (Envoy's log, seen on both builds). It should
-/// carry the id in the form idemd's audit and log line use (`api::safe_trace_id`; one rule, best in
-/// `idem_core::trace`, for both).
+/// once printed the request id raw: a client that sent `x-request-id: r1 security_event=none scope=x`
+/// wrote fields into the line a log pipeline parses (Envoy's log, on both builds). It carries the id
+/// in the form idemd's audit and log line use: one rule, `idem_core::trace::safe_id`, for both.
 #[tokio::test]
-#[ignore = "issue 35: the filter's security_event log line carries a client's request id raw (filter)"]
 async fn the_filters_warning_line_carries_no_field_a_client_wrote() -> TestResult {
     let stack = Stack::start(sqlite_only(false)).await?;
     let (_, fp) = stack.preview(json!("10.00")).await?;
@@ -316,7 +315,9 @@ async fn the_filters_warning_line_carries_no_field_a_client_wrote() -> TestResul
     let lines: Vec<&str> =
         log.lines().filter(|l| l.contains("agent_idempotency security_event=bad_signature")).collect();
     assert_eq!(lines.len(), 1, "one warning line:\n{log}");
-    assert!(!lines[0].contains("security_event=none"), "a client's words became fields: {}", lines[0]);
+    // Fields are space-separated: the client's words stay inside the one trace_id value (`%20…`).
+    assert!(!lines[0].contains(" security_event=none"), "a client's words became fields: {}", lines[0]);
+    assert!(lines[0].contains("%20security_event=none%20scope=elsewhere"), "the id, made safe: {}", lines[0]);
     Ok(())
 }
 
@@ -374,10 +375,9 @@ async fn a_forgery_under_an_empty_request_id_is_audited_and_counted() -> TestRes
 
 /// A request id with a byte that is not UTF-8 (obs-text, which HTTP/1.1 allows in a value): the
 /// filter must still refuse the forgery as `fingerprint_invalid`, report it, and keep serving.
-/// idemd takes any report; what the filter sends for such an id is the filter's fix (issue 35:
-/// non-UTF-8 header reads); expected to pass once that fix lands.
+/// idemd takes any report; the filter reads header values as bytes (a `.wasm` once panicked here:
+/// proxy-wasm's getter decodes UTF-8 with an unwrap).
 #[tokio::test]
-#[ignore = "issue 35: a non-UTF-8 x-request-id byte panics the filter (503, no audit line): the filter fix"]
 async fn a_forgery_under_a_non_utf8_request_id_is_audited_and_counted() -> TestResult {
     let stack = Stack::start(sqlite_only(false)).await?;
     let (_, fp) = stack.preview(json!("10.00")).await?;
@@ -630,11 +630,10 @@ async fn a_status_lookup_with_two_header_fingerprints_is_refused() -> TestResult
 
 /// The fingerprint in the header and another in the query string or the body, the query naming two,
 /// the body naming two (duplicate key): which operation is meant depends on who reads, so neither
-/// is. Today the filter picks one (header, else the query's first, else the body's last: serde's
-/// lenient parse where the confirm path refuses duplicate keys) and tells the agent about it, e.g.
+/// is. The filter once picked one (header, else the query's first, else the body's last: serde's
+/// lenient parse where the confirm path refuses duplicate keys) and told the agent about it, e.g.
 /// `already_completed` for a lookup whose query named a fingerprint that never ran.
 #[tokio::test]
-#[ignore = "issue 35: a status lookup naming two fingerprints is answered about one of them (filter)"]
 async fn a_status_lookup_with_a_second_fingerprint_in_query_or_body_is_refused() -> TestResult {
     let stack = Stack::start(sqlite_only(false)).await?;
     let (_, done) = stack.preview(json!("56.00")).await?;

@@ -547,11 +547,9 @@ impl Confirm {
             return Ok(Step::go_on());
         }
         if size > self.ctx.config.max_response_bytes {
-            // Too large to keep for replay: record the status and headers only.
-            let warn = Effect::Warn(format!(
-                "answer over max_response_bytes; recorded without its body (trace_id={})",
-                self.ctx.trace_id
-            ));
+            // Too large to keep for replay: record the status and headers only. (The host's log
+            // line names the trace, in its safe form.)
+            let warn = Effect::Warn("answer over max_response_bytes; recorded without its body".into());
             return Ok(Step::go_on().with(warn).then(self.record(&[], false)));
         }
         Ok(if end_of_stream { Step::need_body() } else { Step::pause() })

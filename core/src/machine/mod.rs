@@ -824,8 +824,9 @@ impl Machine {
             // Handled above; a tool is never an MCP endpoint itself.
             Role::Mcp => return (Machine::Pass, Step::go_on()),
             Role::Status => {
-                let token = head.fingerprint.clone().or_else(|| query_param(&head.path, FINGERPRINT_FIELD));
-                Machine::Status(Status::new(ctx, subject_hash, token, head.idempotency_key.clone()))
+                let named =
+                    head.fingerprint.iter().cloned().chain(query_params(&head.path, FINGERPRINT_FIELD)).collect();
+                Machine::Status(Status::new(ctx, subject_hash, named, head.idempotency_key.clone()))
             }
         };
         // A client-chosen Idempotency-Key never reaches a guarded upstream: only the nonce may. The
@@ -1012,9 +1013,20 @@ pub fn method_not_guarded(config: &PluginConfig, trace_id: &str, why: &str) -> R
 /// A raw query parameter from a request path (`/status?fingerprint=...`).
 /// Fingerprints are base64url and need no percent-decoding.
 pub fn query_param(path: &str, name: &str) -> Option<String> {
-    let query = path.split_once('?')?.1;
+    query_params(path, name).into_iter().next()
+}
+
+/// Every value of a query parameter, in order: a parameter named twice is two values, and which
+/// one a reader takes is not ours to guess.
+pub fn query_params(path: &str, name: &str) -> Vec<String> {
+    let Some((_, query)) = path.split_once('?') else { return Vec::new() };
     let query = query.split_once('#').map_or(query, |(q, _)| q);
-    query.split('&').filter_map(|pair| pair.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v.to_owned())
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
+        .collect()
 }
 
 /// The upstream's `Retry-After` in milliseconds (delta-seconds form only).

@@ -4,9 +4,9 @@
 
 use super::confirm::lookup_path;
 use super::{body_fingerprint, Callout, CalloutAnswer, Counter, Ctx, Effect, Env, Outcome, Step, Unexpected};
-use crate::client_key;
 use crate::protocol::{OpKey, OpState, OperationView, StoredResult};
 use crate::reply::{ReplyContext, ReplyKind};
+use crate::{canonical, client_key};
 
 #[derive(Debug)]
 pub struct Status {
@@ -17,10 +17,10 @@ pub struct Status {
 
 #[derive(Debug)]
 enum Phase {
-    /// The fingerprint from the header or the query string, and the caller's
+    /// Every fingerprint the header and the query string name, and the caller's
     /// Idempotency-Key (client-key mode), if any.
     AwaitBody {
-        token: Option<String>,
+        named: Vec<String>,
         client_key: Option<String>,
     },
     /// `exp` is the fingerprint's; a client key has none.
@@ -32,8 +32,8 @@ enum Phase {
 }
 
 impl Status {
-    pub(super) fn new(ctx: Ctx, subject_hash: String, token: Option<String>, client_key: Option<String>) -> Status {
-        Status { ctx, subject_hash, phase: Phase::AwaitBody { token, client_key } }
+    pub(super) fn new(ctx: Ctx, subject_hash: String, named: Vec<String>, client_key: Option<String>) -> Status {
+        Status { ctx, subject_hash, phase: Phase::AwaitBody { named, client_key } }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -53,11 +53,35 @@ impl Status {
     }
 
     pub(super) fn on_request_body(&mut self, body: &[u8]) -> Outcome {
-        let Phase::AwaitBody { token, client_key } = &self.phase else {
+        let Phase::AwaitBody { named, client_key } = &self.phase else {
             return Err(Unexpected { event: "request_body", phase: self.phase_name() });
         };
-        // A GET has no body; a POST may carry the fingerprint in it.
-        let token = token.clone().or_else(|| serde_json::from_slice(body).ok().as_ref().and_then(body_fingerprint));
+        // A GET has no body; a POST may carry the fingerprint in it. A body that is JSON is read as
+        // the confirm reads one (a key named twice is refused, not read as its last copy); one
+        // that is not JSON names nothing.
+        let mut named = named.clone();
+        if !body.is_empty() {
+            match canonical::parse_json_body(body, self.ctx.config.max_body_bytes) {
+                Ok(json) => named.extend(body_fingerprint(&json)),
+                Err(e) if serde_json::from_slice::<serde_json::Value>(body).is_ok() => {
+                    self.phase = Phase::Finished;
+                    return Ok(self.ctx.body_error(&e));
+                }
+                Err(_) => {}
+            }
+        }
+        // Two fingerprints (header, query string, body, or one of them twice) that differ name two
+        // operations: which one is meant depends on who reads, so neither is answered about.
+        let token = named.first().cloned();
+        if named.iter().any(|t| Some(t.trim()) != token.as_deref().map(str::trim)) {
+            self.phase = Phase::Finished;
+            let detail = "the lookup names more than one fingerprint (header, query string, body)";
+            let ctx = ReplyContext { detail: Some(detail), ..Default::default() };
+            return Ok(self
+                .ctx
+                .reply(ReplyKind::FingerprintInvalid, ctx)
+                .with(Effect::Count(Counter::RejectedInvalid)));
+        }
         let (key, exp) = match (token, client_key) {
             // Client-key mode: the caller's own key names its operation, for this subject and scope.
             (None, Some(k)) if self.ctx.policy.client_keys => match client_key::parse_header(Some(k)) {

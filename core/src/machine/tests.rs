@@ -989,6 +989,45 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
     Ok(())
 }
 
+/// A lookup naming two fingerprints (header and query string, the query twice, header and body, the
+/// body's key twice) names two operations: refused, never answered about one, nothing asked of idemd.
+/// The same fingerprint twice is one.
+#[test]
+fn a_status_lookup_naming_two_fingerprints_is_refused() -> TestResult {
+    let (a, b) = (token(1000)?, token(2000)?);
+    let mut env = FixedEnv::at(999, NONCE);
+    let cases: [(Option<&str>, String, Vec<u8>, &str); 5] = [
+        (Some(&a), format!("/status?fingerprint={b}"), vec![], "fingerprint_invalid"),
+        (None, format!("/status?fingerprint={a}&fingerprint={b}"), vec![], "fingerprint_invalid"),
+        (Some(&a), "/status".into(), json!({"fingerprint": b}).to_string().into_bytes(), "fingerprint_invalid"),
+        (
+            None,
+            "/status".into(),
+            format!(r#"{{"fingerprint":"{a}","fingerprint":"{b}"}}"#).into_bytes(),
+            "invalid_json",
+        ),
+        (
+            None,
+            format!("/status?fingerprint={a}"),
+            json!({"fingerprint": b}).to_string().into_bytes(),
+            "fingerprint_invalid",
+        ),
+    ];
+    for (header, path, body, status) in cases {
+        let h = RequestHead { path: path.clone(), method: "POST".into(), ..head(header.map(str::to_owned)) };
+        let (mut m, first) = Machine::start(ctx("status")?, &h, false, &mut env);
+        assert!(call(&first).is_none(), "{path}: nothing asked before the body");
+        let step = m.on_request_body(&body, &mut env)?;
+        assert!(call(&step).is_none(), "{path} {}: idemd is not asked", String::from_utf8_lossy(&body));
+        assert_eq!(reply_status(&step)?.1, status, "{path} {}", String::from_utf8_lossy(&body));
+    }
+    // One fingerprint named twice alike is one lookup.
+    let h = RequestHead { path: format!("/status?fingerprint={a}"), ..head(Some(a.clone())) };
+    let (_, step) = Machine::start(ctx("status")?, &h, true, &mut env);
+    assert_eq!(call(&step).map(|c| c.path.clone()), Some(format!("/v1/operations/{KEY}?exp=1000")));
+    Ok(())
+}
+
 // ---- helpers ---------------------------------------------------------------
 
 #[test]
