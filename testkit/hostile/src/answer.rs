@@ -82,19 +82,9 @@ fn header_text(v: &Value) -> String {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` of unix seconds (days to civil date: H. Hinnant's algorithm).
+/// `YYYY-MM-DDTHH:MM:SSZ` of unix seconds: the filter's own (`idem_core::utc`), the text it parses.
 pub fn rfc3339(t: i64) -> String {
-    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
+    idem_core::utc::iso_utc(u64::try_from(t).unwrap_or(0))
 }
 
 /// The object with `shape` applied, as JSON text. Echo: the request's top-level fields the answer has no
