@@ -284,6 +284,10 @@ async fn approval_rules_match_their_statements(sql: SqlStore) {
     // An executed approval never lapses.
     assert!(!sql.lapse(&p.key, now + 120_000, &AUDIT).await.expect("lapse"));
     assert!(rules::lapse(model.as_ref(), true, now + 120_000).is_none());
+    // Nor is it the sweep's work: the sweep takes a batch of the oldest due rows, and executed ones
+    // (which stay APPROVED past exp) once filled it, so newer undecided ones never lapsed.
+    let due = sql.approvals_due(now + 120_000, 10_000).await.expect("due");
+    assert!(!due.iter().any(|r| r.key == p.key), "an executed approval is not due to lapse");
 
     // Lapse: past exp, an undecided approval cannot be decided and the sweep lapses it.
     let p = pair(&sql).await;

@@ -153,13 +153,18 @@ impl SqlStore {
         self.approval_rows(&text, &[Bind::Text(state.as_str()), Bind::Int(limit)]).await
     }
 
-    /// Open approvals whose `exp` has passed, oldest first: the lapse sweep's work.
+    /// Open approvals whose `exp` has passed and that never executed, oldest first: the lapse
+    /// sweep's work, with the same condition as [`Self::lapse`]. An approval that ran stays APPROVED
+    /// past its `exp`; counted here, such rows filled every batch of a busy deployment (the oldest
+    /// first), and newer undecided approvals never lapsed.
     pub async fn approvals_due(&self, now_ms: i64, limit: i64) -> Result<Vec<ApprovalRow>, SqlError> {
         let text = render(
             self.backend(),
             &format!(
                 "SELECT {APPROVAL_COLUMNS} FROM idem_approval WHERE state IN ('AWAITING_APPROVAL', 'APPROVED') \
-                 AND fp_exp_ms <= ? ORDER BY created_at LIMIT ?"
+                 AND fp_exp_ms <= ? \
+                 AND NOT EXISTS (SELECT 1 FROM idem_record WHERE idem_record.idem_key = idem_approval.idem_key) \
+                 ORDER BY created_at LIMIT ?"
             ),
         );
         self.approval_rows(&text, &[Bind::Int(now_ms), Bind::Int(limit)]).await
