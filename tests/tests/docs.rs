@@ -231,3 +231,74 @@ fn every_make_target_the_docs_name_exists() -> TestResult {
     }
     Ok(())
 }
+
+/// sidecar/README.md's file map: its first fenced block, one entry per line (`src/store/sql.rs  what it
+/// holds`, continued on indented lines). A directory entry (`src/check/`) covers a file in it when its
+/// description names the file (`clusters` for `clusters.rs`; `mod.rs` is the directory itself).
+fn unmapped(map: &str, files: &[String]) -> Vec<String> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for line in map.lines() {
+        match line.split_whitespace().next() {
+            Some(path) if !line.starts_with(' ') => {
+                entries.push((path.to_string(), line.get(path.len()..).unwrap_or_default().to_string()))
+            }
+            _ => {
+                if let Some(last) = entries.last_mut() {
+                    last.1.push_str(line);
+                }
+            }
+        }
+    }
+    let named = |text: &str, stem: &str| {
+        text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-')).any(|word| word == stem)
+    };
+    files
+        .iter()
+        .filter(|file| {
+            let (dir, name) = file.rsplit_once('/').map_or(("", file.as_str()), |(d, n)| (d, n));
+            let stem = name.trim_end_matches(".rs");
+            !entries.iter().any(|(path, text)| {
+                path == *file || (path.strip_suffix('/') == Some(dir) && (stem == "mod" || named(text, stem)))
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+/// Every source file of idemd is on sidecar/README.md's map, so the map a new engineer reads first
+/// is the territory.
+#[test]
+fn every_idemd_source_file_is_on_the_sidecar_readme_map() -> TestResult {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(&path, root, out)?;
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(root).map_err(std::io::Error::other)?;
+                out.push(rel.to_string_lossy().into_owned());
+            }
+        }
+        Ok(())
+    }
+    let sidecar = repo_root().join("sidecar");
+    let mut files = Vec::new();
+    walk(&sidecar.join("src"), &sidecar, &mut files)?;
+    files.sort();
+    assert!(files.len() > 40, "{files:?}");
+    let readme = read("sidecar/README.md")?;
+    let map = readme.split("```").nth(1).ok_or("sidecar/README.md has no file map")?;
+    let missing = unmapped(map, &files);
+    assert!(missing.is_empty(), "sidecar/README.md's file map does not name {missing:?}");
+    Ok(())
+}
+
+#[test]
+fn the_map_check_sees_a_file_left_off() {
+    let map = "\nsrc/api.rs   handlers\nsrc/check/   (model: what is read;\n             ttl: the rules)\n";
+    let files: Vec<String> =
+        ["src/api.rs", "src/check/mod.rs", "src/check/model.rs", "src/check/ttl.rs", "src/check/ways.rs", "src/lib.rs"]
+            .map(String::from)
+            .to_vec();
+    assert_eq!(unmapped(map, &files), ["src/check/ways.rs", "src/lib.rs"]);
+}
