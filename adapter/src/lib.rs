@@ -8,6 +8,8 @@
 //! `idem-core`, and everything between (route lookup, callout dispatch,
 //! effect ordering) lives here once, so the two builds cannot drift apart.
 
+#![forbid(unsafe_code)]
+
 mod host;
 mod routes;
 pub mod sidecar;

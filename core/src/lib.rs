@@ -1,6 +1,8 @@
 //! Pure decisions of the agent-idempotency filter. No proxy-wasm, no I/O, no
 //! clock: the host glue passes bytes, time and randomness in.
 
+#![forbid(unsafe_code)]
+
 pub mod canonical;
 pub mod client_key;
 pub mod fingerprint;

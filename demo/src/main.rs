@@ -2,6 +2,8 @@
 //! walkthrough and the end-to-end tests. See `api` for the endpoints,
 //! `mcp` for the MCP server and `router` for how they are served together.
 
+#![forbid(unsafe_code)]
+
 mod api;
 mod app;
 mod mcp;

@@ -6,6 +6,8 @@
 //! faults. [`report::check`] explores every reachable state and checks [`props`]; a
 //! [`config::Mutation`] breaks one rule so the check can show it notices.
 
+#![forbid(unsafe_code)]
+
 pub mod checker;
 pub mod config;
 pub mod filter;

@@ -12,6 +12,8 @@
 //! [`istio`]: a WasmPlugin's `pluginConfig` turned into the JSON string the
 //! filter receives, as istiod does it.
 
+#![forbid(unsafe_code)]
+
 pub mod image;
 pub mod istio;
 

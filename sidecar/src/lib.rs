@@ -11,6 +11,7 @@
 //! OpenTelemetry trace export; `ops` is the operator's CLI; `tools` generates agents'
 //! tool definitions from the route annotations; `check` refuses Envoy configurations that leave a path
 //! around them.
+#![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 pub mod api;

@@ -1,6 +1,8 @@
 //! `idemd serve`, `idemd ops`, `idemd tools` and `idemd check` — everything else is in the library, so
 //! tests and the bench drive exactly the code the binary runs.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

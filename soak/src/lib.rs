@@ -9,6 +9,8 @@
 //! operations still open poll to a definite answer, and the checker compares
 //! what the agents were told with the demo's ledger and the SQL truth.
 
+#![forbid(unsafe_code)]
+
 pub mod agents;
 pub mod approver;
 pub mod check;

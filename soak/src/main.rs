@@ -1,6 +1,8 @@
 //! `soak [--seconds N] [--seed N] [--agents N] [--world demo|hostile|mixed]`: one chaos soak run (see the
 //! library's docs); exit 1 on a violation. `make soak SECONDS=600 SEED=7` runs it long, in the mixed world.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use idem_e2e::flag_number;

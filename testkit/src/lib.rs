@@ -6,6 +6,8 @@
 //! fingerprints, an OTLP/HTTP trace receiver, and Envoy configurations read
 //! and edited as data.
 
+#![forbid(unsafe_code)]
+
 pub mod backends;
 pub mod envoy_config;
 pub mod fingerprint;

@@ -5,6 +5,8 @@
 //! `make test` builds the binaries and the `.wasm` first; a missing artifact is
 //! a loud failure here, never a skip.
 
+#![forbid(unsafe_code)]
+
 use serde_json::Value;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

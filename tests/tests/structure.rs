@@ -106,3 +106,44 @@ fn the_check_sees_a_circle() {
     assert_eq!(circles(&g), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
     assert_eq!(refs(&code("use crate::x::Y; // crate::z\n")), ["x".to_string()].into());
 }
+
+/// Only the native module's ABI needs `unsafe` (and the `.wasm` host's `abi.rs`, by its own `allow`
+/// under the crate's `deny`): every other crate root forbids it, so no `unsafe` block can creep in.
+#[test]
+fn every_crate_but_the_native_module_forbids_unsafe_code() -> Result<(), Box<dyn std::error::Error>> {
+    fn roots(dir: &Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if path.is_dir() {
+                if !matches!(name, "target" | "node_modules" | "native" | "fuzz_targets" | ".git" | ".venv") {
+                    roots(&path, out)?;
+                }
+            } else if let Some(parent) = path.parent() {
+                let in_src = parent.ends_with("src");
+                let bin = parent.ends_with("src/bin") || parent.parent().is_some_and(|p| p.ends_with("src/bin"));
+                let root = (in_src && matches!(name, "lib.rs" | "main.rs"))
+                    || (parent.ends_with("src/bin") && name.ends_with(".rs"))
+                    || (bin && !parent.ends_with("src/bin") && name == "main.rs");
+                if root {
+                    out.push(path);
+                }
+            }
+        }
+        Ok(())
+    }
+    let mut found = Vec::new();
+    roots(root(), &mut found)?;
+    assert!(found.len() >= 20, "{found:?}");
+    let mut missing = Vec::new();
+    for path in found {
+        let text = std::fs::read_to_string(&path)?;
+        let wasm_host = path == root().join("src/lib.rs");
+        let attr = if wasm_host { "#![deny(unsafe_code)]" } else { "#![forbid(unsafe_code)]" };
+        if !text.lines().any(|l| l.trim() == attr) {
+            missing.push(path);
+        }
+    }
+    assert!(missing.is_empty(), "crate roots without the unsafe_code lint: {missing:?}");
+    Ok(())
+}

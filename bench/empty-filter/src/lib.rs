@@ -3,6 +3,8 @@
 //! runs it on its own listener (envoy/bench.yaml, `empty`) as the baseline for
 //! "any proxy-wasm filter on every route".
 
+#![forbid(unsafe_code)]
+
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 

@@ -5,6 +5,8 @@
 //! The same functions replay `fuzz/corpus/<target>/` and
 //! `fuzz/regressions/<target>/` in the normal test run (`tests/corpus.rs`).
 
+#![forbid(unsafe_code)]
+
 pub mod json_gen;
 pub mod mcp;
 pub mod response;

@@ -4,6 +4,8 @@
 //! confirm route asks a person first; `IDEM_MODEL_ROUTES=ruled|any`: which routes of its scope a
 //! confirm may take (`config::Routes`).
 
+#![forbid(unsafe_code)]
+
 use idem_model::config::{Config, Routes, UpstreamKeys};
 use idem_model::report::check_telling;
 

@@ -2,6 +2,8 @@
 //! istiod hands the filter for that resource's `pluginConfig` (what the filter
 //! logs as `invalid plugin configuration` when it refuses it).
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

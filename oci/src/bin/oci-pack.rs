@@ -2,6 +2,8 @@
 //! (Istio's compat variant) in `<out-dir>` (an OCI image layout) and
 //! `<out-dir>/agent-idempotency-filter.tar` (for `docker load`). `make oci` runs it.
 
+#![forbid(unsafe_code)]
+
 use idem_oci::image::{Image, Reference, DOCKER_TAR};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,6 +5,8 @@
 //!
 //! `cargo run --release -p idemd --bin idem-bench -- --seconds 3 --concurrency 16`
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

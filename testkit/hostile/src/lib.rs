@@ -13,6 +13,8 @@
 //! stated, and how often each grammar branch was drawn; in process, and over HTTP (`GET /v1/executions` in the
 //! demo's shape, `GET /v1/hostile/ledger` for everything).
 
+#![forbid(unsafe_code)]
+
 pub mod answer;
 pub mod grammar;
 pub mod ledger;

@@ -3,6 +3,8 @@
 //! `hostile --seed N --explain ROLE:DRAW` (ROLE preview, confirm or lookup) prints that draw's plan and exits: how
 //! a soak violation that names its hostile draw is read.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 
 fn flag(args: &[String], name: &str) -> Option<String> {

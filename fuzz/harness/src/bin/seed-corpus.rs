@@ -3,6 +3,8 @@
 //! annotations of `envoy/*.yaml`, and fingerprints minted with the harness's
 //! fixed keyring. Idempotent: `cargo run -p idem-fuzz-harness --bin seed-corpus`.
 
+#![forbid(unsafe_code)]
+
 use idem_core::canonical::{param_hash, parse_json_body, BoundField};
 use idem_core::fingerprint::{mint, subject_hash, Key, Keyring};
 use idem_fuzz_harness::keyring;

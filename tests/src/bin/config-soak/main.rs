@@ -3,6 +3,8 @@
 //! accepts run in a real Envoy with idemd and the demo and probed. Writes target/soak/configs.md; exit 1 when an
 //! accepted configuration let a probe around the guard or ran a confirm twice. `make soak CONFIGS=500` runs it.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use idem_e2e::configs::{run, Config};

@@ -47,6 +47,8 @@
 //! them: the same confirm held whole by Envoy's buffer filter (`buffered`) and answered by
 //! Envoy itself (the catch-all direct_response), so a replay's cost reads as floor + filter.
 
+#![forbid(unsafe_code)]
+
 mod baselines;
 mod cases;
 mod client;
