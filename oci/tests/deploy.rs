@@ -470,7 +470,7 @@ fn check_wasm_fields(w: &Value, what: &str) {
     assert!(url.starts_with("oci://"), "{what}.url pulls the OCI image: {url}");
     enum_value(w.get("imagePullPolicy"), PULL_POLICY, &format!("{what}.imagePullPolicy"));
     enum_value(w.get("failStrategy"), FAIL_STRATEGY, &format!("{what}.failStrategy"));
-    assert_eq!(s(w, "failStrategy"), Some("FAIL_CLOSE"), "{what}: a filter that cannot load must not open the door");
+    assert_eq!(s(w, "failStrategy"), Some("FAIL_RELOAD"), "{what}: never open; a trapped VM is reloaded");
     enum_value(w.get("type"), PLUGIN_TYPE, &format!("{what}.type"));
     assert_eq!(s(w, "pluginName"), Some("agent_idempotency"), "{what}: the filter's root_id");
     if let Some(vm) = w.get("vmConfig") {
@@ -844,7 +844,8 @@ fn istio_like_hcm() -> Result<Value, idem_oci::Error> {
 /// HTTP connection managers, and envoy/istio-like.yaml (what the tests run) carries the same three.
 #[test]
 fn the_inbound_connection_manager_normalises_paths_as_istio_like_yaml_does() -> TestResult {
-    const FIELDS: [&str; 3] = ["normalize_path", "merge_slashes", "path_with_escaped_slashes_action"];
+    const FIELDS: [&str; 4] =
+        ["normalize_path", "merge_slashes", "path_with_escaped_slashes_action", "local_reply_config"];
     let hcm_patch = envoy_filter_patch("NETWORK_FILTER")?;
     assert_eq!(
         s(at(&hcm_patch, &["match", "listener", "filterChain", "filter"])?, "name"),
