@@ -109,6 +109,7 @@ mod calls {
             grpc_status: i32,
         ) -> u32;
         fn proxy_continue_stream(stream_type: u32) -> u32;
+        fn proxy_close_stream(stream_type: u32) -> u32;
         fn proxy_define_metric(metric_type: u32, name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32;
         fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
         fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
@@ -235,6 +236,12 @@ mod calls {
     pub fn resume(stream: u32) -> Result<(), Status> {
         // SAFETY: no pointers.
         check(unsafe { proxy_continue_stream(stream) })
+    }
+
+    /// Reset the stream (`STREAM_RESPONSE`: its answer half, where a local reply is no longer ours).
+    pub fn close(stream: u32) -> Result<(), Status> {
+        // SAFETY: no pointers.
+        check(unsafe { proxy_close_stream(stream) })
     }
 
     pub const STREAM_REQUEST: u32 = 0;

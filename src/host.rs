@@ -131,6 +131,10 @@ mod wasm {
             warn_on_err("send local reply", abi::send_local_response(status, &headers, body));
         }
 
+        fn reset(&mut self) {
+            warn_on_err("reset stream", abi::close(abi::STREAM_RESPONSE));
+        }
+
         fn resume_request(&mut self) {
             warn_on_err("resume request", abi::resume(abi::STREAM_REQUEST));
         }

@@ -11,7 +11,7 @@ mod wasm {
     use crate::context::WasmStream;
     use crate::host::{now_ms, wasm_plugin_configuration, WasmHost};
     use crate::metrics::Metrics;
-    use idem_adapter::{sidecar, Host, Level, Shared, Stream};
+    use idem_adapter::{sidecar, Host, Level, Refusal, Shared, Stream};
     use idem_core::leases::{self, LeaseBook, TICK_MS};
     use idem_core::machine::Counter;
     use idem_core::policy;
@@ -27,7 +27,15 @@ mod wasm {
         metrics: Option<Rc<Metrics>>,
         /// The leases this VM's streams hold while their requests are upstream.
         leases: Rc<RefCell<LeaseBook>>,
+        /// The words of the refusal every stream gets when this VM keeps no stream configuration.
+        refusal: Option<Refusal>,
     }
+
+    /// Fault injection for the tests (`tests/tests/hostile_bytes.rs`), set in the VM's environment
+    /// (`vm_config.environment_variables`): the VM keeps no stream configuration after a
+    /// configuration that parsed, as when its lease tick cannot be set, so every stream meets a
+    /// VM without a usable filter.
+    const FAULT_NO_STREAM_CONFIG: &str = "IDEM_FAULT_NO_STREAM_CONFIG";
 
     impl Root {
         fn host(&self) -> Option<WasmHost> {
@@ -68,13 +76,22 @@ mod wasm {
                         if config.sidecar_token.is_some() { "token" } else { "none" }
                     );
                     self.metrics = Some(Rc::new(Metrics::define()));
-                    self.shared = Some(Rc::new(Shared::new(config)));
                     let tick = u32::try_from(TICK_MS).unwrap_or(u32::MAX);
-                    if let Err(status) = crate::abi::set_tick_period_ms(tick) {
-                        // Without ticks no lease is renewed: refuse, as for any broken configuration.
-                        log::error!("cannot set the lease tick: {status:?}");
-                        return false;
+                    let tick = crate::abi::set_tick_period_ms(tick);
+                    if let Err(status) = tick {
+                        // Without ticks no lease is renewed: this VM refuses every stream. Not
+                        // `false`: a worker's VM that fails its configuration is one Envoy may
+                        // leave out of the chain (the stream then passes unguarded).
+                        log::error!("cannot set the lease tick: {status:?}; every stream of this VM is refused");
+                        self.refusal = Some(Refusal::of(&config));
+                        return true;
                     }
+                    if std::env::var(FAULT_NO_STREAM_CONFIG).is_ok() {
+                        log::error!("{FAULT_NO_STREAM_CONFIG} is set: every stream of this VM is refused");
+                        self.refusal = Some(Refusal::of(&config));
+                        return true;
+                    }
+                    self.shared = Some(Rc::new(Shared::new(config)));
                     true
                 }
                 Err(e) => {
@@ -85,9 +102,14 @@ mod wasm {
             }
         }
 
+        /// Never `None` (the SDK panics on it, killing the VM): a stream this VM has no usable
+        /// configuration for is refused (DESIGN §6: every host fails closed).
         fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-            let shared = self.shared.clone()?;
-            Some(Box::new(WasmStream(Stream::new(shared, self.host()?))))
+            let stream = match (self.shared.clone(), self.host()) {
+                (Some(shared), Some(host)) => WasmStream::Live(Stream::new(shared, host)),
+                _ => WasmStream::Refused(self.refusal.unwrap_or_else(Refusal::unconfigured)),
+            };
+            Some(Box::new(stream))
         }
 
         /// Renew every lease a third of its length old, in one callout.

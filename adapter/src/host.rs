@@ -47,6 +47,9 @@ pub trait Host: Env {
     fn response_body(&self, size: usize) -> Vec<u8>;
     fn replace_response_body(&mut self, old_size: usize, body: &[u8]);
     fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]);
+    /// Reset the stream: the refusal of a stream whose answer already reached the filter, where a
+    /// reply of ours is no longer possible (DESIGN §6: every host fails closed).
+    fn reset(&mut self);
     fn resume_request(&mut self);
     fn resume_response(&mut self);
     /// An HTTP callout; its token, or `None` if it could not even be dispatched.

@@ -19,4 +19,4 @@ mod tests;
 
 pub use host::{Host, Level, ROUTE_ANNOTATION_PATH};
 pub use routes::{RouteCache, RouteLookup};
-pub use stream::{Action, Shared, Stream};
+pub use stream::{trace_id, Action, Refusal, Shared, Stream};

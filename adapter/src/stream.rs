@@ -13,9 +13,11 @@ use crate::routes::{RouteCache, RouteLookup};
 use crate::sidecar;
 use idem_core::machine::{
     self, CalloutAnswer, Counter, Ctx, Effect, Flow, HeadNeeds, Machine, Outcome, RequestHead, ResponseHead, Step,
+    Unexpected,
 };
-use idem_core::policy::{PluginConfig, Role, SubjectSource};
+use idem_core::policy::{Language, PluginConfig, Role, RouteDefaults, SubjectSource};
 use idem_core::protocol::LeaseRenewal;
+use idem_core::reply::{self, Reply, ReplyContext, ReplyKind};
 use idem_core::trace::Trace;
 use std::rc::Rc;
 
@@ -30,6 +32,41 @@ impl Shared {
     pub fn new(config: PluginConfig) -> Shared {
         Shared { config: Rc::new(config), routes: RouteCache::default() }
     }
+}
+
+/// What a host keeps of its configuration to refuse a stream it has no usable filter for (DESIGN
+/// §6: every host fails closed): the words of the refusal. Plain data, so a native module's
+/// worker can read it from the configuration the main thread parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    language: Language,
+    retry_after_ms: u64,
+}
+
+impl Refusal {
+    pub fn of(config: &PluginConfig) -> Refusal {
+        Refusal { language: config.language, retry_after_ms: config.defaults.retry_after_ms }
+    }
+
+    /// Where no configuration was ever parsed: English, the default retry.
+    pub fn unconfigured() -> Refusal {
+        Refusal { language: Language::En, retry_after_ms: RouteDefaults::default().retry_after_ms }
+    }
+
+    /// 503 `status_unavailable`: retryable, and it never claims that nothing ran (the words of
+    /// `machine::misconfigured`, which a stream with a configuration sends).
+    pub fn reply(self, trace_id: &str) -> Reply {
+        let ctx = ReplyContext { trace_id, retry_after_ms: self.retry_after_ms, ..Default::default() };
+        reply::render(ReplyKind::StatusUnavailable, self.language, &ctx)
+    }
+}
+
+/// A request's trace id, from its headers as `header` reads them (`x-request-id`, `traceparent`):
+/// not the guard's headers, so a value that is not text counts as absent.
+pub fn trace_id(header: impl Fn(&str) -> Option<Vec<u8>>) -> String {
+    let text = |name: &str| header(name).and_then(|v| String::from_utf8(v).ok());
+    let (rid, tp) = (text("x-request-id"), text("traceparent"));
+    Trace::of(rid.as_deref(), tp.as_deref(), None).id
 }
 
 /// What the proxy should do with the stream after a callback.
@@ -54,6 +91,8 @@ pub struct Stream<H: Host> {
     response_size: usize,
     /// The lease the host keeps alive for this stream (what the machine's `live_lease` said last).
     lease: Option<LeaseRenewal>,
+    /// The answer reached this filter: a refusal can no longer be a reply of ours.
+    responding: bool,
 }
 
 impl<H: Host> Stream<H> {
@@ -68,6 +107,7 @@ impl<H: Host> Stream<H> {
             request_size: 0,
             response_size: 0,
             lease: None,
+            responding: false,
         }
     }
 
@@ -159,6 +199,7 @@ impl<H: Host> Stream<H> {
     }
 
     pub fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
+        self.responding = true;
         if matches!(self.machine, Machine::Pass) {
             return Action::Continue;
         }
@@ -194,10 +235,7 @@ impl<H: Host> Stream<H> {
     }
 
     fn read_trace_id(&self) -> String {
-        // Not the guard's headers: used when text, else as if absent.
-        let text = |name: &str| self.host.request_header(name).and_then(|v| String::from_utf8(v).ok());
-        let (rid, tp) = (text("x-request-id"), text("traceparent"));
-        Trace::of(rid.as_deref(), tp.as_deref(), None).id
+        trace_id(|name| self.host.request_header(name))
     }
 
     /// The request facts the route's role needs, from one read of the header map: every value
@@ -235,12 +273,32 @@ impl<H: Host> Stream<H> {
     fn apply_outcome(&mut self, outcome: Outcome) -> Action {
         match outcome {
             Ok(step) => self.apply(step),
-            Err(e) => {
-                // The machine refused an event it cannot take; its state is unchanged.
-                self.host.log(Level::Warn, &format!("agent_idempotency: {e} (trace_id={})", self.trace.logged()));
-                Action::Continue
-            }
+            Err(e) => self.refuse(&e),
         }
+    }
+
+    /// The machine refused an event it cannot take: the host and the machine disagree about where
+    /// the stream is, and continuing would release whatever the machine holds (a request not yet
+    /// judged, an answer not yet recorded). Fail closed (DESIGN §6): the stream is refused, and
+    /// nothing more is decided on it: before the answer reached this filter with the §7 reply of a
+    /// stream no filter can judge, after it with a reset (a reply is no longer ours to send; the
+    /// client sees no answer, never "nothing ran").
+    fn refuse(&mut self, e: &Unexpected) -> Action {
+        self.host.log(
+            Level::Error,
+            &format!("agent_idempotency: {e}; the stream is refused (trace_id={})", self.trace.logged()),
+        );
+        // A refusal sent from here passes this filter's answer hooks as any reply of ours does.
+        self.machine = Machine::Pass;
+        self.pending = None;
+        self.sync_lease();
+        if self.responding {
+            self.host.reset();
+        } else {
+            let reply = machine::misconfigured(&self.shared.config, &self.trace.id);
+            self.host.send_reply(reply.http_status, &reply.headers, &reply.body);
+        }
+        Action::Pause
     }
 
     /// Carry out a step's effects in order and translate its flow.
@@ -334,8 +392,8 @@ impl<H: Host> Stream<H> {
         let next = match self.machine.on_callout(&CalloutAnswer::failed(), &mut self.host) {
             Ok(step) => step,
             Err(e) => {
-                self.host.log(Level::Warn, &format!("agent_idempotency: {e}"));
-                return Flow::Continue;
+                self.refuse(&e);
+                return Flow::Pause;
             }
         };
         let mut flow = Flow::Pause;

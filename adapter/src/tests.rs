@@ -32,6 +32,7 @@ struct Fake {
     refuse_dispatch: bool,
     answer: CalloutAnswer,
     replies: Vec<(u16, Vec<(String, String)>, Vec<u8>)>,
+    resets: usize,
     resumed_request: usize,
     resumed_response: usize,
     counters: Vec<Counter>,
@@ -124,6 +125,9 @@ impl Host for Fake {
     }
     fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
         self.replies.push((status, headers.to_vec(), body.to_vec()));
+    }
+    fn reset(&mut self) {
+        self.resets += 1;
     }
     fn resume_request(&mut self) {
         self.resumed_request += 1;
@@ -441,6 +445,31 @@ fn a_callout_that_cannot_be_dispatched_is_answered_at_once() -> TestResult {
     Ok(())
 }
 
+/// An event the machine cannot take where it stands (Envoy's own reply, e.g. a request timeout,
+/// passing this filter while the acquire is still out) refuses the stream: continuing would let
+/// the request go on unjudged (DESIGN §6: fail closed). Once the answer reached the filter, the
+/// refusal is a reset: a reply is no longer ours to send.
+#[test]
+fn an_event_the_machine_cannot_take_refuses_the_stream() -> TestResult {
+    let shared = shared()?;
+    let fp = preview(&shared)?;
+    let mut s = confirm(&shared, &fp, 200);
+    let size = s.host().request_body.len();
+    assert_eq!(s.on_request_body(size, true), Action::Pause);
+    assert_eq!(s.host().calls.len(), 1, "the acquire is out");
+    // An answer while the acquire is out: the machine has forwarded nothing.
+    respond(&mut s, 504, b"upstream request timeout");
+    assert_eq!(s.on_response_headers(false), Action::Pause);
+    assert_eq!((s.host().replies.len(), s.host().resets), (0, 1), "the answer began: a reset");
+    assert_eq!(s.host().resumed_request, 0);
+    // The acquire's late answer finds nothing pending: nothing is forwarded.
+    answer(&mut s, 200, json!({"outcome": "ACQUIRED", "owner": "22222222222222222222222222222222"}));
+    assert_eq!(s.host().resumed_request, 0);
+    assert_eq!(Fake::header(&s.host().request_headers, "idempotency-key"), None);
+
+    Ok(())
+}
+
 #[test]
 fn a_failed_callout_answer_is_not_a_claim_that_nothing_ran() -> TestResult {
     let shared = shared()?;
@@ -609,5 +638,19 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
     let size = s.host().request_body.len();
     assert_eq!(s.on_request_body(size, true), Action::Continue);
     assert!(s.host().replies.is_empty(), "no fingerprint asked for: the body goes on with its headers");
+    Ok(())
+}
+
+/// A host without a usable filter says what a stream with one says of a broken route: one rule.
+#[test]
+fn a_refusal_without_a_filter_is_the_misconfigured_reply() -> TestResult {
+    let shared = shared()?;
+    let with = idem_core::machine::misconfigured(&shared.config, "trace-9");
+    let without = crate::Refusal::of(&shared.config).reply("trace-9");
+    assert_eq!((with.http_status, &with.headers, &with.body), (without.http_status, &without.headers, &without.body));
+    let unconfigured = crate::Refusal::unconfigured().reply("trace-9");
+    assert_eq!(unconfigured.http_status, 503);
+    let body: Value = serde_json::from_slice(&unconfigured.body)?;
+    assert_eq!((body["status"].as_str(), body["trace_id"].as_str()), (Some("status_unavailable"), Some("trace-9")));
     Ok(())
 }

@@ -15,7 +15,7 @@
 use crate::abi;
 use crate::main_thread::MainThread;
 use idem_adapter::sidecar::Sidecar;
-use idem_adapter::{RouteLookup, Shared};
+use idem_adapter::{Refusal, RouteLookup, Shared};
 use idem_core::machine::Counter;
 use idem_core::policy::{self, RouteDefaults, SubjectSource};
 use serde_json::Value;
@@ -34,7 +34,15 @@ pub struct FilterConfig {
     counters: Vec<(Counter, usize)>,
     /// Lease renewals and reports, sent from Envoy's main thread.
     pub main: MainThread,
+    /// The words of the refusal a stream gets when its worker has no usable filter.
+    pub refusal: Refusal,
 }
+
+// Made on the main thread, read by every worker.
+const _: fn() = || {
+    fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<Refusal>();
+};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -48,6 +56,12 @@ thread_local! {
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
+
+/// Fault injection for the tests (`tests/tests/native.rs`): set in Envoy's environment, a worker
+/// rebuilds its configuration with every other variable unset, as if the environment had changed
+/// since Envoy loaded it; a configuration with a `secret_env` then fails there for real, and every
+/// stream of that worker has no usable filter.
+pub const FAULT_WORKER_ENV: &str = "IDEM_FAULT_WORKER_ENV_GONE";
 
 impl FilterConfig {
     /// Parse and check the plugin configuration; `define` registers one counter and returns its id.
@@ -70,7 +84,8 @@ impl FilterConfig {
         }
         let counters = Counter::ALL.iter().filter_map(|c| define(c.name()).map(|id| (*c, id))).collect();
         let main = MainThread::start(envoy, Sidecar::of(&parsed))?;
-        Ok(FilterConfig { raw, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), counters, main })
+        let refusal = Refusal::of(&parsed);
+        Ok(FilterConfig { raw, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), counters, main, refusal })
     }
 
     pub fn counter(&self, counter: Counter) -> Option<usize> {
@@ -85,7 +100,8 @@ impl FilterConfig {
                 return Some(Rc::clone(shared));
             }
             // Checked when Envoy loaded it; only an environment changed since then can fail here.
-            let parsed = match policy::parse_plugin_config(&self.raw, &env) {
+            let gone = |name: &str| if env(FAULT_WORKER_ENV).is_some() { None } else { env(name) };
+            let parsed = match policy::parse_plugin_config(&self.raw, &gone) {
                 Ok(p) => p,
                 Err(e) => {
                     crate::log::log(abi::LogLevel::ERROR, &format!("agent_idempotency: plugin configuration: {e}"));

@@ -8,7 +8,7 @@
 
 use crate::abi::{
     self, envoy_buffer, envoy_http_header, AbiVersionModulePtr, FilterConfigEnvoyPtr, FilterConfigModulePtr,
-    FilterEnvoyPtr, FilterModulePtr, HttpCalloutResult, HttpStreamResetReason, LocalReplyStatus,
+    FilterEnvoyPtr, FilterModulePtr, HeaderType, HttpCalloutResult, HttpStreamResetReason, LocalReplyStatus,
     PerRouteConfigModulePtr, RequestBodyStatus, RequestHeadersStatus, RequestTrailersStatus, ResponseBodyStatus,
     ResponseHeadersStatus, ResponseTrailersStatus,
 };
@@ -16,25 +16,28 @@ use crate::config::{annotation_pairs, FilterConfig, RouteConfig};
 use crate::envoy_stream::{Direction, EnvoyStream};
 use crate::host::NativeHost;
 use crate::log::log;
-use idem_adapter::{Action, Stream};
-use idem_core::machine::{self, CalloutAnswer};
+use idem_adapter::{trace_id, Action, Refusal, Stream};
+use idem_core::machine::CalloutAnswer;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// One stream's filter.
 struct Filter {
-    stream: Stream<NativeHost>,
-    /// A hook panicked: the stream was answered (or reset) and nothing more is done with it.
-    failed: bool,
-    /// The upstream's answer reached this filter: a panic from here on resets the stream.
+    /// The adapter's stream; `None` when this stream has no usable filter (the worker could not
+    /// rebuild its configuration, or making the stream panicked): every hook then refuses it.
+    stream: Option<Stream<NativeHost>>,
+    /// The configuration the stream was made from (for the refusal's words).
+    config: *const FilterConfig,
+    /// The stream was refused (answered or reset): nothing more is done with it.
+    refused: bool,
+    /// The answer reached this filter: a refusal from here on is a reset.
     responding: bool,
 }
 
-/// Run `f`; a panic is logged and becomes `fallback()`.
-fn guard<T>(what: &str, f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
-    caught(f).unwrap_or_else(|| {
-        log(abi::LogLevel::ERROR, &format!("agent_idempotency: internal error in {what}; the stream is refused"));
-        fallback()
-    })
+/// Which half of the stream a hook belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Half {
+    Request,
+    Response,
 }
 
 /// `f`'s value, or `None` if it panicked: the panic stops here, never unwinding into Envoy.
@@ -42,33 +45,93 @@ pub fn caught<T>(f: impl FnOnce() -> T) -> Option<T> {
     catch_unwind(AssertUnwindSafe(f)).ok()
 }
 
-/// The filter behind Envoy's handle, unless an earlier hook failed.
-///
-/// # Safety
-/// `ptr` must be a pointer `on_http_filter_new` returned and `on_http_filter_destroy` has not freed.
-unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<&'a mut Filter> {
-    // SAFETY: see above; Envoy calls one stream's hooks on one thread, never concurrently.
-    let f = unsafe { ptr.cast_mut().cast::<Filter>().as_mut() }?;
-    (!f.failed).then_some(f)
+/// Run `f`; a panic is logged and becomes `fallback()` (the configuration's hooks).
+fn guard<T>(what: &str, f: impl FnOnce() -> T, fallback: impl FnOnce() -> T) -> T {
+    caught(f).unwrap_or_else(|| {
+        log(abi::LogLevel::ERROR, &format!("agent_idempotency: internal error in {what}"));
+        fallback()
+    })
 }
 
-/// A hook of `filter` panicked. Before the upstream's answer began, refuse the stream the way a
-/// broken annotation is refused (503 `status_unavailable`: retryable, and it does not claim
-/// nothing ran); once it began, a local reply is no longer possible, so reset the stream, as
-/// Envoy's own Rust SDK does (the client sees a reset: not an answer, never "nothing ran").
-fn refuse(ptr: FilterModulePtr) {
-    // SAFETY: as in `filter`; the panic left the filter's memory intact (it unwound, nothing freed it).
-    let Some(f) = (unsafe { ptr.cast_mut().cast::<Filter>().as_mut() }) else { return };
-    f.failed = true;
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if f.responding {
-            f.stream.host().reset("agent_idempotency_internal_error");
-            return;
+/// Every hook of one stream: find its filter, hand the event to its stream, and refuse the stream
+/// when there is no usable filter or the stream panicked (DESIGN §6: every host fails closed).
+/// `hold` is the hook's status that keeps the stream where it is, `go` the one that lets it on.
+/// Once refused, the request's hooks hold (nothing more reaches the upstream) and the answer's
+/// let it on (that answer is the refusal itself).
+fn on_stream<T>(
+    what: &str,
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    half: Half,
+    (hold, go): (T, T),
+    f: impl FnOnce(&mut Stream<NativeHost>) -> T,
+) -> T {
+    // SAFETY: `module` is a pointer `on_http_filter_new` returned and `on_http_filter_destroy` has
+    // not freed; Envoy calls one stream's hooks on one thread, never concurrently.
+    let Some(filter) = (unsafe { module.cast_mut().cast::<Filter>().as_mut() }) else {
+        // `on_http_filter_new` never returns null; should Envoy hand one anyway, the request is
+        // refused and the answer (that refusal) goes on.
+        if half == Half::Request {
+            refuse_with_reply(envoy, Refusal::unconfigured(), what);
+            return hold;
         }
-        let reply = machine::misconfigured(&f.stream.shared().config, "");
-        idem_adapter::Host::send_reply(f.stream.host_mut(), reply.http_status, &reply.headers, &reply.body);
-    }));
+        return go;
+    };
+    if filter.refused {
+        return if half == Half::Request { hold } else { go };
+    }
+    if half == Half::Response {
+        filter.responding = true;
+    }
+    let Some(stream) = filter.stream.as_mut() else {
+        refuse(filter, envoy, what);
+        return hold;
+    };
+    match caught(|| f(stream)) {
+        Some(v) => v,
+        None => {
+            log(abi::LogLevel::ERROR, &format!("agent_idempotency: internal error in {what}"));
+            refuse(filter, envoy, what);
+            hold
+        }
+    }
 }
+
+/// Refuse a stream with no usable filter. Before the upstream's answer began: the reply of a
+/// stream no filter can judge (503 `status_unavailable`: retryable, and it does not claim nothing
+/// ran). Once it began, a local reply is no longer possible: reset the stream, as Envoy's own
+/// Rust SDK does (the client sees a reset: not an answer, never "nothing ran").
+fn refuse(filter: &mut Filter, envoy: FilterEnvoyPtr, what: &str) {
+    filter.refused = true;
+    // SAFETY: alive for as long as any stream of it (`on_http_filter_new`).
+    let config = unsafe { filter.config.as_ref() };
+    if filter.responding {
+        log(abi::LogLevel::ERROR, &format!("agent_idempotency: no usable filter at {what}; the stream is reset"));
+        // SAFETY: the pointer Envoy handed to this hook of this live stream, used within it.
+        let _ = caught(|| unsafe { EnvoyStream::new(envoy) }.reset("agent_idempotency_refused"));
+        return;
+    }
+    refuse_with_reply(envoy, config.map_or_else(Refusal::unconfigured, |c| c.refusal), what);
+}
+
+/// Answer the stream with the refusal, in the configuration's words where there is one.
+fn refuse_with_reply(envoy: FilterEnvoyPtr, refusal: Refusal, what: &str) {
+    log(abi::LogLevel::ERROR, &format!("agent_idempotency: no usable filter at {what}; the stream is refused"));
+    let _ = caught(|| {
+        // SAFETY: the pointer Envoy handed to this hook of this live stream, used within it.
+        let envoy = unsafe { EnvoyStream::new(envoy) };
+        let trace = trace_id(|name| envoy.header(HeaderType::REQUEST_HEADER, name));
+        let reply = refusal.reply(&trace);
+        envoy.send_response(reply.http_status, &reply.headers, &reply.body, "agent_idempotency_refused");
+    });
+}
+
+/// The (hold, go) statuses of the headers and trailers hooks (request and response share Envoy's
+/// status values: `abi.rs` aliases them).
+const HEADERS: (RequestHeadersStatus, RequestHeadersStatus) =
+    (RequestHeadersStatus::STOP_ITERATION, RequestHeadersStatus::CONTINUE);
+const TRAILERS: (RequestTrailersStatus, RequestTrailersStatus) =
+    (RequestTrailersStatus::STOP_ITERATION, RequestTrailersStatus::CONTINUE);
 
 /// Request and response share Envoy's status values (`abi.rs` aliases them).
 fn headers_status(a: Action) -> RequestHeadersStatus {
@@ -94,31 +157,30 @@ fn body_status(a: Action) -> RequestBodyStatus {
 }
 
 /// A chunk of either body, handed to the adapter with the size of all of it so far.
-fn body_hook(module: FilterModulePtr, end_of_stream: bool, d: Direction) -> RequestBodyStatus {
-    guard(
-        match d {
-            Direction::Request => "the request body",
-            Direction::Response => "the response body",
-        },
-        // SAFETY: this stream's filter.
-        || match unsafe { filter(module) } {
+fn body_hook(envoy: FilterEnvoyPtr, module: FilterModulePtr, end_of_stream: bool, d: Direction) -> RequestBodyStatus {
+    let (what, half) = match d {
+        Direction::Request => ("the request body", Half::Request),
+        Direction::Response => ("the response body", Half::Response),
+    };
+    on_stream(
+        what,
+        envoy,
+        module,
+        half,
+        (RequestBodyStatus::STOP_ITERATION_NO_BUFFER, RequestBodyStatus::CONTINUE),
+        |stream| {
             // Nothing to do: skip reading the body's size (three calls into Envoy per chunk).
-            Some(f) if f.stream.passes() => RequestBodyStatus::CONTINUE,
-            Some(f) => {
-                f.stream.host_mut().in_body_hook = true;
-                let size = f.stream.host().body_size(d);
-                let action = match d {
-                    Direction::Request => f.stream.on_request_body(size, end_of_stream),
-                    Direction::Response => f.stream.on_response_body(size, end_of_stream),
-                };
-                f.stream.host_mut().in_body_hook = false;
-                body_status(action)
+            if stream.passes() {
+                return RequestBodyStatus::CONTINUE;
             }
-            None => RequestBodyStatus::CONTINUE,
-        },
-        || {
-            refuse(module);
-            RequestBodyStatus::STOP_ITERATION_NO_BUFFER
+            stream.host_mut().in_body_hook = true;
+            let size = stream.host().body_size(d);
+            let action = match d {
+                Direction::Request => stream.on_request_body(size, end_of_stream),
+                Direction::Response => stream.on_response_body(size, end_of_stream),
+            };
+            stream.host_mut().in_body_hook = false;
+            body_status(action)
         },
     )
 }
@@ -226,6 +288,9 @@ const _: abi::OnHttpFilterPerRouteConfigDestroy = envoy_dynamic_module_on_http_f
 
 // ------------------------------------------------------------------ one stream
 
+/// Never null: a stream this worker cannot make a filter for (its configuration cannot be
+/// rebuilt, or making the stream panicked) gets a filter without a stream, which refuses it.
+///
 /// # Safety
 /// `config` is a pointer `on_http_filter_config_new` returned.
 #[no_mangle]
@@ -233,23 +298,18 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config: FilterConfigModulePtr,
     envoy: FilterEnvoyPtr,
 ) -> FilterModulePtr {
-    guard(
-        "a new stream",
-        || {
-            let config = config.cast::<FilterConfig>();
-            // SAFETY: alive for as long as any stream of it.
-            let Some(shared) = (unsafe { config.as_ref() }).and_then(FilterConfig::shared) else {
-                return std::ptr::null();
-            };
-            // SAFETY: Envoy's pointer for this new stream; the handle lives in the filter Envoy
-            // destroys with the stream, and is used only inside that stream's hooks.
-            let envoy = unsafe { EnvoyStream::new(envoy) };
-            // SAFETY: `config` made this stream and outlives it.
-            let stream = Stream::new(shared, unsafe { NativeHost::new(envoy, config) });
-            Box::into_raw(Box::new(Filter { stream, failed: false, responding: false })).cast_const().cast()
-        },
-        std::ptr::null,
-    )
+    let config = config.cast::<FilterConfig>();
+    let stream = caught(|| {
+        // SAFETY: alive for as long as any stream of it.
+        let shared = (unsafe { config.as_ref() }).and_then(FilterConfig::shared)?;
+        // SAFETY: Envoy's pointer for this new stream; the handle lives in the filter Envoy
+        // destroys with the stream, and is used only inside that stream's hooks.
+        let envoy = unsafe { EnvoyStream::new(envoy) };
+        // SAFETY: `config` made this stream and outlives it.
+        Some(Stream::new(shared, unsafe { NativeHost::new(envoy, config) }))
+    })
+    .flatten();
+    Box::into_raw(Box::new(Filter { stream, config, refused: false, responding: false })).cast_const().cast()
 }
 const _: abi::OnHttpFilterNew = envoy_dynamic_module_on_http_filter_new;
 
@@ -268,22 +328,13 @@ const _: abi::OnHttpFilterDestroy = envoy_dynamic_module_on_http_filter_destroy;
 /// `module` is this stream's filter.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
-    _envoy: FilterEnvoyPtr,
+    envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
     end_of_stream: bool,
 ) -> RequestHeadersStatus {
-    guard(
-        "request headers",
-        // SAFETY: this stream's filter.
-        || match unsafe { filter(module) } {
-            Some(f) => headers_status(f.stream.on_request_headers(end_of_stream)),
-            None => RequestHeadersStatus::CONTINUE,
-        },
-        || {
-            refuse(module);
-            RequestHeadersStatus::STOP_ITERATION
-        },
-    )
+    on_stream("request headers", envoy, module, Half::Request, HEADERS, |s| {
+        headers_status(s.on_request_headers(end_of_stream))
+    })
 }
 const _: abi::OnHttpFilterRequestHeaders = envoy_dynamic_module_on_http_filter_request_headers;
 
@@ -291,11 +342,11 @@ const _: abi::OnHttpFilterRequestHeaders = envoy_dynamic_module_on_http_filter_r
 /// `module` is this stream's filter.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
-    _envoy: FilterEnvoyPtr,
+    envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
     end_of_stream: bool,
 ) -> RequestBodyStatus {
-    body_hook(module, end_of_stream, Direction::Request)
+    body_hook(envoy, module, end_of_stream, Direction::Request)
 }
 const _: abi::OnHttpFilterRequestBody = envoy_dynamic_module_on_http_filter_request_body;
 
@@ -303,23 +354,12 @@ const _: abi::OnHttpFilterRequestBody = envoy_dynamic_module_on_http_filter_requ
 /// Called by Envoy.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
-    _envoy: FilterEnvoyPtr,
+    envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
 ) -> RequestTrailersStatus {
     // The request's end of stream when it has trailers: continuing here would release a held
     // request the machine has not judged (DESIGN §6).
-    guard(
-        "request trailers",
-        // SAFETY: this stream's filter.
-        || match unsafe { filter(module) } {
-            Some(f) => trailers_status(f.stream.on_request_trailers()),
-            None => RequestTrailersStatus::CONTINUE,
-        },
-        || {
-            refuse(module);
-            RequestTrailersStatus::STOP_ITERATION
-        },
-    )
+    on_stream("request trailers", envoy, module, Half::Request, TRAILERS, |s| trailers_status(s.on_request_trailers()))
 }
 const _: abi::OnHttpFilterRequestTrailers = envoy_dynamic_module_on_http_filter_request_trailers;
 
@@ -327,25 +367,13 @@ const _: abi::OnHttpFilterRequestTrailers = envoy_dynamic_module_on_http_filter_
 /// `module` is this stream's filter.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
-    _envoy: FilterEnvoyPtr,
+    envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
     end_of_stream: bool,
 ) -> ResponseHeadersStatus {
-    guard(
-        "response headers",
-        // SAFETY: this stream's filter.
-        || match unsafe { filter(module) } {
-            Some(f) => {
-                f.responding = true;
-                headers_status(f.stream.on_response_headers(end_of_stream))
-            }
-            None => ResponseHeadersStatus::CONTINUE,
-        },
-        || {
-            refuse(module);
-            ResponseHeadersStatus::STOP_ITERATION
-        },
-    )
+    on_stream("response headers", envoy, module, Half::Response, HEADERS, |s| {
+        headers_status(s.on_response_headers(end_of_stream))
+    })
 }
 const _: abi::OnHttpFilterResponseHeaders = envoy_dynamic_module_on_http_filter_response_headers;
 
@@ -353,11 +381,11 @@ const _: abi::OnHttpFilterResponseHeaders = envoy_dynamic_module_on_http_filter_
 /// `module` is this stream's filter.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-    _envoy: FilterEnvoyPtr,
+    envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
     end_of_stream: bool,
 ) -> ResponseBodyStatus {
-    body_hook(module, end_of_stream, Direction::Response)
+    body_hook(envoy, module, end_of_stream, Direction::Response)
 }
 const _: abi::OnHttpFilterResponseBody = envoy_dynamic_module_on_http_filter_response_body;
 
@@ -365,21 +393,12 @@ const _: abi::OnHttpFilterResponseBody = envoy_dynamic_module_on_http_filter_res
 /// Called by Envoy.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
-    _envoy: FilterEnvoyPtr,
+    envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
 ) -> ResponseTrailersStatus {
-    guard(
-        "response trailers",
-        // SAFETY: this stream's filter.
-        || match unsafe { filter(module) } {
-            Some(f) => trailers_status(f.stream.on_response_trailers()),
-            None => ResponseTrailersStatus::CONTINUE,
-        },
-        || {
-            refuse(module);
-            ResponseTrailersStatus::STOP_ITERATION
-        },
-    )
+    on_stream("response trailers", envoy, module, Half::Response, TRAILERS, |s| {
+        trailers_status(s.on_response_trailers())
+    })
 }
 const _: abi::OnHttpFilterResponseTrailers = envoy_dynamic_module_on_http_filter_response_trailers;
 
@@ -408,25 +427,20 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
     chunks: *const envoy_buffer,
     chunks_len: usize,
 ) {
-    guard(
-        "a callout answer",
-        || {
-            // SAFETY: this stream's filter.
-            let Some(f) = (unsafe { filter(module) }) else { return };
-            // SAFETY: Envoy's arrays of the given lengths, valid for this call.
-            let answer = unsafe { callout_answer(result, headers, headers_len, chunks, chunks_len) };
-            let answered = usize::from(answer.status.is_some());
-            f.stream.host_mut().answer = Some(answer);
-            f.stream.on_callout_answer(callout_id, answered, 0);
-            f.stream.host_mut().answer = None;
-            // Last, and with `f` no longer used: Envoy re-enters this filter's hooks from inside the resume.
-            if let Some(direction) = f.stream.host_mut().take_resume() {
-                // SAFETY: the pointer Envoy handed to this hook of this live stream, used within it.
-                unsafe { EnvoyStream::new(envoy) }.resume(direction);
-            }
-        },
-        || refuse(module),
-    )
+    // Either half's callout: a refusal is a reply or a reset by whether the answer began.
+    on_stream("a callout answer", envoy, module, Half::Request, ((), ()), |s| {
+        // SAFETY: Envoy's arrays of the given lengths, valid for this call.
+        let answer = unsafe { callout_answer(result, headers, headers_len, chunks, chunks_len) };
+        let answered = usize::from(answer.status.is_some());
+        s.host_mut().answer = Some(answer);
+        s.on_callout_answer(callout_id, answered, 0);
+        s.host_mut().answer = None;
+        // Last, and with `s` no longer used: Envoy re-enters this filter's hooks from inside the resume.
+        if let Some(direction) = s.host_mut().take_resume() {
+            // SAFETY: the pointer Envoy handed to this hook of this live stream, used within it.
+            unsafe { EnvoyStream::new(envoy) }.resume(direction);
+        }
+    })
 }
 const _: abi::OnHttpFilterHttpCalloutDone = envoy_dynamic_module_on_http_filter_http_callout_done;
 

@@ -37,11 +37,6 @@ impl NativeHost {
         NativeHost { envoy, config, answer: None, in_body_hook: false, resume: None }
     }
 
-    /// Reset the stream (a hook panicked after the upstream's answer began).
-    pub fn reset(&self, details: &str) {
-        self.envoy.reset(details);
-    }
-
     pub fn take_resume(&mut self) -> Option<Direction> {
         self.resume.take()
     }
@@ -198,6 +193,10 @@ impl Host for NativeHost {
 
     fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
         self.envoy.send_response(status, headers, body, "agent_idempotency");
+    }
+
+    fn reset(&mut self) {
+        self.envoy.reset("agent_idempotency_refused");
     }
 
     fn resume_request(&mut self) {

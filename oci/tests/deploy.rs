@@ -470,7 +470,7 @@ fn check_wasm_fields(w: &Value, what: &str) {
     assert!(url.starts_with("oci://"), "{what}.url pulls the OCI image: {url}");
     enum_value(w.get("imagePullPolicy"), PULL_POLICY, &format!("{what}.imagePullPolicy"));
     enum_value(w.get("failStrategy"), FAIL_STRATEGY, &format!("{what}.failStrategy"));
-    assert_eq!(s(w, "failStrategy"), Some("FAIL_CLOSE"), "{what}: a filter that cannot load must not open the door");
+    assert_eq!(s(w, "failStrategy"), Some("FAIL_RELOAD"), "{what}: never open; a trapped VM is reloaded");
     enum_value(w.get("type"), PLUGIN_TYPE, &format!("{what}.type"));
     assert_eq!(s(w, "pluginName"), Some("agent_idempotency"), "{what}: the filter's root_id");
     if let Some(vm) = w.get("vmConfig") {
@@ -844,7 +844,8 @@ fn istio_like_hcm() -> Result<Value, idem_oci::Error> {
 /// HTTP connection managers, and envoy/istio-like.yaml (what the tests run) carries the same three.
 #[test]
 fn the_inbound_connection_manager_normalises_paths_as_istio_like_yaml_does() -> TestResult {
-    const FIELDS: [&str; 3] = ["normalize_path", "merge_slashes", "path_with_escaped_slashes_action"];
+    const FIELDS: [&str; 4] =
+        ["normalize_path", "merge_slashes", "path_with_escaped_slashes_action", "local_reply_config"];
     let hcm_patch = envoy_filter_patch("NETWORK_FILTER")?;
     assert_eq!(
         s(at(&hcm_patch, &["match", "listener", "filterChain", "filter"])?, "name"),
@@ -1137,5 +1138,43 @@ fn envoy_gateways_kustomizations_apply_one_filter_each() -> TestResult {
             assert!(!resources.contains(m), "{dir} must not apply {m}");
         }
     }
+    Ok(())
+}
+
+/// DESIGN §6 and §7 on Envoy Gateway: its API maps no local reply by response flag and has only `failOpen`, so the
+/// EnvoyPatchPolicy agent-replies adds the connection manager's `local_reply_config` (the mapper every committed
+/// configuration has, envoy/gateway-like.yaml and gateway-native-like.yaml included) and the hold patch sets
+/// `failure_policy: FAIL_RELOAD` on the filter Envoy Gateway generates, as envoy/gateway-like.yaml runs it.
+#[test]
+fn envoy_gateways_patches_map_envoys_own_replies_and_reload_a_failed_vm() -> TestResult {
+    let base = eg_docs("base/gateway.yaml")?;
+    let replies = base
+        .iter()
+        .find(|d| s(d, "kind") == Some("EnvoyPatchPolicy") && text(d, &["metadata", "name"]) == "agent-replies")
+        .ok_or("no EnvoyPatchPolicy agent-replies")?;
+    let p = at(replies, &["spec", "jsonPatches", "0"])?;
+    assert_eq!(s(p, "name"), Some("payments/agents/http"), "Envoy Gateway's listener name");
+    assert_eq!((text(p, &["operation", "op"]), text(p, &["operation", "path"])), ("add", "/local_reply_config"));
+    let mapper = at(p, &["operation", "value"])?;
+    for like in ["envoy/gateway-like.yaml", "envoy/gateway-native-like.yaml"] {
+        let docs = documents(&read(like)?)?;
+        let hcm = docs
+            .first()
+            .and_then(|d| at(d, &["static_resources", "listeners", "0", "default_filter_chain", "filters", "0"]).ok())
+            .and_then(|f| at(f, &["typed_config", "local_reply_config"]).ok())
+            .ok_or_else(|| format!("no local_reply_config in {like}"))?;
+        assert_eq!(hcm, mapper, "{like} runs the patch's mapper");
+    }
+
+    let wasm = eg_docs("wasm/wasm.yaml")?;
+    let hold = wasm.iter().find(|d| s(d, "kind") == Some("EnvoyPatchPolicy")).ok_or("no hold patch")?;
+    let reload = at(hold, &["spec", "jsonPatches", "1"])?;
+    let first = at(hold, &["spec", "jsonPatches", "0"])?;
+    assert_eq!(text(reload, &["operation", "jsonPath"]), text(first, &["operation", "jsonPath"]), "the same filter");
+    assert_eq!(
+        (text(reload, &["operation", "path"]), text(reload, &["operation", "value"])),
+        ("/failure_policy", "FAIL_RELOAD")
+    );
+    assert!(read("envoy/gateway-like.yaml")?.contains("failure_policy: FAIL_RELOAD"));
     Ok(())
 }

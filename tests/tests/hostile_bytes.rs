@@ -123,13 +123,26 @@ async fn a_client_header_that_is_not_text_never_panics_and_never_decides() -> Te
     Ok(())
 }
 
+/// The committed configurations that load the `.wasm` (the bench's aside), and those that load only
+/// the native module.
+const WASM_CONFIGS: [&str; 8] = [
+    "compose.yaml",
+    "e2e-rds.yaml",
+    "e2e.yaml",
+    "envoy.yaml",
+    "gateway-like.yaml",
+    "istio-like.yaml",
+    "soak-hostile.yaml",
+    "soak.yaml",
+];
+const NATIVE_CONFIGS: [&str; 2] = ["gateway-native-like.yaml", "native.yaml"];
+
 /// A `.wasm` that traps anyway fails one stream, never the worker: every committed configuration
 /// that loads the `.wasm` through Envoy's own filter reloads a failed VM for the next request
 /// (`failure_policy: FAIL_RELOAD`; checked against a real trap of the filter before this fix:
 /// FAIL_CLOSED answered 503 to every later request, FAIL_RELOAD served them).
-/// Every file in envoy/ that loads it, but `istio-like.yaml` and `gateway-like.yaml`: they mirror what
-/// Istio and Envoy Gateway generate (a WasmPlugin's `failStrategy`, an EnvoyExtensionPolicy's
-/// `failOpen`), which is fail-closed without a reload; making them reload needs a patch policy there.
+/// Every file in envoy/ that loads it, the mirrors of Istio and Envoy Gateway included (their
+/// EnvoyFilter sets it; Envoy Gateway's `failOpen` cannot, its EnvoyPatchPolicy does).
 #[test]
 fn every_committed_wasm_configuration_reloads_a_failed_vm() -> TestResult {
     let mut seen = Vec::new();
@@ -139,8 +152,7 @@ fn every_committed_wasm_configuration_reloads_a_failed_vm() -> TestResult {
         let text = std::fs::read_to_string(&path)?;
         // The bench's filters (the project's and an empty one) are measured, not guarding anything.
         let filters = text.matches("extensions.filters.http.wasm.v3.Wasm").count();
-        let mirrored = ["istio-like.yaml", "gateway-like.yaml"];
-        if filters == 0 || mirrored.contains(&config.as_str()) || config.starts_with("bench") {
+        if filters == 0 || config.starts_with("bench") {
             continue;
         }
         seen.push(config.clone());
@@ -151,15 +163,15 @@ fn every_committed_wasm_configuration_reloads_a_failed_vm() -> TestResult {
         );
     }
     seen.sort();
-    assert_eq!(seen, ["compose.yaml", "e2e-rds.yaml", "e2e.yaml", "envoy.yaml", "soak-hostile.yaml", "soak.yaml"]);
+    assert_eq!(seen, WASM_CONFIGS);
     Ok(())
 }
 
 /// Envoy sends its local reply for an answer the upstream cuts after its headers straight to the
 /// client once the filter holds them (past every filter): every committed configuration with the
 /// filter, `.wasm` or native, maps those replies to the §7 `in_progress` envelope (DESIGN §12;
-/// the mixed-world soak is where the cut answers happen). The configurations that mirror what
-/// Istio and Envoy Gateway generate are not ours to extend here.
+/// the mixed-world soak is where the cut answers happen), the mirrors of what Istio (its
+/// EnvoyFilter's patch) and Envoy Gateway (its EnvoyPatchPolicy) generate included.
 #[test]
 fn every_committed_configuration_answers_a_cut_answer_with_the_envelope() -> TestResult {
     let mut seen = Vec::new();
@@ -168,8 +180,7 @@ fn every_committed_configuration_answers_a_cut_answer_with_the_envelope() -> Tes
         let config = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
         let text = std::fs::read_to_string(&path)?;
         let guarded = text.contains("agent_idempotency");
-        let mirrored = ["istio-like.yaml", "gateway-like.yaml", "gateway-native-like.yaml"];
-        if !guarded || mirrored.contains(&config.as_str()) || config.starts_with("bench") || config.contains("routes") {
+        if !guarded || config.starts_with("bench") || config.contains("routes") {
             continue;
         }
         seen.push(config.clone());
@@ -179,9 +190,49 @@ fn every_committed_configuration_answers_a_cut_answer_with_the_envelope() -> Tes
         assert_eq!(text.matches("status: in_progress").count(), listeners, "{config}");
     }
     seen.sort();
-    assert_eq!(
-        seen,
-        ["compose.yaml", "e2e-rds.yaml", "e2e.yaml", "envoy.yaml", "native.yaml", "soak-hostile.yaml", "soak.yaml"]
-    );
+    let mut expected: Vec<&str> = WASM_CONFIGS.iter().copied().chain(NATIVE_CONFIGS).collect();
+    expected.sort();
+    assert_eq!(seen, expected);
+    Ok(())
+}
+
+/// A stream with no usable filter is refused, never passed (DESIGN §6: every host fails closed).
+/// The fault is real, in real Envoy with the real module: the native module's worker rebuilds its
+/// configuration with its environment gone (`IDEM_FAULT_WORKER_ENV_GONE`, so the plugin
+/// configuration's `secret_env` is not set there and the rebuild fails, as after an environment
+/// changed since Envoy loaded it); the `.wasm`'s VM keeps no stream configuration
+/// (`IDEM_FAULT_NO_STREAM_CONFIG` in its environment, as when its lease tick cannot be set). Every
+/// stream on it, guarded or not, gets the §7 refusal, and nothing reaches the upstream.
+#[tokio::test]
+async fn a_stream_without_a_usable_filter_is_refused_and_nothing_reaches_the_upstream() -> TestResult {
+    let mut opts = sqlite_only(false);
+    if FilterHost::current()?.is_native() {
+        // Envoy inherits this process's environment (each test runs in a process of its own).
+        std::env::set_var("IDEM_FAULT_WORKER_ENV_GONE", "1");
+    } else {
+        opts.envoy_edits.push((
+            "environment_variables: { host_env_keys: [IDEM_SIDECAR_TOKEN] }".into(),
+            "environment_variables: { host_env_keys: [IDEM_SIDECAR_TOKEN], key_values: { IDEM_FAULT_NO_STREAM_CONFIG: \"1\" } }"
+                .into(),
+        ));
+    }
+    let stack = Stack::start(opts).await?;
+    let before = seen(&stack).await?;
+    let fp = "eyJ2IjoxfQ.c2lnbmF0dXJl";
+    let requests = [
+        stack.post(PREVIEW, SUBJECT, &transfer(json!("12.00"), "no filter"), &[]).await?,
+        stack
+            .post("/v1/transfers", SUBJECT, &transfer(json!("12.00"), "no filter"), &[("agent-fingerprint", fp)])
+            .await?,
+        stack.get("/healthz", SUBJECT, &[("x-request-id", "trace-no-filter")]).await?,
+    ];
+    for got in &requests {
+        assert_eq!(got.status, 503, "{got:?}");
+        got.assert_prompt("status_unavailable");
+        assert_eq!(got.json["retryable"], true, "{got:?}");
+    }
+    assert_eq!(requests[2].json["trace_id"], "trace-no-filter", "{:?}", requests[2]);
+    before.assert_same(seen(&stack).await?, "streams without a usable filter");
+    assert_eq!(before.forwarded, 0, "nothing reached the upstream at all");
     Ok(())
 }

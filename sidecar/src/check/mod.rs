@@ -40,6 +40,7 @@
 //! Each rule is an entry of [`rules::RULES`] with a name every finding carries.
 
 pub mod clusters;
+mod failure;
 pub mod forward;
 pub mod guard;
 pub mod model;

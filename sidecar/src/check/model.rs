@@ -10,6 +10,7 @@ use serde_json::Value;
 use idem_core::policy::{parse_plugin_config, RouteDefaults, RoutePolicy, ROUTE_NAMESPACE};
 
 use super::clusters::Clusters;
+use super::failure;
 use super::forward::{self, ManagerTimeouts, Retry, RouteTimeouts};
 use super::guard::{self, FilterSettings};
 use super::paths::{self, Rewrite, Space};
@@ -47,6 +48,8 @@ pub struct Manager {
     pub after_filter: Vec<String>,
     /// `stream_idle_timeout` and `max_stream_duration`: they end Envoy's wait on every route.
     pub timeouts: ManagerTimeouts,
+    /// Why Envoy's own reply to a cut answer is not the §7 envelope here (`failure`; None: it is).
+    pub local_reply_gap: Option<String>,
 }
 
 /// The agent filter's entry (the .wasm or the native module).
@@ -62,6 +65,8 @@ pub struct AgentFilter {
     pub config_error: Option<String>,
     /// What the TTL rules read of it (its timeouts, defaults, replay cache, route rules); None when refused.
     pub settings: Option<FilterSettings>,
+    /// The `.wasm`'s failure policy in effect (`failure`); None for the native module.
+    pub vm_failure: Option<String>,
 }
 
 #[derive(Debug)]
@@ -219,7 +224,8 @@ impl EnvoyConfig {
                     Some(Err(e)) => (0, Some(e.to_string()), None),
                     None => (0, Some("no plugin configuration string value".to_string()), None),
                 };
-                AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings }
+                let vm_failure = failure::vm_failure(f);
+                AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings, vm_failure }
             },
         );
         let after_filter = match position {
@@ -258,6 +264,7 @@ impl EnvoyConfig {
             normalize_path: hcm.get("normalize_path").and_then(Value::as_bool),
             merge_slashes: hcm.get("merge_slashes").and_then(Value::as_bool),
             escaped_slashes: hcm.get("path_with_escaped_slashes_action").and_then(Value::as_str).map(str::to_string),
+            local_reply_gap: failure::local_reply_gap(hcm),
             filter,
             routes,
             routes_unread,

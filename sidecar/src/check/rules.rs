@@ -27,6 +27,17 @@ pub const RULES: &[Rule] = &[
         check: plugin_config,
     },
     Rule {
+        name: "local-reply",
+        summary: "a connection manager that runs the filter answers Envoy's own replies to a cut answer (UR, UC, \
+                  UPE, UT) with the §7 in_progress envelope (local_reply_config)",
+        check: super::failure::local_reply,
+    },
+    Rule {
+        name: "wasm-reload",
+        summary: "the agent .wasm reloads a failed VM (failure_policy: FAIL_RELOAD), never fails open or stays closed",
+        check: super::failure::wasm_reload,
+    },
+    Rule {
         name: "normalize-path",
         summary: "a connection manager that runs the filter normalises paths (normalize_path: true)",
         check: normalize_path,

@@ -1,0 +1,149 @@
+//! What Envoy itself answers when the filter cannot (DESIGN §6: every host fails closed; §7: every
+//! reply to an agent is the envelope), read from the Envoy configuration:
+//!
+//! * `local-reply`: an answer the filter holds (to record it before the agent sees it) that the
+//!   upstream then cuts or resets goes out as Envoy's own local reply, straight to the client and
+//!   past every filter. The connection manager must map those replies (response flags UR, UC, UPE,
+//!   UT) to the §7 `in_progress` envelope, or the agent reads text/plain about an operation that may
+//!   have run, and runs it again.
+//! * `wasm-reload`: a `.wasm` VM that traps fails its stream; `failure_policy: FAIL_RELOAD` gives
+//!   the next request a fresh VM. FAIL_CLOSED (the default) answers 503 to every request of that
+//!   worker until a restart; FAIL_OPEN (or `fail_open: true`) passes requests unguarded. The native
+//!   module has no VM: its hooks refuse a stream they cannot serve, and this rule does not apply.
+
+use super::rules::Rule;
+use super::{Finding, Inputs};
+use serde_json::Value;
+
+/// The response flags of Envoy's own reply to an answer cut after its headers.
+const CUT_FLAGS: [&str; 4] = ["UR", "UC", "UPE", "UT"];
+
+/// Why the connection manager `hcm` does not answer a cut answer with the envelope (`None`: it does).
+pub fn local_reply_gap(hcm: &Value) -> Option<String> {
+    let Some(config) = hcm.get("local_reply_config") else {
+        return Some("no `local_reply_config`".into());
+    };
+    let mappers = config.get("mappers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let envelope = |m: &&Value| {
+        m.pointer("/body_format_override/json_format/status").and_then(Value::as_str) == Some("in_progress")
+    };
+    fn flags(m: &Value) -> Vec<&str> {
+        let list = m.pointer("/filter/response_flag_filter/flags").and_then(Value::as_array);
+        list.into_iter().flatten().filter_map(Value::as_str).collect()
+    }
+    // Envoy applies the first mapper whose filter matches: a cut must reach an envelope mapper first.
+    let first = |flag: &str| mappers.iter().find(|m| flags(m).contains(&flag) || m.get("filter").is_none());
+    let missing: Vec<&str> = CUT_FLAGS.iter().copied().filter(|f| !first(f).is_some_and(|m| envelope(&m))).collect();
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "`local_reply_config` answers Envoy's own replies with response flags {} otherwise than with the §7 \
+         `in_progress` envelope (a mapper with `response_flag_filter: {{ flags: [UR, UC, UPE, UT] }}` and \
+         `body_format_override.json_format.status: in_progress`)",
+        missing.join(", ")
+    ))
+}
+
+/// What the agent filter's entry `entry` does when its VM fails: `None` for the native module (no
+/// VM), else the policy in effect (`fail_open: true` is FAIL_OPEN; unset is Envoy's FAIL_CLOSED).
+pub fn vm_failure(entry: &Value) -> Option<String> {
+    let config = entry.pointer("/typed_config/config")?;
+    if config.get("fail_open").and_then(Value::as_bool) == Some(true) {
+        return Some("FAIL_OPEN".into());
+    }
+    let policy = config.get("failure_policy").and_then(Value::as_str).unwrap_or("FAIL_CLOSED");
+    Some(policy.to_string())
+}
+
+pub fn local_reply(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    for m in input.envoy.managers.iter().filter(|m| m.filter.is_some()) {
+        if let Some(gap) = &m.local_reply_gap {
+            out.push(rule.finding(
+                &m.at,
+                format!(
+                    "runs the agent filter with {gap}: an answer the upstream cuts after the filter holds it reaches \
+                     the agent as Envoy's text/plain, about an operation that may have run"
+                ),
+            ));
+        }
+    }
+}
+
+pub fn wasm_reload(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    for m in &input.envoy.managers {
+        let Some(policy) = m.filter.as_ref().and_then(|f| f.vm_failure.as_deref()) else { continue };
+        let why = match policy {
+            "FAIL_RELOAD" => continue,
+            "FAIL_OPEN" => "passes every request unguarded once the VM failed",
+            _ => "answers 503 to every request of that worker once its VM failed, until Envoy restarts",
+        };
+        out.push(rule.finding(
+            &m.at,
+            format!("runs the agent `.wasm` with `failure_policy: {policy}`, which {why}; set FAIL_RELOAD"),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{findings, flags, hcm, Fixture};
+
+    const ROUTES: &str = r#"
+- name: transfer_confirm
+  match: { path: /v1/transfers }
+  route: { cluster: demo }
+  metadata:
+    filter_metadata:
+      agent_idempotency: { role: confirm, scope: payments.transfer, bind: /amount }
+"#;
+
+    fn mapped(flags: &str, status: &str) -> String {
+        format!(
+            "local_reply_config:\n  mappers:\n  - filter:\n      response_flag_filter: {{ flags: [{flags}] }}\n    \
+             body_format_override:\n      json_format: {{ status: {status}, trace_id: \"%REQ(X-REQUEST-ID)%\" }}\n"
+        )
+    }
+
+    #[test]
+    fn a_manager_without_the_envelope_for_cut_answers_is_refused() {
+        let mut fixture = Fixture::new(ROUTES);
+        let none = findings(&fixture, &flags(), "local-reply");
+        assert_eq!(none.len(), 1, "{none:?}");
+        assert!(none[0].contains("no `local_reply_config`"), "{none:?}");
+
+        fixture.hcm = hcm(&mapped("UR, UC", "in_progress"));
+        let partial = findings(&fixture, &flags(), "local-reply");
+        assert!(partial.len() == 1 && partial[0].contains("flags UPE, UT"), "{partial:?}");
+
+        fixture.hcm = hcm(&mapped("UR, UC, UPE, UT", "not_executed"));
+        assert_eq!(findings(&fixture, &flags(), "local-reply").len(), 1, "a cut is never `not_executed`");
+
+        fixture.hcm = hcm(&mapped("UR, UC, UPE, UT", "in_progress"));
+        assert!(findings(&fixture, &flags(), "local-reply").is_empty());
+    }
+
+    #[test]
+    fn a_wasm_that_does_not_reload_its_vm_is_refused() {
+        let fixture = Fixture::new(ROUTES);
+        let closed = findings(&fixture, &flags(), "wasm-reload");
+        assert!(closed.len() == 1 && closed[0].contains("FAIL_CLOSED"), "the default: {closed:?}");
+        let yaml = fixture.yaml();
+        for (line, policy) in [("fail_open: true", "FAIL_OPEN"), ("failure_policy: FAIL_RELOAD", "")] {
+            let edited = yaml.replace(
+                "root_id: agent_idempotency\n",
+                &format!("root_id: agent_idempotency\n{}{line}\n", " ".repeat(16)),
+            );
+            assert_ne!(edited, yaml);
+            let report = super::super::check_envoy("test.yaml", &edited, &flags()).map_err(|e| e.to_string());
+            let found: Vec<String> = report
+                .map(|r| r.findings.into_iter().filter(|f| f.rule == "wasm-reload").map(|f| f.message).collect())
+                .unwrap_or_else(|e| vec![e]);
+            if policy.is_empty() {
+                assert!(found.is_empty(), "{line}: {found:?}");
+            } else {
+                assert!(found.len() == 1 && found[0].contains(policy), "{line}: {found:?}");
+            }
+        }
+    }
+}
