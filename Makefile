@@ -94,8 +94,8 @@ mutants:
 	@command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
 	@cargo mutants --workspace --output target/mutants $(MUTANTS_ARGS); status=$$?; \
 	out=target/mutants/mutants.out; \
-	caught=$$(grep -c . $$out/caught.txt 2>/dev/null || echo 0); missed=$$(grep -c . $$out/missed.txt 2>/dev/null || echo 0); \
-	timeout=$$(grep -c . $$out/timeout.txt 2>/dev/null || echo 0); \
+	count() { if [ -f "$$1" ]; then wc -l < "$$1"; else echo 0; fi; }; \
+	caught=$$(count $$out/caught.txt); missed=$$(count $$out/missed.txt); timeout=$$(count $$out/timeout.txt); \
 	echo; echo "*** mutants: $$caught caught, $$missed missed, $$timeout timed out (score $$caught/$$((caught + missed)))"; \
 	if [ "$$missed" -gt 0 ]; then echo "*** surviving mutants:"; cat $$out/missed.txt; fi; \
 	exit $$status
