@@ -8,7 +8,7 @@ ENVOY_VERSION := 1.40.0
 WASM  := target/wasm32-wasip1/wasm/agent_idempotency_filter.wasm
 NATIVE := target/release/libagent_idempotency_native.so
 
-.PHONY: all bootstrap envoy mcp-sdk wasm native oci build test lint run bench fuzz soak model clean
+.PHONY: all bootstrap envoy mcp-sdk wasm native oci build test lint run bench fuzz soak model mutants clean
 
 all: build
 
@@ -81,6 +81,24 @@ test: build lint
 # every 10 s on stderr, figures in docs/model.md); IDEM_MODEL_FAULTS=2 takes about 14 minutes.
 model:
 	cargo run -p idem-model --bin idem-model
+
+# Mutation testing of the decision code (docs/model.md, "Mutations in the real code"): cargo-mutants
+# (installed here if missing) mutates the decision modules (.cargo/mutants.toml: the filter's
+# outcome and machine, idemd's store flows and rules, the reconciler's decision and row flow) and
+# runs the fast suites against each mutant: the unit tests of core and idemd and the bounded model
+# (`idem-model`). Prints the score and every surviving mutant; target/mutants/mutants.out/ keeps
+# the rest. Slow (hours on 2 cores for every module), so not in `make test`;
+# MUTANTS_ARGS="--file sidecar/src/store/flow/acquire.rs" narrows it.
+MUTANTS_ARGS ?=
+mutants:
+	@command -v cargo-mutants >/dev/null || cargo install --locked cargo-mutants
+	@cargo mutants --workspace --output target/mutants $(MUTANTS_ARGS); status=$$?; \
+	out=target/mutants/mutants.out; \
+	count() { if [ -f "$$1" ]; then wc -l < "$$1"; else echo 0; fi; }; \
+	caught=$$(count $$out/caught.txt); missed=$$(count $$out/missed.txt); timeout=$$(count $$out/timeout.txt); \
+	echo; echo "*** mutants: $$caught caught, $$missed missed, $$timeout timed out (score $$caught/$$((caught + missed)))"; \
+	if [ "$$missed" -gt 0 ]; then echo "*** surviving mutants:"; cat $$out/missed.txt; fi; \
+	exit $$status
 
 # WALKTHROUGH=1: run every step of the walkthrough, print the answers, stop (scripts/run.sh --walkthrough).
 run: build

@@ -82,6 +82,12 @@ pub struct Config {
     pub approval: bool,
     /// With approval: which route of the scope a confirm may take (`IDEM_MODEL_ROUTES`).
     pub routes: Routes,
+    /// Whether the paths of the design must each be reached (`props::REACHES_*`): on in the
+    /// checks of the design, off in the mutation runs (they look for one counterexample).
+    pub reachability: bool,
+    /// The reaper's clock-skew allowance (`world::SKEW_MS`, or idemd's own 5 s where reaping must
+    /// stay past the horizon: with approval, docs/model.md "What the check found").
+    pub skew_ms: i64,
 }
 
 /// The routes of the approval scope a confirm may take.
@@ -113,16 +119,18 @@ impl Config {
             check_settle: true,
             approval: false,
             routes: Routes::RuledFirst,
+            reachability: true,
+            skew_ms: world::SKEW_MS,
         }
     }
 
     /// The bounded check with approval on.
     pub fn bounded_approval(upstream: UpstreamKeys) -> Config {
-        Config { approval: true, ..Config::bounded(upstream) }
+        Config { approval: true, skew_ms: idemd::store::retention::CLOCK_SKEW_MS, ..Config::bounded(upstream) }
     }
 
     pub fn mutated(self, m: Mutation) -> Config {
-        Config { mutation: Some(m), ..self }
+        Config { mutation: Some(m), reachability: false, ..self }
     }
 
     pub fn broken(&self) -> Broken {
@@ -147,8 +155,13 @@ pub mod world {
     pub const RETENTION_MS: u64 = 2_000;
     /// The reconciler's grace after a lease ended before a 404 proves "never ran".
     pub const GRACE_MS: u64 = 1_000;
-    /// Failed status lookups before NEEDS_REVIEW.
-    pub const RETRY_BUDGET: u32 = 2;
+    /// Failed status lookups before NEEDS_REVIEW: one, so that the bounded check (one fault)
+    /// reaches NEEDS_REVIEW (a failed lookup after a complete that never arrived).
+    pub const RETRY_BUDGET: u32 = 1;
+    /// The reaper's clock-skew allowance in the checks without approval (`Config::skew_ms`;
+    /// `retention::CLOCK_SKEW_MS` is 5 s): the model's replicas share one clock, so any allowance
+    /// is enough, and 1 s brings reaping within the bounded check's horizon.
+    pub const SKEW_MS: i64 = 1_000;
     /// Envoy's longest wait for the upstream (the route timeout). §5's lease rule: the lease
     /// exceeds it plus the sidecar timeout (under a second here) plus the upstream worst case.
     pub const ENVOY_WAIT_S: u8 = 1;

@@ -375,6 +375,8 @@ pub struct Effects {
     pub resume_response: bool,
     pub shared_set: Option<Vec<u8>>,
     pub unknown_outcome: bool,
+    /// The filter answered from its replay cache.
+    pub replay_cache_hit: bool,
     pub flow: Option<Flow>,
 }
 
@@ -393,6 +395,7 @@ pub fn effects(step: &Step) -> Effects {
             Effect::ResumeResponse => out.resume_response = true,
             Effect::SharedSet { value, .. } => out.shared_set = Some(value.clone()),
             Effect::Count(idem_core::machine::Counter::UnknownOutcome) => out.unknown_outcome = true,
+            Effect::Count(idem_core::machine::Counter::ReplayCacheHits) => out.replay_cache_hit = true,
             _ => {}
         }
     }

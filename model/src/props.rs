@@ -19,6 +19,13 @@ pub const VERDICT_KEPT: &str = "every answer about a rejected (or lapsed) operat
 pub const REACHES_APPROVED_RUN: &str = "reached: an approved operation executes";
 pub const REACHES_TOLD_REJECTED: &str = "reached: an agent is told rejected";
 pub const REACHES_TOLD_LAPSED: &str = "reached: an agent is told approval_lapsed";
+/// The paths of the design every bounded check must reach (without approval).
+pub const REACHES_FAILED_REPLAYED: &str = "reached: a FAILED operation is replayed (already_failed)";
+pub const REACHES_NEEDS_REVIEW: &str = "reached: an agent is told needs_review";
+pub const REACHES_RECONCILER_RELEASE: &str = "reached: the reconciler releases a row";
+pub const REACHES_REAP: &str = "reached: the reaper deletes a terminal row";
+pub const REACHES_REPLAY_CACHE_HIT: &str = "reached: a filter answers from its replay cache";
+pub const REACHES_RECORD_EXPIRED: &str = "reached: an agent is told record_expired";
 
 pub fn properties(cfg: &Config) -> Vec<Property<World>> {
     let mut p = vec![
@@ -27,6 +34,19 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
         Property::always(TERMINAL_KEPT, |_, s: &State| !s.ghost.overwritten),
         Property::always(FIRST_RESULT, |_, s: &State| !s.ghost.told_another_result),
     ];
+    if !cfg.approval && cfg.reachability {
+        use crate::world::reached;
+        p.push(Property::sometimes(REACHES_FAILED_REPLAYED, |_, s: &State| told(s, "already_failed")));
+        p.push(Property::sometimes(REACHES_NEEDS_REVIEW, |_, s: &State| told(s, "needs_review")));
+        p.push(Property::sometimes(REACHES_RECONCILER_RELEASE, |_, s: &State| {
+            s.ghost.reached & reached::RECONCILER_RELEASE != 0
+        }));
+        p.push(Property::sometimes(REACHES_REAP, |_, s: &State| s.ghost.reached & reached::REAP != 0));
+        p.push(Property::sometimes(REACHES_REPLAY_CACHE_HIT, |_, s: &State| {
+            s.ghost.reached & reached::REPLAY_CACHE_HIT != 0
+        }));
+        p.push(Property::sometimes(REACHES_RECORD_EXPIRED, |_, s: &State| told(s, "record_expired")));
+    }
     if cfg.approval {
         p.push(Property::always(APPROVED_FIRST, |_, s: &State| !s.ghost.ran_unapproved));
         p.push(Property::always(REFUSED_NEVER_RUNS, |_, s: &State| {
@@ -59,6 +79,7 @@ pub fn settled(s: &State) -> bool {
     s.streams.is_empty()
         && s.upstream.late_until.is_none()
         && s.orphans.is_empty()
+        && s.pass.is_none()
         && s.stores.sql.as_ref().is_none_or(|r| r.state != St::InFlight)
         && s.agents.iter().all(|a| a.last.as_ref().is_none_or(|t| t.answer.is_settled()))
 }
@@ -141,7 +162,8 @@ impl World {
             Upstream { .. } => Some(2),
             LateExecute | Orphan(_) => Some(3),
             Lapse => Some(4),
-            Reconcile { .. } => s
+            Reconcile { lookup_fails: false } => Some(1),
+            ReconcileStart => s
                 .stores
                 .sql
                 .as_ref()

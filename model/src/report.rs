@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use stateright::{Checker, Model};
 
 use crate::config::Config;
-use crate::world::{Action, State, Wait, World};
+use crate::world::{Action, Crash, State, Wait, World};
 
 pub struct Outcome {
     pub states: usize,
@@ -162,24 +162,29 @@ pub fn describe(world: &World, last: &State, action: Action, next: &State) -> St
         Action::Lapse => "idemd's sweep lapses the approval (past exp, nothing executed)".into(),
         Action::ReapApproval => "reaper deletes the decided approval row".into(),
         Action::Poll { agent, filter } => format!("agent {agent} polls the status route on filter {filter}"),
-        Action::Idemd { stream: i, crash_at } => {
+        Action::Idemd { stream: i, crash } => {
             let call = match last.streams.get(i).map(|s| &s.wait) {
-                Some(Wait::Idemd(m, p, _)) => format!("{m} {p}"),
+                Some(Wait::Idemd(c)) => format!("{} {}", c.method, c.path),
                 _ => "?".into(),
             };
-            match crash_at {
-                None => format!("idemd serves {call} for {}", stream(i)),
-                Some(k) => format!("idemd replica crashes before store call {k} of {call} for {}", stream(i)),
+            match crash {
+                None => format!("idemd: the next store call of {call} for {}", stream(i)),
+                Some(Crash::Before) => format!("idemd replica crashes before serving {call} for {}", stream(i)),
+                Some(Crash::After) => {
+                    format!("idemd replica makes the next store call of {call} for {}, then crashes", stream(i))
+                }
             }
         }
         Action::Upstream { stream: i, how } => format!("upstream {how:?} for {}", stream(i)),
         Action::LateExecute => "upstream runs a request Envoy gave up on".into(),
         Action::Orphan(i) => {
-            format!("idemd serves a late {} its filter gave up on", last.orphans.get(i).map_or("?", |o| o.1.as_str()))
+            let path = last.orphans.get(i).map_or("?", |o| o.callout.path.as_str());
+            format!("idemd: the next store call of a late {path} its filter gave up on")
         }
         Action::Tick => "clock +1 s (leases renewed, TTLs run)".into(),
+        Action::ReconcileStart => "reconciler pass: selects the expired row, claims it".into(),
         Action::Reconcile { lookup_fails } => {
-            format!("reconciler pass{}", if lookup_fails { " (status lookup fails)" } else { "" })
+            format!("reconciler: its next call{}", if lookup_fails { " (the status lookup fails)" } else { "" })
         }
         Action::Reap => "reaper deletes the terminal row".into(),
         Action::RedisUp | Action::SqlUp => format!("{action:?} (back)"),

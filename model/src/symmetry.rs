@@ -42,6 +42,6 @@ pub fn renamed(s: &State, swap_agents: bool, swap_filters: bool) -> State {
         }
     }
     t.streams.sort_by_cached_key(hash);
-    t.orphans.sort();
+    t.orphans.sort_by_cached_key(hash);
     t
 }

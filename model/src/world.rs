@@ -5,11 +5,14 @@
 
 use idem_core::machine::replay_cache::{self, Entry};
 use idem_core::protocol::{encode_body, AcquireRequest, OpKey, StoredResult, TerminalState};
-use idemd::reconcile::decide::StatusAnswer;
+use idemd::reconcile::decide::{Asked, Decision, StatusAnswer};
+use idemd::reconcile::settle::RowOutcome;
+use idemd::store::flow::{Call, Next, Reply};
+use idemd::store::rules;
 
 use crate::config::{world, Config, Mutation};
 use crate::filter::{self, Answer, Ev, Kind};
-use crate::idemd::{Ap, Run, St, Stores};
+use crate::idemd::{self as im, Ap, Progress, Row, St, Stepped, Stores};
 
 pub const FILTERS: u8 = 2;
 
@@ -38,11 +41,38 @@ impl Agent {
     }
 }
 
+/// A callout to idemd and how far the replica serving it got.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Callout {
+    pub method: String,
+    pub path: String,
+    pub body: Vec<u8>,
+    /// The replies its store calls got so far (the flow stands at its next one).
+    pub progress: Progress,
+}
+
+/// A callout its filter gave up on, still being served.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Orphan {
+    pub callout: Callout,
+    /// It may still reach idemd until this model second.
+    pub until: u64,
+}
+
+/// The reconciler's pass over the row: the row as its select read it, and how far its flow got.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pass {
+    pub read: Row,
+    pub progress: Progress,
+    /// The flow's next call is the status lookup (which may fail).
+    pub at_lookup: bool,
+}
+
 /// What a stream waits for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Wait {
-    /// A callout to idemd: method, path, body.
-    Idemd(String, String, Vec<u8>),
+    /// A callout to idemd, being served one store call at a time.
+    Idemd(Callout),
     /// The request is upstream with this `Idempotency-Key`.
     Upstream,
 }
@@ -61,17 +91,36 @@ pub struct Stream {
     /// Model second the request went upstream: the upstream answers, or Envoy times out, within
     /// its worst case (DESIGN §5: the lease is longer).
     pub forwarded_s: Option<u64>,
+    /// The `Idempotency-Key` the filter sent upstream with it ("" for none).
+    pub sent_key: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Upstream {
     /// Executions so far; execution `n` answers `{"id":"T-<n>"}`.
     pub executions: u8,
-    /// The execution recorded under the operation's key (or business reference).
+    /// The execution recorded under the operation's business reference (the first).
     pub recorded: Option<u8>,
+    /// What an upstream that honours keys ran under each `Idempotency-Key` value it was sent:
+    /// it deduplicates by the value, whatever it is.
+    pub by_key: Vec<(String, u8)>,
     /// A request Envoy gave up on (timeout, a killed Envoy) that the upstream may still run,
     /// until this model second (the upstream's worst case).
     pub late_until: Option<u64>,
+    /// The `Idempotency-Key` that late request carries.
+    pub late_key: Option<String>,
+}
+
+impl Upstream {
+    /// What its status endpoint finds: by key (an upstream that honours keys) or by business
+    /// reference (one that ignores them, `recorded`).
+    pub fn found(&self, honoured: bool, key: &str) -> Option<u8> {
+        if honoured {
+            self.by_key.iter().find(|(k, _)| k == key).map(|(_, n)| *n)
+        } else {
+            self.recorded
+        }
+    }
 }
 
 /// What the checker remembers to judge the history, not part of any actor.
@@ -93,6 +142,18 @@ pub struct Ghost {
     pub verdict_contradicted: bool,
     /// The upstream ran the operation while its approval row was not APPROVED.
     pub ran_unapproved: bool,
+    /// Paths reached so far ([`reached`]'s bits), for the `sometimes` properties.
+    pub reached: u8,
+}
+
+/// The paths the `sometimes` properties ask for that no agent's answer shows.
+pub mod reached {
+    /// The reconciler released a row (the status endpoint proved it never ran).
+    pub const RECONCILER_RELEASE: u8 = 1;
+    /// The reaper deleted a terminal row.
+    pub const REAP: u8 = 2;
+    /// A filter answered from its replay cache.
+    pub const REPLAY_CACHE_HIT: u8 = 4;
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -105,11 +166,22 @@ pub struct State {
     pub stores: Stores,
     pub upstream: Upstream,
     pub faults: u8,
-    /// Callouts the filter gave up on that may still reach idemd (method, path, body, until).
-    pub orphans: Vec<(String, String, Vec<u8>, u64)>,
+    /// Callouts the filter gave up on that may still reach idemd.
+    pub orphans: Vec<Orphan>,
+    /// The reconciler's pass in progress.
+    pub pass: Option<Pass>,
     /// The reconciler ran in the current second (it runs once a second at most).
     pub reconciled: bool,
     pub ghost: Ghost,
+}
+
+/// Where an idemd replica dies while serving a callout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Crash {
+    /// Before its first store call: nothing done.
+    Before,
+    /// Right after this store call: its effect stands, the answer is lost.
+    After,
 }
 
 /// How the upstream treats a request that reached it.
@@ -119,6 +191,8 @@ pub enum Up {
     Execute,
     /// 503, nothing ran.
     Busy,
+    /// 422: the upstream refuses the operation (nothing ran; the filter records FAILED).
+    Refuse,
     /// It runs, then the connection drops before the answer (Envoy: reset).
     CommitThenReset,
     /// Envoy times out; the upstream may still run it (until its worst case).
@@ -138,12 +212,13 @@ pub enum Action {
         agent: u8,
         filter: u8,
     },
-    /// idemd serves stream `stream`'s callout; `crash_at`: the replica dies before that store call.
+    /// The replica serving stream `stream`'s callout makes its next store call (and, if that was
+    /// the last, answers); `crash`: the replica dies there.
     Idemd {
         stream: usize,
-        crash_at: Option<u8>,
+        crash: Option<Crash>,
     },
-    /// idemd serves a callout its filter already gave up on.
+    /// The next store call of a callout its filter already gave up on.
     Orphan(usize),
     Upstream {
         stream: usize,
@@ -151,9 +226,14 @@ pub enum Action {
     },
     LateExecute,
     Tick,
+    /// The reconciler's pass selects the row (its lease ran out) and claims it.
+    ReconcileStart,
+    /// The pass's next call: the status lookup (`lookup_fails`: it fails) or a write.
     Reconcile {
         lookup_fails: bool,
     },
+    /// The reconciler dies mid-row (the claim holds the row until it runs out).
+    CrashReconciler,
     Reap,
     /// The approver decides (`POST /v1/approvals/{key}`), at any moment, late ones too.
     Decide {
@@ -176,8 +256,9 @@ impl Action {
     fn is_fault(self) -> bool {
         matches!(
             self,
-            Action::Idemd { crash_at: Some(_), .. }
-                | Action::Upstream { how: Up::Busy | Up::CommitThenReset | Up::Timeout, .. }
+            Action::Idemd { crash: Some(_), .. }
+                | Action::CrashReconciler
+                | Action::Upstream { how: Up::Busy | Up::Refuse | Up::CommitThenReset | Up::Timeout, .. }
                 | Action::Reconcile { lookup_fails: true }
                 | Action::CrashFilter(_)
                 | Action::RedisFlush
@@ -215,6 +296,7 @@ impl World {
             upstream: Upstream::default(),
             faults: 0,
             orphans: Vec::new(),
+            pass: None,
             reconciled: false,
             ghost: Ghost::default(),
         }
@@ -251,19 +333,20 @@ impl World {
             }
         }
         for (i, st) in s.streams.iter().enumerate() {
-            match st.wait {
-                Wait::Idemd(..) => {
-                    out.push(Action::Idemd { stream: i, crash_at: None });
+            match &st.wait {
+                Wait::Idemd(c) => {
+                    out.push(Action::Idemd { stream: i, crash: None });
                     if faults {
-                        for k in 0..3 {
-                            out.push(Action::Idemd { stream: i, crash_at: Some(k) });
+                        if !c.progress.iter().any(made) {
+                            out.push(Action::Idemd { stream: i, crash: Some(Crash::Before) });
                         }
+                        out.push(Action::Idemd { stream: i, crash: Some(Crash::After) });
                     }
                 }
                 Wait::Upstream => {
                     out.push(Action::Upstream { stream: i, how: Up::Execute });
                     if faults {
-                        for how in [Up::Busy, Up::CommitThenReset, Up::Timeout] {
+                        for how in [Up::Busy, Up::Refuse, Up::CommitThenReset, Up::Timeout] {
                             out.push(Action::Upstream { stream: i, how });
                         }
                     }
@@ -289,11 +372,23 @@ impl World {
         if bounded && (!budgets || s.now_s < u64::from(cfg.horizon_s)) {
             out.push(Action::Tick);
         }
-        let reconcilable = s.stores.sql.as_ref().is_some_and(|r| r.state == St::InFlight) && !s.stores.sql_down;
-        if reconcilable && !s.reconciled {
-            out.push(Action::Reconcile { lookup_fails: false });
-            if faults {
-                out.push(Action::Reconcile { lookup_fails: true });
+        let reconcilable = s
+            .stores
+            .sql
+            .as_ref()
+            .is_some_and(|r| r.state == St::InFlight && rules::claimable(&r.record(), now_ms(s.now_s)))
+            && !s.stores.sql_down;
+        match &s.pass {
+            None if reconcilable && !s.reconciled => out.push(Action::ReconcileStart),
+            None => {}
+            Some(p) => {
+                out.push(Action::Reconcile { lookup_fails: false });
+                if faults && p.at_lookup {
+                    out.push(Action::Reconcile { lookup_fails: true });
+                }
+                if faults {
+                    out.push(Action::CrashReconciler);
+                }
             }
         }
         if s.stores.sql.as_ref().is_some_and(|r| matches!(r.state, St::Done | St::Failed)) {
@@ -368,20 +463,26 @@ impl World {
                 a.waiting = true;
                 self.start(&mut s, agent, filter, Kind::Status);
             }
-            Action::Idemd { stream, crash_at } => {
-                let Wait::Idemd(method, path, body) = s.streams[stream].wait.clone() else { return None };
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, crash_at);
-                let answer = crate::idemd::serve(&mut run, &method, &path, &body);
-                let (status, body) = match answer {
-                    Some((status, body)) => (Some(status), body),
-                    None => (None, Vec::new()),
+            Action::Idemd { stream, crash } => {
+                let Wait::Idemd(mut c) = s.streams[stream].wait.clone() else { return None };
+                let stepped = match crash {
+                    Some(Crash::Before) => None,
+                    _ => Some(self.serve(&mut s, &mut c)?),
                 };
-                self.feed(&mut s, stream, Ev::Callout { now_s: now, status, body });
+                match (stepped, crash) {
+                    (Some(Stepped::Waiting), None) => s.streams[stream].wait = Wait::Idemd(c),
+                    (Some(Stepped::Answered((status, body))), None) => {
+                        self.feed(&mut s, stream, Ev::Callout { now_s: now, status: Some(status), body });
+                    }
+                    // The replica died: the filter's callout fails.
+                    _ => self.feed(&mut s, stream, Ev::Callout { now_s: now, status: None, body: Vec::new() }),
+                }
             }
             Action::Upstream { stream, how } => {
+                let key = s.streams[stream].sent_key.clone();
                 let ev = match how {
                     Up::Execute => {
-                        let n = self.execute(&mut s);
+                        let n = self.execute(&mut s, key.as_deref());
                         Ev::Response { now_s: now, status: 201, details: "via_upstream", body: transfer(n) }
                     }
                     Up::Busy => Ev::Response {
@@ -390,33 +491,42 @@ impl World {
                         details: "via_upstream",
                         body: br#"{"error":"busy"}"#.to_vec(),
                     },
+                    Up::Refuse => Ev::Response {
+                        now_s: now,
+                        status: 422,
+                        details: "via_upstream",
+                        body: br#"{"error":"insufficient_funds"}"#.to_vec(),
+                    },
                     Up::CommitThenReset => {
-                        self.execute(&mut s);
+                        self.execute(&mut s, key.as_deref());
                         self.envoy_reply(now, "upstream_reset_before_response_started{connection_termination}")
                     }
                     Up::Timeout => {
                         s.upstream.late_until = Some(s.now_s + u64::from(world::UPSTREAM_WORST_S));
+                        s.upstream.late_key = key;
                         self.envoy_reply(now, "upstream_response_timeout")
                     }
                 };
                 self.feed(&mut s, stream, ev);
             }
             Action::Orphan(i) => {
-                let (method, path, body, _) = s.orphans.remove(i);
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
-                crate::idemd::serve(&mut run, &method, &path, &body);
+                let mut o = s.orphans.remove(i);
+                if let Stepped::Waiting = self.serve(&mut s, &mut o.callout)? {
+                    s.orphans.push(o);
+                }
             }
             Action::LateExecute => {
                 s.upstream.late_until = None;
-                self.execute(&mut s);
+                let key = s.upstream.late_key.take();
+                self.execute(&mut s, key.as_deref());
             }
             Action::Tick => {
                 // A callout still out when time passes has hit the filter's sidecar timeout (shorter
                 // than a second here): it fails, whatever became of it.
                 for i in (0..s.streams.len()).rev() {
-                    if let Wait::Idemd(m, p, b) = &s.streams[i].wait {
+                    if let Wait::Idemd(c) = &s.streams[i].wait {
                         let until = s.now_s + u64::from(world::ORPHAN_S);
-                        s.orphans.push((m.clone(), p.clone(), b.clone(), until));
+                        s.orphans.push(Orphan { callout: c.clone(), until });
                         let failed = Ev::Callout { now_s: now, status: None, body: Vec::new() };
                         self.feed(&mut s, i, failed);
                     }
@@ -430,50 +540,36 @@ impl World {
                 }
                 self.tick(&mut s);
             }
-            Action::Reconcile { lookup_fails } => {
+            Action::ReconcileStart => {
                 s.reconciled = true;
-                let recorded = s.upstream.recorded;
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
-                run.reconcile(|_| {
-                    if lookup_fails {
-                        return None;
-                    }
-                    Some(match recorded {
-                        Some(n) => StatusAnswer::Found {
-                            content_type: Some("application/json".into()),
-                            // The upstream's record carries the transfer's fields, the reference's too.
-                            body: format!(
-                                r#"{{"status":"done","id":"T-{n}","amount":"10.00","currency":"EUR","ref":"{}"}}"#,
-                                crate::filter::BUSINESS_REF
-                            )
-                            .into_bytes(),
-                        },
-                        None => StatusAnswer::NotFound,
-                    })
-                })?;
+                let read = s.stores.sql.clone()?;
+                let mut pass = Pass { read, progress: Vec::new(), at_lookup: false };
+                self.reconcile(&mut s, &mut pass, false);
             }
+            Action::Reconcile { lookup_fails } => {
+                let mut pass = s.pass.take()?;
+                self.reconcile(&mut s, &mut pass, lookup_fails);
+            }
+            Action::CrashReconciler => s.pass = None,
             Action::Reap => {
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
-                if !run.reap() {
+                if !im::reap(&mut s.stores, s.now_s, &self.cfg) {
                     return None;
                 }
+                s.ghost.reached |= reached::REAP;
             }
             Action::Decide { approve } => {
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
-                if !run.decide(approve) {
+                if !im::decide(&mut s.stores, s.now_s, &self.cfg, approve) {
                     // Refused (decided already, lapsed): nothing changed.
                     return None;
                 }
             }
             Action::Lapse => {
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
-                if !run.lapse() {
+                if !im::lapse(&mut s.stores, s.now_s) {
                     return None;
                 }
             }
             Action::ReapApproval => {
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
-                if !run.reap_approval() {
+                if !im::reap_approval(&mut s.stores, s.now_s) {
                     return None;
                 }
             }
@@ -485,6 +581,7 @@ impl World {
                     if st.wait == Wait::Upstream {
                         // Envoy is gone; the request it sent may still run.
                         s.upstream.late_until = Some(s.now_s + u64::from(world::UPSTREAM_WORST_S));
+                        s.upstream.late_key = st.sent_key.clone();
                     }
                     let reset = Answer { http: 0, kind: "connection_reset".into(), execution: None };
                     self.tell(&mut s, st.agent, reset);
@@ -510,16 +607,64 @@ impl World {
         Some(s)
     }
 
-    /// The upstream runs a request: execution `n`, or the recorded one when it deduplicates.
-    fn execute(&self, s: &mut State) -> u8 {
-        let up = &mut s.upstream;
-        if self.cfg.upstream == crate::config::UpstreamKeys::Honoured {
-            if let Some(n) = up.recorded {
-                return n;
+    /// One store call of idemd's flow for `c` (`None`: idemd does not serve it).
+    fn serve(&self, s: &mut State, c: &mut Callout) -> Option<Stepped<(u16, Vec<u8>)>> {
+        let flow = im::callout_flow(&self.cfg, &c.method, &c.path, &c.body)?;
+        let none = |_: &idemd::store::record::Record| Asked::NoEndpoint;
+        Some(im::step(flow, &mut c.progress, &mut s.stores, s.now_s, &self.cfg, &none))
+    }
+
+    /// One call of the reconciler's pass: the status endpoint tells the truth (done with the
+    /// execution's id, or 404) unless the lookup fails.
+    fn reconcile(&self, s: &mut State, pass: &mut Pass, lookup_fails: bool) {
+        let upstream = s.upstream.clone();
+        let cfg = &self.cfg;
+        let honoured = cfg.upstream == crate::config::UpstreamKeys::Honoured;
+        let lookup = |rec: &idemd::store::record::Record| {
+            let answer = match (lookup_fails, upstream.found(honoured, &rec.key)) {
+                (true, _) => StatusAnswer::Failed("timed out".into()),
+                (false, Some(n)) => StatusAnswer::Found {
+                    content_type: Some("application/json".into()),
+                    // The upstream's record carries the transfer's fields, the reference's too.
+                    body: format!(
+                        r#"{{"status":"done","id":"T-{n}","amount":"10.00","currency":"EUR","ref":"{}"}}"#,
+                        crate::filter::BUSINESS_REF
+                    )
+                    .into_bytes(),
+                },
+                (false, None) => StatusAnswer::NotFound,
+            };
+            im::asked(cfg, rec, answer)
+        };
+        let flow = im::settle_flow(cfg, &pass.read.record());
+        match im::step(flow, &mut pass.progress, &mut s.stores, s.now_s, cfg, &lookup) {
+            Stepped::Waiting => {
+                let (_, next) = im::settle_flow(cfg, &pass.read.record()).replayed(&pass.progress);
+                pass.at_lookup = matches!(next, Next::Call(Call::Lookup { .. }));
+                s.pass = Some(pass.clone());
             }
+            Stepped::Answered(RowOutcome::Decided(Decision::Release, _)) => {
+                s.ghost.reached |= reached::RECONCILER_RELEASE
+            }
+            Stepped::Answered(_) => {}
+        }
+    }
+
+    /// The upstream runs a request: execution `n`, or the recorded one when it deduplicates.
+    /// `key`: the `Idempotency-Key` it carries; an upstream that honours keys answers what it ran
+    /// under that value, and runs anything it has not seen (no key is a new request each time).
+    fn execute(&self, s: &mut State, key: Option<&str>) -> u8 {
+        let up = &mut s.upstream;
+        let honoured = self.cfg.upstream == crate::config::UpstreamKeys::Honoured;
+        let key = key.filter(|k| honoured && !k.is_empty());
+        if let Some(n) = key.and_then(|k| up.found(true, k)) {
+            return n;
         }
         up.executions += 1;
         up.recorded = up.recorded.or(Some(up.executions));
+        if let Some(k) = key {
+            up.by_key.push((k.to_string(), up.executions));
+        }
         if self.cfg.approval && s.stores.approval.as_ref().is_none_or(|a| a.state != Ap::Approved) {
             s.ghost.ran_unapproved = true;
         }
@@ -549,8 +694,7 @@ impl World {
                 .filter_map(|st| filter::replayed(st.kind, &self.fingerprint, self.cfg.upstream, &st.journal).lease)
                 .collect();
             for lease in leases {
-                let mut run = Run::new(&mut s.stores, s.now_s, &self.cfg, None);
-                run.renew(lease.owner.as_str(), lease.lease_ms);
+                let _ = im::run_through(im::renew_flow(&self.cfg, lease), &mut s.stores, s.now_s, &self.cfg);
             }
         }
         if s.stores.redis.as_ref().is_some_and(|c| s.now_s >= c.until_s) {
@@ -558,8 +702,9 @@ impl World {
         }
         if s.upstream.late_until.is_some_and(|t| s.now_s > t) {
             s.upstream.late_until = None;
+            s.upstream.late_key = None;
         }
-        s.orphans.retain(|o| s.now_s <= o.3);
+        s.orphans.retain(|o| s.now_s <= o.until);
         // An expired replay-cache entry is a miss to every lookup (`replay_cache::lookup`), the
         // only reader of the slot: drop it, so it no longer tells states apart.
         let now = world::T0 + s.now_s;
@@ -583,6 +728,7 @@ impl World {
             held: None,
             param_hash: None,
             forwarded_s: None,
+            sent_key: None,
         };
         s.streams.push(stream);
         let i = s.streams.len() - 1;
@@ -601,6 +747,9 @@ impl World {
         let f = usize::from(st.filter);
         if let Some(v) = eff.shared_set.clone() {
             s.caches[f] = Some(v);
+        }
+        if eff.replay_cache_hit {
+            s.ghost.reached |= reached::REPLAY_CACHE_HIT;
         }
         if self.cfg.is(Mutation::CacheNonTerminal) && eff.unknown_outcome {
             self.cache_non_terminal(s, i);
@@ -623,10 +772,16 @@ impl World {
                     .and_then(|b| serde_json::from_slice::<AcquireRequest>(b).ok())
                     .map(|r| r.param_hash);
             }
-            st.wait = Wait::Idemd(call.method.to_string(), call.path, call.body.unwrap_or_default());
+            st.wait = Wait::Idemd(Callout {
+                method: call.method.to_string(),
+                path: call.path,
+                body: call.body.unwrap_or_default(),
+                progress: Vec::new(),
+            });
             return;
         }
         if eff.forward.is_some() {
+            st.sent_key = eff.forward.clone();
             st.wait = Wait::Upstream;
             st.forwarded_s = Some(s.now_s);
             return;
@@ -676,6 +831,10 @@ impl World {
                 (None, "rejected") => s.ghost.verdict = Some(Ap::Rejected),
                 (None, "approval_lapsed") => s.ghost.verdict = Some(Ap::Lapsed),
                 (None, _) | (Some(Ap::Rejected), "rejected") | (Some(Ap::Lapsed), "approval_lapsed") => {}
+                // A release's answer (nothing ran, retry) that crossed the sweep: true, and the
+                // retry hears approval_lapsed. Only lapsing can cross a release: a reject needs the
+                // row AWAITING, and then no IN_FLIGHT row exists to release.
+                (Some(Ap::Lapsed), "not_executed") => {}
                 (Some(_), _) => s.ghost.verdict_contradicted = true,
             }
         }
@@ -706,6 +865,11 @@ impl World {
             }
         }
     }
+}
+
+/// A reply to a store call, not to the clock or the token counter: a store call was made.
+fn made(r: &Reply) -> bool {
+    !matches!(r, Reply::Now(_) | Reply::Owner(_))
 }
 
 fn now_ms(now_s: u64) -> i64 {

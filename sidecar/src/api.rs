@@ -49,8 +49,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem_core::protocol::{
-    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, NotFoundView, ReleaseRequest, RenewRequest,
-    SecurityEventReport, SecurityKind, WithApproval,
+    Ack, AcquireOutcome, AcquireRequest, CompleteRequest, ReleaseRequest, RenewRequest, SecurityEventReport,
+    SecurityKind,
 };
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -60,7 +60,8 @@ use crate::approvals::{self, ApprovalsState, Approvers};
 use crate::auth::{require_token, AuthState, Tokens};
 use crate::reconcile::Lookups;
 use crate::store::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
-use crate::store::{now_ms, retention, Store};
+use crate::store::flow::write::Lookup;
+use crate::store::Store;
 
 /// The largest request body: a complete carries one stored result.
 pub const MAX_BODY_BYTES: usize = crate::store::record::MAX_RESULT_BYTES;
@@ -190,23 +191,12 @@ async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>, Raw
         Ok(exp) => exp,
         Err(why) => return bad_request(why),
     };
-    match store.operation(&key).await {
-        Ok(Some(view)) => (StatusCode::OK, Json(view)).into_response(),
-        Ok(None) => {
-            let retention_ms = store.settings().terminal_retention_ms;
-            let reaped_possible = exp.is_some_and(|exp| retention::reaped_possible(exp, now_ms(), retention_ms));
-            // Nothing executed; a person may be (or have been) asked about it.
-            let approval = match store.approval_view(&key).await {
-                Ok(a) => a,
-                Err(_) => {
-                    return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"})))
-                        .into_response()
-                }
-            };
-            let body = WithApproval { answer: NotFoundView { error: "not_found".into(), reaped_possible }, approval };
-            (StatusCode::NOT_FOUND, Json(body)).into_response()
+    match store.lookup(&key, exp).await {
+        Lookup::Found(view) => (StatusCode::OK, Json(view)).into_response(),
+        Lookup::NotFound(body) => (StatusCode::NOT_FOUND, Json(body)).into_response(),
+        Lookup::Unavailable => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"}))).into_response()
         }
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"}))).into_response(),
     }
 }
 

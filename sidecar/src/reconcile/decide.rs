@@ -8,7 +8,7 @@ use super::target::{By, NO_REF_LOOKUP};
 use crate::store::record::Record;
 
 /// What the reconciler could learn about one row.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Asked {
     /// The row's scope has no status endpoint.
     NoEndpoint,
@@ -19,7 +19,7 @@ pub enum Asked {
 }
 
 /// What the status endpoint said about one key or business reference.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum StatusAnswer {
     /// 200: the upstream has a record of this key.
     Found { content_type: Option<String>, body: Vec<u8> },

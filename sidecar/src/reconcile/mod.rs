@@ -12,21 +12,22 @@
 
 pub mod decide;
 pub mod lookup;
+pub mod settle;
 pub mod target;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::protocol::{OpState, TerminalState};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn, Instrument};
 
-use self::decide::{decide, Asked, Decision, Rules};
+use self::decide::{Decision, Rules};
 use self::lookup::StatusClient;
-use crate::store::audit::{clip, Audit, MAX_WHY};
+use self::settle::{RowOutcome, SettleSettings};
+use crate::store::flow::{Call, Flow, Next, Reply};
 use crate::store::record::Record;
 use crate::store::sql::SqlError;
-use crate::store::{new_owner, now_ms, Store};
+use crate::store::{now_ms, Store};
 
 /// Rows looked up at the same time within one pass.
 const CONCURRENCY: usize = 8;
@@ -84,22 +85,16 @@ impl PassReport {
 
     fn count(&mut self, outcome: RowOutcome) {
         match outcome {
-            RowOutcome::Decided(Decision::Done(_)) => self.done += 1,
-            RowOutcome::Decided(Decision::Failed(_)) => self.failed += 1,
-            RowOutcome::Decided(Decision::Release) => self.released += 1,
-            RowOutcome::Decided(Decision::NeedsReview) => self.needs_review += 1,
-            RowOutcome::Decided(Decision::Retry) => self.retry += 1,
-            RowOutcome::Decided(Decision::SkipGrace) => self.skipped_grace += 1,
+            RowOutcome::Decided(Decision::Done(_), _) => self.done += 1,
+            RowOutcome::Decided(Decision::Failed(_), _) => self.failed += 1,
+            RowOutcome::Decided(Decision::Release, _) => self.released += 1,
+            RowOutcome::Decided(Decision::NeedsReview, _) => self.needs_review += 1,
+            RowOutcome::Decided(Decision::Retry, _) => self.retry += 1,
+            RowOutcome::Decided(Decision::SkipGrace, _) => self.skipped_grace += 1,
             RowOutcome::TakenElsewhere => self.taken_elsewhere += 1,
             RowOutcome::Error => self.errors += 1,
         }
     }
-}
-
-enum RowOutcome {
-    Decided(Decision),
-    TakenElsewhere,
-    Error,
 }
 
 pub struct Reconciler {
@@ -175,88 +170,39 @@ impl Reconciler {
         Ok(report)
     }
 
-    /// Claim one row, ask, decide, write.
+    /// Claim one row, ask, decide, write: the flow of `settle`, its lookup carried out here,
+    /// every store call by the store.
     async fn settle(&self, rec: Record) -> RowOutcome {
-        let token = new_owner();
-        let now = now_ms();
-        let until = now.saturating_add(i64::try_from(self.settings.claim_ms).unwrap_or(i64::MAX));
-        match self.store.sql().claim(&rec, &token, until, now).await {
-            Ok(true) => {}
-            Ok(false) => return RowOutcome::TakenElsewhere,
-            Err(e) => {
-                warn!(key = %rec.key, error = %e, "claim failed");
-                return RowOutcome::Error;
+        let settings = SettleSettings {
+            rules: self.settings.rules.clone(),
+            claim_ms: self.settings.claim_ms,
+            actor: self.actor.clone(),
+            store: self.store.flow_settings(),
+        };
+        let (key, scope) = (rec.key.clone(), rec.scope.clone());
+        let mut flow = Flow::new(|io| settle::settle(io, rec, settings));
+        let mut reply = None;
+        let outcome = loop {
+            let next = flow.next(reply.take());
+            for note in flow.notes() {
+                self.store.noted(note);
+            }
+            match next {
+                Next::Done(outcome) => break outcome,
+                Next::Call(Call::Lookup { rec }) => reply = Some(Reply::Asked(self.status.ask(&rec).await)),
+                Next::Call(call) => reply = Some(self.store.carry_out(call).await),
+            }
+        };
+        if let RowOutcome::Decided(decision, why) = &outcome {
+            tracing::Span::current().record("decision", decision.metric());
+            self.store.metrics().reconciled(decision.metric());
+            if matches!(decision, Decision::SkipGrace | Decision::Retry) {
+                debug!(key = %key, scope = %scope, decision = decision.metric(), %why, "reconciler");
+            } else {
+                info!(key = %key, scope = %scope, decision = decision.metric(), %why, "reconciler decided");
             }
         }
-        let asked = self.status.ask(&rec).await;
-        if let Asked::Answered(_, answer) = &asked {
-            self.store.metrics().lookup(&rec.scope, answer.metric());
-        }
-        let (decision, why) = decide(&rec, &asked, now_ms(), &self.settings.rules);
-        tracing::Span::current().record("decision", decision.metric());
-        match self.apply(&rec, &token, &decision, clip(&why, MAX_WHY)).await {
-            Ok(true) => {
-                self.store.metrics().reconciled(decision.metric());
-                if matches!(decision, Decision::SkipGrace | Decision::Retry) {
-                    debug!(key = %rec.key, scope = %rec.scope, decision = decision.metric(), %why, "reconciler");
-                } else {
-                    info!(key = %rec.key, scope = %rec.scope, decision = decision.metric(), %why, "reconciler decided");
-                }
-                RowOutcome::Decided(decision)
-            }
-            // The claim ran out while asking and someone else has the row now.
-            Ok(false) => RowOutcome::TakenElsewhere,
-            Err(e) => {
-                warn!(key = %rec.key, error = %e, "writing the reconciler's decision failed");
-                RowOutcome::Error
-            }
-        }
-    }
-
-    /// The owner-checked write of one decision (the claim token is the owner),
-    /// then Redis. `false`: the claim was lost.
-    async fn apply(&self, rec: &Record, token: &str, decision: &Decision, why: &str) -> Result<bool, SqlError> {
-        let sql = self.store.sql();
-        let audit = Audit { actor: &self.actor, action: decision.action(), why, trace_id: "" };
-        let now = now_ms();
-        match decision {
-            Decision::Done(result) | Decision::Failed(result) => {
-                let (state, op_state) = match decision {
-                    Decision::Failed(_) => (TerminalState::Failed, OpState::Failed),
-                    _ => (TerminalState::Done, OpState::Done),
-                };
-                let json = serde_json::to_string(result).map_err(|e| SqlError::Corrupt(e.to_string()))?;
-                if !sql.complete(&rec.key, token, state, &json, now, &audit).await? {
-                    return Ok(false);
-                }
-                let now_row = Record {
-                    state: op_state,
-                    owner: Some(token.to_string()),
-                    result: Some(result.clone()),
-                    lease_until_ms: None,
-                    updated_at_ms: now,
-                    ..rec.clone()
-                };
-                self.store.refresh_cache(&rec.key, Some(&now_row)).await;
-            }
-            Decision::Release => {
-                if !sql.release(&rec.key, token, &audit).await? {
-                    return Ok(false);
-                }
-                self.store.refresh_cache(&rec.key, None).await;
-            }
-            Decision::NeedsReview => {
-                if !sql.mark_needs_review(rec, token, now, &audit).await? {
-                    return Ok(false);
-                }
-                let now_row =
-                    Record { state: OpState::NeedsReview, lease_until_ms: None, updated_at_ms: now, ..rec.clone() };
-                self.store.refresh_cache(&rec.key, Some(&now_row)).await;
-            }
-            Decision::Retry => return sql.unclaim(rec, token, true, Some(&audit)).await,
-            Decision::SkipGrace => return sql.unclaim(rec, token, false, None).await,
-        }
-        Ok(true)
+        outcome
     }
 }
 

@@ -24,7 +24,7 @@ pub const KEY_PLACEHOLDER: &str = "{key}";
 pub const REF_PLACEHOLDER: &str = "{ref}";
 
 /// What a lookup is keyed by, for the evidence in the audit line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum By {
     Key,
     Ref,

@@ -16,15 +16,12 @@
 //! whose approval row is not APPROVED (`rules::acquire_allowed`), so no route, retry or race can
 //! forward an operation a person has not approved.
 
-use idem_core::protocol::{
-    AcquireOutcome, AcquireRequest, AcquireResponse, ApprovalState, ApprovalView, Decision, WithApproval,
-};
+use idem_core::protocol::{ApprovalState, ApprovalView, Decision};
 use sqlx::Row;
-use tracing::warn;
 
 use super::audit::Audit;
 use super::record::ApprovalRow;
-use super::rules::{self, Gate, Refusal};
+use super::rules::{self, Refusal};
 use super::sql::{audited, on_pool, render, Backend, Bind, Change, SqlError, SqlStore};
 use super::{now_ms, Store};
 
@@ -211,65 +208,6 @@ pub enum DecideError {
 }
 
 impl Store {
-    /// An acquire of a route that asks for approval: record it, answer from its approval row, or
-    /// (`None`) let an APPROVED operation go on to the ordinary acquire.
-    pub(super) async fn approval_gate(&self, req: &AcquireRequest) -> Option<WithApproval<AcquireResponse>> {
-        let ask = req.approval.as_ref()?;
-        let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
-        let exp_ms = req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX));
-        for _ in 0..2 {
-            let now = now_ms();
-            let row = match self.sql_timed("approval_get", self.sql.approval(&req.key)).await {
-                Ok(r) => r,
-                Err(e) => {
-                    warn!(key = %req.key, error = %e, "SQL read of the approval failed: STORE_UNAVAILABLE");
-                    return Some(answer(AcquireOutcome::StoreUnavailable, None));
-                }
-            };
-            // No approval row yet: has the operation started without one? Then its row answers.
-            let started = match &row {
-                Some(_) => false,
-                None => match self.sql_timed("get", self.sql.get(&req.key)).await {
-                    Ok(record) => record.is_some(),
-                    Err(e) => {
-                        warn!(key = %req.key, error = %e, "SQL read of the record failed: STORE_UNAVAILABLE");
-                        return Some(answer(AcquireOutcome::StoreUnavailable, None));
-                    }
-                },
-            };
-            match rules::approval_gate(row.as_ref(), started, binding, now) {
-                Gate::Proceed => return None,
-                Gate::Answer(outcome) => {
-                    let view = row.as_ref().filter(|_| outcome != AcquireOutcome::ParamMismatch);
-                    return Some(answer(outcome, view.and_then(|r| r.view(self.console()))));
-                }
-                Gate::Record => {}
-            }
-            // An approval belongs to a fingerprint, and lapses at its exp; a client key has none.
-            let Some(exp_ms) = exp_ms else { return Some(answer(AcquireOutcome::StoreUnavailable, None)) };
-            let new = ApprovalRow::awaiting(req, ask, exp_ms, now);
-            let audit = Audit {
-                actor: "filter",
-                action: "await_approval",
-                why: "the route asks a person to approve this confirm; nothing forwarded",
-                trace_id: &req.trace_id,
-            };
-            match self.sql_timed("approval_insert", self.sql.insert_awaiting(&new, &audit)).await {
-                Ok(true) => {
-                    self.metrics.approval("awaiting");
-                    return Some(answer(AcquireOutcome::AwaitingApproval, new.view(self.console())));
-                }
-                // Another confirm recorded it a moment ago: read it again.
-                Ok(false) => continue,
-                Err(e) => {
-                    warn!(key = %req.key, error = %e, "SQL insert of the approval failed: STORE_UNAVAILABLE");
-                    return Some(answer(AcquireOutcome::StoreUnavailable, None));
-                }
-            }
-        }
-        Some(answer(AcquireOutcome::StoreUnavailable, None))
-    }
-
     /// The approval row of `key` as the API shows it (a lookup's 404 carries it).
     pub async fn approval_view(&self, key: &str) -> Result<Option<ApprovalView>, SqlError> {
         let row = self.sql_timed("approval_get", self.sql.approval(key)).await?;
@@ -344,10 +282,6 @@ fn decision_action(d: Decision) -> &'static str {
         Decision::Approve => "approve",
         Decision::Reject => "reject",
     }
-}
-
-fn answer(outcome: AcquireOutcome, approval: Option<ApprovalView>) -> WithApproval<AcquireResponse> {
-    WithApproval { answer: AcquireResponse { outcome, owner: None, result: None }, approval }
 }
 
 #[cfg(test)]

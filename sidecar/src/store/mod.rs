@@ -37,6 +37,7 @@ pub mod approval;
 pub mod audit;
 pub mod backlog;
 mod claims;
+pub mod flow;
 mod group_commit;
 pub mod record;
 pub mod redis;
@@ -52,29 +53,22 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use idem_core::protocol::{
-    Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OpState, OperationView,
-    OwnerToken, ReleaseRequest, RenewRequest, RenewResponse, SecurityKind, StoredResult, WithApproval,
+    Ack, AckResponse, AcquireOutcome, AcquireRequest, AcquireResponse, CompleteRequest, OperationView, OwnerToken,
+    ReleaseRequest, RenewRequest, RenewResponse, SecurityKind, WithApproval,
 };
 use tokio::sync::Semaphore;
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, warn, Instrument};
+
+use crate::reconcile::decide::Asked;
 
 use self::audit::{Audit, SecurityEvent};
+use self::flow::{Call, Flow, Next, Note, Reply, Said, SqlAnswer, SqlFail};
 use self::record::Record;
-use self::redis::{AcquireReply, Binding, RedisDown, RedisStore, WriteReply};
+use self::redis::{Binding, RedisDown, RedisStore};
 use self::replication::Replication;
+use self::rules::Broken;
 use self::sql::{NewInFlight, SqlError, SqlStore};
 use crate::metrics::Metrics;
-
-/// How long a restored IN_FLIGHT copy lives in Redis once its SQL lease has
-/// run out. Short: until the reconciler decides, SQL is asked again soon.
-const EXPIRED_LEASE_CACHE_MS: u64 = 1_000;
-
-/// A row that vanishes between the conflicting insert and the read (a release
-/// raced us) is retried this often before giving up with STORE_UNAVAILABLE.
-const MAX_ATTEMPTS: usize = 3;
-
-/// The filter's calls carry no reason; the audit line says what the call means.
-const FILTER: &str = "filter";
 
 /// Security events written to SQL at once, at most. A flood of forged
 /// fingerprints (each one a report) must not take the connections the
@@ -99,6 +93,16 @@ pub struct StoreSettings {
     /// by a release that reached only SQL (a live acquirer inserts its row
     /// within one SQL timeout of taking the Redis gate).
     pub stale_in_flight_ms: u64,
+}
+
+impl From<SqlError> for SqlFail {
+    fn from(e: SqlError) -> Self {
+        match e {
+            SqlError::Timeout => SqlFail::Timeout,
+            SqlError::Corrupt(what) => SqlFail::Corrupt(what),
+            other => SqlFail::Down(other.to_string()),
+        }
+    }
 }
 
 /// SQL, the truth, could not answer.
@@ -143,13 +147,6 @@ impl Drop for Pending {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// How an attempt ended.
-enum Step {
-    Answer(AcquireResponse),
-    /// Redis held a stale IN_FLIGHT and it was dropped: ask again.
-    Again,
 }
 
 impl Store {
@@ -236,46 +233,19 @@ impl Store {
         if let Some(why) = replication::refusal(mode, self.accept_async_failover_risk, req.upstream_ignores_keys) {
             warn!(key = %req.key, scope = %req.scope, replication = mode.as_str(), reason = why, "acquire refused");
             self.metrics.replication_refused(mode.as_str());
-            let answer = unavailable();
+            let answer = flow::acquire::unavailable();
             self.after_acquire(req, &answer);
             return WithApproval { answer, approval: None };
         }
-        if let Some(gated) = self.approval_gate(req).await {
-            self.after_acquire(req, &gated.answer);
-            return gated;
-        }
         let answer = self.acquire_plain(req).await;
-        // The approval was given, but its row is not where the insert looked (reaped, or an
-        // answer from the row that stopped the insert): carry what the row says.
-        if matches!(
-            answer.outcome,
-            AcquireOutcome::AwaitingApproval | AcquireOutcome::Rejected | AcquireOutcome::Lapsed
-        ) {
-            let approval = self.approval_view(&req.key).await.ok().flatten();
-            return WithApproval { answer, approval };
-        }
-        WithApproval { answer, approval: None }
+        self.after_acquire(req, &answer.answer);
+        answer
     }
 
-    async fn acquire_plain(&self, req: &AcquireRequest) -> AcquireResponse {
-        let lease_ms = req.lease_ms.max(self.settings.lease_ms);
-        let owner = new_owner();
-        let mut answer = None;
-        for _ in 0..MAX_ATTEMPTS {
-            match self.acquire_once(req, &owner, lease_ms).await {
-                Step::Answer(a) => {
-                    answer = Some(a);
-                    break;
-                }
-                Step::Again => continue,
-            }
-        }
-        let answer = answer.unwrap_or_else(|| {
-            warn!(key = %req.key, "acquire kept racing a release; answering STORE_UNAVAILABLE");
-            unavailable()
-        });
-        self.after_acquire(req, &answer);
-        answer
+    async fn acquire_plain(&self, req: &AcquireRequest) -> WithApproval<AcquireResponse> {
+        let settings = self.flow_settings();
+        let req = req.clone();
+        self.drive(Flow::new(|io| flow::acquire::acquire_answer(io, req, settings))).await
     }
 
     /// What every acquire's answer is followed by: the security event of a mismatch, the count.
@@ -304,273 +274,15 @@ impl Store {
         self.metrics.acquire(answer.outcome.as_str(), req.mode.as_str());
     }
 
-    async fn acquire_once(&self, req: &AcquireRequest, owner: &str, lease_ms: u64) -> Step {
-        let binding = Binding { param_hash: &req.param_hash, subject_hash: &req.subject_hash, scope: &req.scope };
-        let reply = match &self.redis {
-            None => None,
-            Some(r) => self.redis_timed("acquire", r.acquire(&req.key, binding, owner, lease_ms)).await,
-        };
-        let Some(reply) = reply else {
-            return Step::Answer(self.sql_acquire(req, owner, lease_ms, false).await);
-        };
-        match reply {
-            AcquireReply::Acquired => Step::Answer(self.sql_acquire(req, owner, lease_ms, true).await),
-            AcquireReply::InFlight { owner: holder, age_ms } => self.confirm_in_flight(req, holder, age_ms).await,
-            AcquireReply::Done(json) => self.replay(req, owner, lease_ms, AcquireOutcome::Done, &json).await,
-            AcquireReply::Failed(json) => self.replay(req, owner, lease_ms, AcquireOutcome::Failed, &json).await,
-            AcquireReply::NeedsReview => self.confirm_needs_review(req).await,
-            AcquireReply::ParamMismatch => {
-                Step::Answer(AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None })
-            }
-        }
-    }
-
-    async fn replay(
-        &self,
-        req: &AcquireRequest,
-        owner: &str,
-        lease_ms: u64,
-        outcome: AcquireOutcome,
-        json: &str,
-    ) -> Step {
-        match serde_json::from_str::<StoredResult>(json) {
-            Ok(result) => Step::Answer(AcquireResponse { outcome, owner: None, result: Some(result) }),
-            Err(e) => {
-                // A cache entry this version cannot read: drop it and let SQL
-                // answer (and refill it).
-                warn!(key = %req.key, error = %e, "unreadable result in Redis; asking SQL");
-                self.evict(&req.key).await;
-                Step::Answer(self.sql_acquire(req, owner, lease_ms, false).await)
-            }
-        }
-    }
-
-    /// The SQL gate: insert the IN_FLIGHT row, or answer from the row that is
-    /// there. `gate_in_redis`: this attempt holds the Redis IN_FLIGHT, which
-    /// must not outlive a failure here, and which is replaced by the row when
-    /// the row wins.
-    async fn sql_acquire(
-        &self,
-        req: &AcquireRequest,
-        owner: &str,
-        lease_ms: u64,
-        gate_in_redis: bool,
-    ) -> AcquireResponse {
-        for _ in 0..MAX_ATTEMPTS {
-            let now = now_ms();
-            let row = NewInFlight {
-                key: &req.key,
-                param_hash: &req.param_hash,
-                subject_hash: &req.subject_hash,
-                scope: &req.scope,
-                owner,
-                lease_until_ms: now.saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX)),
-                now_ms: now,
-                fp_exp_ms: req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
-                upstream_ignores_keys: req.upstream_ignores_keys,
-                business_ref: req.business_ref.as_deref(),
-                // Kept only beside a reference: what a record found under it must carry.
-                bound_fields: req.fields.as_deref().filter(|_| req.business_ref.is_some()),
-            };
-            let audit = Audit {
-                actor: FILTER,
-                action: "acquire",
-                why: "confirm acquired: forwarding to the upstream",
-                trace_id: &req.trace_id,
-            };
-            let inserted = self.sql_timed("insert", self.sql.insert_in_flight(&row, &audit)).await;
-            match inserted {
-                Ok(true) => {
-                    return AcquireResponse {
-                        outcome: AcquireOutcome::Acquired,
-                        owner: OwnerToken::parse(owner).ok(),
-                        result: None,
-                    }
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    warn!(key = %req.key, error = %e, "SQL insert failed: STORE_UNAVAILABLE");
-                    self.undo_acquire(&req.key, owner, gate_in_redis, matches!(e, SqlError::Timeout)).await;
-                    return unavailable();
-                }
-            }
-            match self.sql_timed("get", self.sql.get(&req.key)).await {
-                Ok(Some(rec)) => {
-                    if gate_in_redis {
-                        debug!(key = %req.key, state = rec.state.as_str(), "Redis had lost this key; restoring the row");
-                        self.metrics.redis_refill(rec.state.as_str());
-                        self.restore(&rec).await;
-                    }
-                    return answer_from_row(&rec, req);
-                }
-                // No row: the insert was refused (an approval not given, a business reference
-                // another operation holds), or the row was released between our insert and our read
-                // (then try the insert again).
-                Ok(None) => match self.refused_insert(req, now).await {
-                    Ok(Some(outcome)) => {
-                        self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
-                        return AcquireResponse { outcome, owner: None, result: None };
-                    }
-                    Ok(None) => continue,
-                    Err(_) => {
-                        self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
-                        return unavailable();
-                    }
-                },
-                Err(e) => {
-                    warn!(key = %req.key, error = %e, "SQL read failed: STORE_UNAVAILABLE");
-                    self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
-                    return unavailable();
-                }
-            }
-        }
-        self.undo_acquire(&req.key, owner, gate_in_redis, false).await;
-        unavailable()
-    }
-
-    /// The attempt answers STORE_UNAVAILABLE: leave nothing behind that would
-    /// make a retry wait for an operation that never ran.
-    async fn undo_acquire(&self, key: &str, owner: &str, gate_in_redis: bool, insert_may_have_committed: bool) {
-        if gate_in_redis {
-            if let Some(r) = &self.redis {
-                self.redis_timed("release", r.release(key, owner)).await;
-            }
-        }
-        if insert_may_have_committed {
-            // The owner token was never handed out, so deleting a row with it
-            // can only remove our own. Off the request path: SQL is struggling.
-            let key = key.to_string();
-            let owner = owner.to_string();
-            let sql = self.sql.clone();
-            tokio::spawn(async move {
-                let audit = Audit {
-                    actor: "idemd",
-                    action: "release",
-                    why: "the acquire's insert timed out; the caller was told to retry (STORE_UNAVAILABLE)",
-                    trace_id: "",
-                };
-                if let Ok(true) = sql.release(&key, &owner, &audit).await {
-                    debug!(%key, "removed the row of a timed-out insert");
-                }
-            });
-        }
-    }
-
-    /// Redis says someone holds it. SQL has the last word on whether that is
-    /// still so.
-    async fn confirm_in_flight(&self, req: &AcquireRequest, holder: String, age_ms: i64) -> Step {
-        let in_flight = |owner: String| AcquireResponse {
-            outcome: AcquireOutcome::InFlight,
-            owner: OwnerToken::parse(&owner).ok(),
-            result: None,
-        };
-        match self.sql_timed("get", self.sql.get(&req.key)).await {
-            Ok(Some(rec)) => {
-                if rec.state != OpState::InFlight || rec.owner.as_deref() != Some(holder.as_str()) {
-                    // SQL moved on while Redis could not be told.
-                    self.restore(&rec).await;
-                }
-                Step::Answer(answer_from_row(&rec, req))
-            }
-            Ok(None) if age_ms > i64::try_from(self.settings.stale_in_flight_ms).unwrap_or(i64::MAX) => {
-                // Released in SQL while Redis was unreachable. Drop the copy
-                // (only if it is still that holder's) and start over.
-                if let Some(r) = &self.redis {
-                    if self.redis_timed("release", r.release(&req.key, &holder)).await.is_some() {
-                        return Step::Again;
-                    }
-                }
-                Step::Answer(in_flight(holder))
-            }
-            // The holder took the Redis gate a moment ago and is inserting its row now.
-            Ok(None) => Step::Answer(in_flight(holder)),
-            // SQL down: IN_FLIGHT is still the safe answer (nothing may run).
-            Err(_) => Step::Answer(in_flight(holder)),
-        }
-    }
-
-    /// Why an insert that found no row inserted nothing, if it was refused: the approval's answer
-    /// (not given, or past `exp`), or REFERENCE_IN_USE when another operation of the scope holds the
-    /// business reference (DESIGN §4, "A reference proves only its own operation": a reference two
-    /// operations shared would let one be settled by the other's record). `None`: not refused
-    /// (released meanwhile), insert again.
-    async fn refused_insert(&self, req: &AcquireRequest, now: i64) -> Result<Option<AcquireOutcome>, SqlError> {
-        if let Some(a) = self.sql_timed("approval_get", self.sql.approval(&req.key)).await? {
-            if !rules::acquire_allowed(Some(&a), now) {
-                let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
-                return Ok(Some(match rules::approval_gate(Some(&a), false, binding, now) {
-                    rules::Gate::Answer(o) => o,
-                    // Not allowed, so not APPROVED: awaiting is the closest honest word.
-                    rules::Gate::Proceed | rules::Gate::Record => AcquireOutcome::AwaitingApproval,
-                }));
-            }
-        }
-        let Some(reference) = req.business_ref.as_deref() else { return Ok(None) };
-        let holder = self.sql_timed("reference_get", self.sql.reference_holder(&req.scope, reference)).await?;
-        match holder {
-            Some(other) if other != req.key.as_str() => {
-                info!(key = %req.key, scope = %req.scope, holder = %other, "business reference held by another operation: refused");
-                Ok(Some(AcquireOutcome::ReferenceInUse))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Redis says a person has to decide. SQL has the last word: an operator
-    /// may have resolved it there without reaching Redis.
-    async fn confirm_needs_review(&self, req: &AcquireRequest) -> Step {
-        match self.sql_timed("get", self.sql.get(&req.key)).await {
-            Ok(Some(rec)) => {
-                if rec.state != OpState::NeedsReview {
-                    // restore never moves the cache backwards, so drop the copy first.
-                    self.evict(&req.key).await;
-                    self.restore(&rec).await;
-                }
-                Step::Answer(answer_from_row(&rec, req))
-            }
-            // Released by an operator: the nonce is free again.
-            Ok(None) => {
-                self.evict(&req.key).await;
-                Step::Again
-            }
-            // SQL down: the cached NEEDS_REVIEW is still the safe answer (nothing may run).
-            Err(_) => Step::Answer(AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None }),
-        }
-    }
-
     /// Bring the cache in line with a row SQL just changed: `Some` is the row
     /// as it is now, `None` means it is gone. Best effort: a cache that missed
     /// this is corrected by the next acquire, which checks SQL.
     pub async fn refresh_cache(&self, key: &str, now: Option<&Record>) {
-        match now {
-            Some(rec) => {
-                self.evict(key).await;
-                self.restore(rec).await;
-            }
-            None => self.evict(key).await,
-        }
-    }
-
-    async fn restore(&self, rec: &Record) {
-        let Some(r) = &self.redis else { return };
-        let ttl_ms = match rec.state {
-            OpState::InFlight => {
-                let left = rec.lease_until_ms.unwrap_or(0).saturating_sub(now_ms());
-                u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
-            }
-            // As long as SQL keeps the row (its fingerprint's exp counts too).
-            OpState::Done | OpState::Failed | OpState::NeedsReview => {
-                let left = retention::kept_until_ms(rec, self.settings.terminal_retention_ms).saturating_sub(now_ms());
-                u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
-            }
-        };
-        self.redis_timed("restore", r.restore(rec, ttl_ms)).await;
-    }
-
-    async fn evict(&self, key: &str) {
-        if let Some(r) = &self.redis {
-            self.redis_timed("evict", r.evict(key)).await;
-        }
+        let (settings, key, now) = (self.flow_settings(), key.to_string(), now.cloned());
+        self.drive(Flow::new(
+            |io| async move { flow::acquire::refresh_cache(&io, &settings, &key, now.as_ref()).await },
+        ))
+        .await;
     }
 
     // ---- complete / release -------------------------------------------
@@ -582,50 +294,8 @@ impl Store {
     }
 
     async fn complete_inner(&self, req: &CompleteRequest) -> Ack {
-        let result_json = match serde_json::to_string(&req.result) {
-            Ok(j) => j,
-            Err(e) => {
-                warn!(key = %req.key, error = %e, "result does not serialize");
-                return Ack::StoreUnavailable;
-            }
-        };
-        let state = req.state.as_str();
-        let why = format!("upstream answered {}", req.result.status);
-        let audit = Audit { actor: FILTER, action: "complete", why: &why, trace_id: &req.trace_id };
-        let updated = self
-            .sql_timed("complete", self.sql.complete(&req.key, &req.owner, req.state, &result_json, now_ms(), &audit))
-            .await;
-        match updated {
-            Ok(true) => {}
-            Ok(false) => {
-                // The filter may retry a complete whose answer it lost: the same
-                // owner with the same outcome is a success, not a conflict.
-                match self.sql_timed("get", self.sql.get(&req.key)).await {
-                    Ok(Some(rec)) if rules::is_repeat(&rec, req.owner.as_str(), req.state, &req.result) => {}
-                    Ok(_) => return Ack::NotOwner,
-                    Err(_) => return Ack::StoreUnavailable,
-                }
-            }
-            Err(e) => {
-                warn!(key = %req.key, error = %e, "SQL complete failed: STORE_UNAVAILABLE");
-                return Ack::StoreUnavailable;
-            }
-        }
-        if let Some(r) = &self.redis {
-            if let Some(WriteReply::NotOwner) = self
-                .redis_timed(
-                    "complete",
-                    r.complete(&req.key, &req.owner, state, &result_json, self.settings.terminal_retention_ms),
-                )
-                .await
-            {
-                // The cache holds some other attempt's view; SQL has the truth.
-                // Drop the copy so the next acquire refills it from the row.
-                debug!(key = %req.key, "Redis disagreed with SQL on complete; evicting");
-                self.evict(&req.key).await;
-            }
-        }
-        Ack::Ok
+        let (settings, req) = (self.flow_settings(), req.clone());
+        self.drive(Flow::new(|io| flow::write::complete(io, req, settings))).await
     }
 
     pub async fn release(&self, req: &ReleaseRequest) -> AckResponse {
@@ -635,26 +305,8 @@ impl Store {
     }
 
     async fn release_inner(&self, req: &ReleaseRequest) -> Ack {
-        let audit = Audit {
-            actor: FILTER,
-            action: "release",
-            why: "the request never reached the upstream",
-            trace_id: &req.trace_id,
-        };
-        match self.sql_timed("release", self.sql.release(&req.key, &req.owner, &audit)).await {
-            Ok(true) => {}
-            Ok(false) => return Ack::NotOwner,
-            Err(e) => {
-                warn!(key = %req.key, error = %e, "SQL release failed: STORE_UNAVAILABLE");
-                return Ack::StoreUnavailable;
-            }
-        }
-        if let Some(r) = &self.redis {
-            // NOT_OWNER here means the cache holds another attempt's gate or a
-            // stale copy; either resolves against SQL on the next acquire.
-            self.redis_timed("release", r.release(&req.key, &req.owner)).await;
-        }
-        Ack::Ok
+        let req = req.clone();
+        self.drive(Flow::new(|io| flow::write::release(io, req))).await
     }
 
     // ---- renew ---------------------------------------------------------
@@ -663,20 +315,12 @@ impl Store {
     /// live request). Each for the longer of the route's lease and the configured one, as at
     /// acquire; SQL decides (the reconciler claims by SQL's lease), Redis follows. `Err` when
     /// SQL could not be asked: the filter sends the leases again a third of a lease later.
-    pub async fn renew(&self, req: &RenewRequest) -> Result<RenewResponse, SqlError> {
+    pub async fn renew(&self, req: &RenewRequest) -> Result<RenewResponse, SqlFail> {
         let mut lost = Vec::new();
         for lease in &req.leases {
-            let lease_ms = lease.lease_ms.max(self.settings.lease_ms);
-            let until = now_ms().saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX));
-            let renewed = self.sql_timed("renew", self.sql.renew(&lease.key, &lease.owner, until)).await?;
-            self.metrics.lease_renewal(if renewed { "renewed" } else { "lost" });
-            if !renewed {
-                debug!(key = %lease.key, "renewal for an owner that no longer holds the lease");
+            let (settings, one) = (self.flow_settings(), lease.clone());
+            if !self.drive(Flow::new(|io| flow::write::renew(io, one, settings))).await? {
                 lost.push(lease.key.clone());
-                continue;
-            }
-            if let Some(r) = &self.redis {
-                self.redis_timed("renew", r.renew(&lease.key, &lease.owner, lease_ms)).await;
             }
         }
         Ok(RenewResponse { lost })
@@ -728,6 +372,12 @@ impl Store {
 
     // ---- reads ---------------------------------------------------------
 
+    /// `GET /v1/operations/{key}`: the row, or a 404 with the approval row beside it.
+    pub async fn lookup(&self, key: &str, exp: Option<u64>) -> flow::write::Lookup {
+        let (settings, key) = (self.flow_settings(), key.to_string());
+        self.drive(Flow::new(|io| flow::write::lookup(io, key, exp, settings))).await
+    }
+
     /// The operation as SQL (the truth) has it.
     pub async fn operation(&self, key: &str) -> Result<Option<OperationView>, Unavailable> {
         match self.sql_timed("get", self.sql.get(key)).await {
@@ -750,6 +400,145 @@ impl Store {
             Err(_) => "down",
         };
         Health { redis, sql }
+    }
+
+    // ---- the driver of the flows ---------------------------------------
+
+    /// What the flows need of the configuration; idemd never breaks a rule.
+    pub(crate) fn flow_settings(&self) -> flow::acquire::Settings {
+        flow::acquire::Settings {
+            store: self.settings.clone(),
+            console: self.console.clone(),
+            clock_skew_ms: retention::CLOCK_SKEW_MS,
+            broken: Broken::None,
+        }
+    }
+
+    /// Run a flow to its answer, carrying out each call against Redis and SQL.
+    pub(crate) async fn drive<T>(&self, mut flow: Flow<T>) -> T {
+        let mut reply = None;
+        loop {
+            let next = flow.next(reply.take());
+            for note in flow.notes() {
+                self.noted(note);
+            }
+            match next {
+                Next::Done(t) => return t,
+                Next::Call(call) => reply = Some(self.carry_out(call).await),
+            }
+        }
+    }
+
+    pub(crate) fn noted(&self, note: Note) {
+        match note {
+            Note::RedisRefill(state) => self.metrics.redis_refill(state),
+            Note::LeaseRenewal(renewed) => self.metrics.lease_renewal(if renewed { "renewed" } else { "lost" }),
+            Note::Awaiting => self.metrics.approval("awaiting"),
+            Note::Lookup(scope, result) => self.metrics.lookup(&scope, result),
+        }
+    }
+
+    /// One call of a flow, timed and judged. The status lookup is the reconciler's to carry out.
+    pub(crate) async fn carry_out(&self, call: Call) -> Reply {
+        fn audit(said: &Said) -> Audit<'_> {
+            Audit { actor: &said.actor, action: said.action, why: &said.why, trace_id: &said.trace_id }
+        }
+        let sql = |r: Result<SqlAnswer, SqlError>| Reply::Sql(r.map_err(SqlFail::from));
+        let changed = |r: Result<bool, SqlError>| sql(r.map(SqlAnswer::Changed));
+        let redis = |r: Option<Reply>| r.unwrap_or(Reply::RedisDown);
+        match call {
+            Call::Now => Reply::Now(now_ms()),
+            Call::NewOwner => Reply::Owner(new_owner()),
+            Call::Lookup { .. } => Reply::Asked(Asked::NoEndpoint),
+            Call::RedisAcquire { key, param_hash, subject_hash, scope, owner, lease_ms } => {
+                let Some(r) = &self.redis else { return Reply::RedisDown };
+                let binding = Binding { param_hash: &param_hash, subject_hash: &subject_hash, scope: &scope };
+                redis(self.redis_timed("acquire", r.acquire(&key, binding, &owner, lease_ms)).await.map(Reply::Acquire))
+            }
+            Call::RedisComplete { key, owner, state, result_json, retention_ms } => {
+                let Some(r) = &self.redis else { return Reply::RedisDown };
+                let call = r.complete(&key, &owner, state.as_str(), &result_json, retention_ms);
+                redis(self.redis_timed("complete", call).await.map(Reply::Write))
+            }
+            Call::RedisRelease { key, owner } => {
+                let Some(r) = &self.redis else { return Reply::RedisDown };
+                redis(self.redis_timed("release", r.release(&key, &owner)).await.map(Reply::Write))
+            }
+            Call::RedisRenew { key, owner, lease_ms } => {
+                let Some(r) = &self.redis else { return Reply::RedisDown };
+                redis(self.redis_timed("renew", r.renew(&key, &owner, lease_ms)).await.map(Reply::Write))
+            }
+            Call::RedisRestore { rec, ttl_ms } => {
+                let Some(r) = &self.redis else { return Reply::RedisDown };
+                redis(self.redis_timed("restore", r.restore(&rec, ttl_ms)).await.map(|()| Reply::Done))
+            }
+            Call::RedisEvict { key } => {
+                let Some(r) = &self.redis else { return Reply::RedisDown };
+                redis(self.redis_timed("evict", r.evict(&key)).await.map(|()| Reply::Done))
+            }
+            Call::SqlInsertInFlight { row, said } => {
+                let new = NewInFlight {
+                    key: &row.key,
+                    param_hash: &row.param_hash,
+                    subject_hash: &row.subject_hash,
+                    scope: &row.scope,
+                    owner: &row.owner,
+                    lease_until_ms: row.lease_until_ms,
+                    now_ms: row.now_ms,
+                    fp_exp_ms: row.fp_exp_ms,
+                    upstream_ignores_keys: row.upstream_ignores_keys,
+                    business_ref: row.business_ref.as_deref(),
+                    bound_fields: row.bound_fields.as_deref(),
+                };
+                changed(self.sql_timed("insert", self.sql.insert_in_flight(&new, &audit(&said))).await)
+            }
+            Call::SqlGet { key } => sql(self.sql_timed("get", self.sql.get(&key)).await.map(SqlAnswer::Row)),
+            Call::SqlApproval { key } => {
+                sql(self.sql_timed("approval_get", self.sql.approval(&key)).await.map(SqlAnswer::Approval))
+            }
+            Call::SqlReferenceHolder { scope, reference } => {
+                let call = self.sql.reference_holder(&scope, &reference);
+                sql(self.sql_timed("reference_get", call).await.map(SqlAnswer::Holder))
+            }
+            Call::SqlInsertAwaiting { row, said } => {
+                changed(self.sql_timed("approval_insert", self.sql.insert_awaiting(&row, &audit(&said))).await)
+            }
+            Call::SqlComplete { key, owner, state, result_json, now_ms, said } => {
+                let audit = audit(&said);
+                changed(
+                    self.sql_timed("complete", self.sql.complete(&key, &owner, state, &result_json, now_ms, &audit))
+                        .await,
+                )
+            }
+            Call::SqlRelease { key, owner, said } => {
+                changed(self.sql_timed("release", self.sql.release(&key, &owner, &audit(&said))).await)
+            }
+            Call::SqlReleaseDetached { key, owner, said } => {
+                let sql = self.sql.clone();
+                tokio::spawn(async move {
+                    if let Ok(true) = sql.release(&key, &owner, &audit(&said)).await {
+                        debug!(%key, "removed the row of a timed-out insert");
+                    }
+                });
+                Reply::Done
+            }
+            Call::SqlRenew { key, owner, until_ms } => {
+                changed(self.sql_timed("renew", self.sql.renew(&key, &owner, until_ms)).await)
+            }
+            Call::SqlClaim { rec, token, until_ms, now_ms } => {
+                changed(self.sql_timed("claim", self.sql.claim(&rec, &token, until_ms, now_ms)).await)
+            }
+            Call::SqlUnclaim { rec, token, failed, said } => {
+                let audit = said.as_ref().map(audit);
+                changed(self.sql_timed("unclaim", self.sql.unclaim(&rec, &token, failed, audit.as_ref())).await)
+            }
+            Call::SqlMarkNeedsReview { rec, token, now_ms, said } => {
+                let audit = audit(&said);
+                changed(
+                    self.sql_timed("mark_needs_review", self.sql.mark_needs_review(&rec, &token, now_ms, &audit)).await,
+                )
+            }
+        }
     }
 
     // ---- bookkeeping ---------------------------------------------------
@@ -822,15 +611,6 @@ fn store_span(system: &'static str, op: &'static str) -> tracing::Span {
         db.operation.name = op,
         otel.status_code = tracing::field::Empty,
     )
-}
-
-fn unavailable() -> AcquireResponse {
-    AcquireResponse { outcome: AcquireOutcome::StoreUnavailable, owner: None, result: None }
-}
-
-/// The answer a row gives to an acquire that did not get it.
-fn answer_from_row(rec: &Record, req: &AcquireRequest) -> AcquireResponse {
-    rules::answer_from_row(rec, &req.param_hash, &req.subject_hash, &req.scope)
 }
 
 /// What `GET /v1/operations/{key}` shows of a row.

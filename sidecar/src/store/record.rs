@@ -101,3 +101,41 @@ impl ApprovalRow {
         })
     }
 }
+
+/// By every field, as `Eq` compares: the model checker keeps records in its states (the replies a
+/// flow got so far), and the protocol's types it holds (`OpState`, `StoredResult`, …) are not `Hash`.
+impl std::hash::Hash for Record {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.key.hash(h);
+        self.state.as_str().hash(h);
+        self.param_hash.hash(h);
+        self.subject_hash.hash(h);
+        self.scope.hash(h);
+        self.owner.hash(h);
+        self.result.as_ref().map(|r| (r.status, &r.headers, &r.body_b64)).hash(h);
+        self.lease_until_ms.hash(h);
+        self.created_at_ms.hash(h);
+        self.updated_at_ms.hash(h);
+        self.reconcile_attempts.hash(h);
+        self.fp_exp_ms.hash(h);
+        self.upstream_ignores_keys.hash(h);
+        self.business_ref.hash(h);
+        self.bound_fields.hash(h);
+    }
+}
+
+impl std::hash::Hash for ApprovalRow {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.key.hash(h);
+        self.state.as_str().hash(h);
+        self.param_hash.hash(h);
+        self.subject_hash.hash(h);
+        self.scope.hash(h);
+        self.fields.hash(h);
+        self.fp_exp_ms.hash(h);
+        self.created_at_ms.hash(h);
+        self.updated_at_ms.hash(h);
+        self.decided_by.hash(h);
+        self.reason.hash(h);
+    }
+}

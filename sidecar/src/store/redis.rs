@@ -82,7 +82,7 @@ impl std::fmt::Display for RedisDown {
 }
 
 /// What `lua/acquire.lua` said.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AcquireReply {
     Acquired,
     InFlight {
@@ -97,7 +97,7 @@ pub enum AcquireReply {
 }
 
 /// What `lua/complete.lua` and `lua/release.lua` said.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WriteReply {
     Ok,
     Missing,

@@ -25,8 +25,14 @@ pub const CLOCK_SKEW_MS: i64 = 5_000;
 /// terminal: the retention after its last change and after its fingerprint's
 /// `exp` (plus the skew), whichever is later.
 pub fn kept_until_ms(rec: &Record, retention_ms: u64) -> i64 {
+    kept_until_skewed_ms(rec, retention_ms, CLOCK_SKEW_MS)
+}
+
+/// [`kept_until_ms`] with the skew allowance given: the model checker's world has one clock, so
+/// it allows less than [`CLOCK_SKEW_MS`] to reach reaping within its horizon.
+pub fn kept_until_skewed_ms(rec: &Record, retention_ms: u64, skew_ms: i64) -> i64 {
     let retention = i64::try_from(retention_ms).unwrap_or(i64::MAX);
-    let fp = rec.fp_exp_ms.map_or(i64::MIN, |exp| exp.saturating_add(CLOCK_SKEW_MS));
+    let fp = rec.fp_exp_ms.map_or(i64::MIN, |exp| exp.saturating_add(skew_ms));
     rec.updated_at_ms.max(fp).saturating_add(retention)
 }
 

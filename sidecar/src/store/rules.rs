@@ -29,6 +29,8 @@ pub enum Broken {
     CompleteWithoutOwnerCheck,
     /// The reaper looks at the last change only, not at the fingerprint's `exp`.
     ReapBeforeExp,
+    /// The acquire takes Redis's ACQUIRED for the answer, without the SQL insert (`flow::acquire`).
+    AcquiredByRedisAlone,
 }
 
 /// The row a fresh acquire inserts: `None` when a row with this key exists (the insert's
@@ -157,12 +159,17 @@ pub fn mark_needs_review(row: Option<&Record>, as_read: &Record, token: &str, no
 
 /// The reaper may delete `rec` at `now_ms` (the `DELETE … WHERE` of `retention::reap_terminal`).
 pub fn reapable(rec: &Record, now_ms: i64, retention_ms: u64, broken: Broken) -> bool {
+    reapable_skewed(rec, now_ms, retention_ms, retention::CLOCK_SKEW_MS, broken)
+}
+
+/// [`reapable`] with the clock-skew allowance given (`retention::kept_until_skewed_ms`).
+pub fn reapable_skewed(rec: &Record, now_ms: i64, retention_ms: u64, skew_ms: i64, broken: Broken) -> bool {
     let terminal = matches!(rec.state, OpState::Done | OpState::Failed);
     let kept_until = if broken == Broken::ReapBeforeExp {
         let unbounded = Record { fp_exp_ms: None, ..rec.clone() };
-        retention::kept_until_ms(&unbounded, retention_ms)
+        retention::kept_until_skewed_ms(&unbounded, retention_ms, skew_ms)
     } else {
-        retention::kept_until_ms(rec, retention_ms)
+        retention::kept_until_skewed_ms(rec, retention_ms, skew_ms)
     };
     terminal && now_ms > kept_until
 }

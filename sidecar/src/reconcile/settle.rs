@@ -1,0 +1,137 @@
+//! One row's reconciliation as a flow (`store::flow`): claim it, ask its status endpoint,
+//! decide (`decide`), write the decision owner-checked with the claim token, then bring Redis in
+//! line. idemd's reconciler drives it with async I/O; the model checker drives it one call per
+//! step, so a claim can run out while the lookup is out and other replicas act in between.
+
+use idem_core::protocol::{OpState, TerminalState};
+use tracing::warn;
+
+use super::decide::{decide, Asked, Decision, Rules};
+use crate::store::audit::{clip, MAX_WHY};
+use crate::store::flow::acquire::{refresh_cache, Settings};
+use crate::store::flow::{Call, Note, Port, Reply, Said, SqlFail};
+use crate::store::record::Record;
+
+/// What the reconciler needs to settle a row.
+#[derive(Clone, Debug)]
+pub struct SettleSettings {
+    pub rules: Rules,
+    /// How long one claim holds a row.
+    pub claim_ms: u64,
+    /// `reconciler:<instance>`, in the audit trail.
+    pub actor: String,
+    pub store: Settings,
+}
+
+/// How one row ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowOutcome {
+    /// Decided and written; why.
+    Decided(Decision, String),
+    /// Another reconciler (or a late complete) took it first, or the claim ran out meanwhile.
+    TakenElsewhere,
+    /// A SQL error on the claim or the write (tried again next pass).
+    Error,
+}
+
+pub async fn settle(io: Port, rec: Record, s: SettleSettings) -> RowOutcome {
+    let token = io.new_owner().await;
+    let now = io.now().await;
+    let until = now.saturating_add(i64::try_from(s.claim_ms).unwrap_or(i64::MAX));
+    let claim = Call::SqlClaim { rec: rec.clone(), token: token.clone(), until_ms: until, now_ms: now };
+    match io.sql_changed(claim).await {
+        Ok(true) => {}
+        Ok(false) => return RowOutcome::TakenElsewhere,
+        Err(e) => {
+            warn!(key = %rec.key, error = %e, "claim failed");
+            return RowOutcome::Error;
+        }
+    }
+    let asked = match io.call(Call::Lookup { rec: rec.clone() }).await {
+        Reply::Asked(a) => a,
+        other => Asked::Unaskable(format!("the lookup gave no answer: {other:?}")),
+    };
+    if let Asked::Answered(_, answer) = &asked {
+        io.note(Note::Lookup(rec.scope.clone(), answer.metric()));
+    }
+    let now = io.now().await;
+    let (decision, why) = decide(&rec, &asked, now, &s.rules);
+    match apply(&io, &s, &rec, &token, &decision, clip(&why, MAX_WHY)).await {
+        Ok(true) => RowOutcome::Decided(decision, why),
+        // The claim ran out while asking and someone else has the row now.
+        Ok(false) => RowOutcome::TakenElsewhere,
+        Err(e) => {
+            warn!(key = %rec.key, error = %e, "writing the reconciler's decision failed");
+            RowOutcome::Error
+        }
+    }
+}
+
+/// The owner-checked write of one decision (the claim token is the owner), then Redis.
+/// `false`: the claim was lost.
+async fn apply(
+    io: &Port,
+    s: &SettleSettings,
+    rec: &Record,
+    token: &str,
+    decision: &Decision,
+    why: &str,
+) -> Result<bool, SqlFail> {
+    let said =
+        Said { actor: s.actor.clone(), action: decision.action(), why: why.to_string(), trace_id: String::new() };
+    let now = io.now().await;
+    match decision {
+        Decision::Done(result) | Decision::Failed(result) => {
+            let (state, op_state) = match decision {
+                Decision::Failed(_) => (TerminalState::Failed, OpState::Failed),
+                _ => (TerminalState::Done, OpState::Done),
+            };
+            let json = serde_json::to_string(result).map_err(|e| SqlFail::Corrupt(e.to_string()))?;
+            let call = Call::SqlComplete {
+                key: rec.key.clone(),
+                owner: token.to_string(),
+                state,
+                result_json: json,
+                now_ms: now,
+                said,
+            };
+            if !io.sql_changed(call).await? {
+                return Ok(false);
+            }
+            let now_row = Record {
+                state: op_state,
+                owner: Some(token.to_string()),
+                result: Some(result.clone()),
+                lease_until_ms: None,
+                updated_at_ms: now,
+                ..rec.clone()
+            };
+            refresh_cache(io, &s.store, &rec.key, Some(&now_row)).await;
+        }
+        Decision::Release => {
+            let call = Call::SqlRelease { key: rec.key.clone(), owner: token.to_string(), said };
+            if !io.sql_changed(call).await? {
+                return Ok(false);
+            }
+            refresh_cache(io, &s.store, &rec.key, None).await;
+        }
+        Decision::NeedsReview => {
+            let call = Call::SqlMarkNeedsReview { rec: rec.clone(), token: token.to_string(), now_ms: now, said };
+            if !io.sql_changed(call).await? {
+                return Ok(false);
+            }
+            let now_row =
+                Record { state: OpState::NeedsReview, lease_until_ms: None, updated_at_ms: now, ..rec.clone() };
+            refresh_cache(io, &s.store, &rec.key, Some(&now_row)).await;
+        }
+        Decision::Retry => {
+            let call = Call::SqlUnclaim { rec: rec.clone(), token: token.to_string(), failed: true, said: Some(said) };
+            return io.sql_changed(call).await;
+        }
+        Decision::SkipGrace => {
+            let call = Call::SqlUnclaim { rec: rec.clone(), token: token.to_string(), failed: false, said: None };
+            return io.sql_changed(call).await;
+        }
+    }
+    Ok(true)
+}

@@ -1,0 +1,410 @@
+//! The acquire (DESIGN §4): the approval gate where the route asks a person, then Redis first,
+//! SQL the truth, the row copied back into Redis, and the Redis gate undone when SQL fails.
+
+use idem_core::protocol::{
+    AcquireOutcome, AcquireRequest, AcquireResponse, OpState, OwnerToken, StoredResult, WithApproval,
+};
+use tracing::{debug, info, warn};
+
+use super::{Call, InFlightRow, Note, Port, Reply, Said, SqlAnswer, SqlFail};
+use crate::store::record::{ApprovalRow, Record};
+use crate::store::redis::AcquireReply;
+use crate::store::rules::{self, Broken, Gate};
+use crate::store::{retention, StoreSettings};
+
+/// How long a restored IN_FLIGHT copy lives in Redis once its SQL lease has
+/// run out. Short: until the reconciler decides, SQL is asked again soon.
+pub const EXPIRED_LEASE_CACHE_MS: u64 = 1_000;
+
+/// A row that vanishes between the conflicting insert and the read (a release
+/// raced us) is retried this often before giving up with STORE_UNAVAILABLE.
+pub const MAX_ATTEMPTS: usize = 3;
+
+/// The filter's calls carry no reason; the audit line says what the call means.
+pub const FILTER: &str = "filter";
+
+/// What the flows need to know of the store's configuration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub store: StoreSettings,
+    /// Where a person approves (`--approval-console-url`).
+    pub console: Option<String>,
+    /// How far replicas' clocks may disagree: a terminal row is kept (and its Redis copy lives)
+    /// this much past its fingerprint's `exp` plus the retention (`retention::CLOCK_SKEW_MS`).
+    pub clock_skew_ms: i64,
+    /// The model checker's mutation switch; idemd always passes [`Broken::None`].
+    pub broken: Broken,
+}
+
+/// How an attempt ended.
+enum Step {
+    Answer(AcquireResponse),
+    /// Redis held a stale IN_FLIGHT and it was dropped: ask again.
+    Again,
+}
+
+pub fn unavailable() -> AcquireResponse {
+    AcquireResponse { outcome: AcquireOutcome::StoreUnavailable, owner: None, result: None }
+}
+
+fn gated(
+    outcome: AcquireOutcome,
+    approval: Option<idem_core::protocol::ApprovalView>,
+) -> WithApproval<AcquireResponse> {
+    WithApproval { answer: AcquireResponse { outcome, owner: None, result: None }, approval }
+}
+
+/// The acquire as the API answers it: with the approval record beside the outcome where the
+/// route asks a person first.
+pub async fn acquire_answer(io: Port, req: AcquireRequest, s: Settings) -> WithApproval<AcquireResponse> {
+    if let Some(gated) = approval_gate(&io, &req, &s).await {
+        return gated;
+    }
+    let answer = acquire_plain(&io, &req, &s).await;
+    // The approval was given, but its row is not where the insert looked (reaped, or an
+    // answer from the row that stopped the insert): carry what the row says.
+    if matches!(answer.outcome, AcquireOutcome::AwaitingApproval | AcquireOutcome::Rejected | AcquireOutcome::Lapsed) {
+        let approval = io.sql_approval(&req.key).await.ok().flatten().and_then(|r| r.view(s.console.as_deref()));
+        return WithApproval { answer, approval };
+    }
+    WithApproval { answer, approval: None }
+}
+
+/// An acquire of a route that asks for approval: record it, answer from its approval row, or
+/// (`None`) let an APPROVED operation go on to the ordinary acquire.
+async fn approval_gate(io: &Port, req: &AcquireRequest, s: &Settings) -> Option<WithApproval<AcquireResponse>> {
+    let ask = req.approval.as_ref()?;
+    let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
+    let exp_ms = req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX));
+    for _ in 0..2 {
+        let now = io.now().await;
+        let row = match io.sql_approval(&req.key).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(key = %req.key, error = %e, "SQL read of the approval failed: STORE_UNAVAILABLE");
+                return Some(gated(AcquireOutcome::StoreUnavailable, None));
+            }
+        };
+        // No approval row yet: has the operation started without one? Then its row answers.
+        let started = match &row {
+            Some(_) => false,
+            None => match io.sql_row(&req.key).await {
+                Ok(record) => record.is_some(),
+                Err(e) => {
+                    warn!(key = %req.key, error = %e, "SQL read of the record failed: STORE_UNAVAILABLE");
+                    return Some(gated(AcquireOutcome::StoreUnavailable, None));
+                }
+            },
+        };
+        match rules::approval_gate(row.as_ref(), started, binding, now) {
+            Gate::Proceed => return None,
+            Gate::Answer(outcome) => {
+                let view = row.as_ref().filter(|_| outcome != AcquireOutcome::ParamMismatch);
+                return Some(gated(outcome, view.and_then(|r| r.view(s.console.as_deref()))));
+            }
+            Gate::Record => {}
+        }
+        // An approval belongs to a fingerprint, and lapses at its exp; a client key has none.
+        let Some(exp_ms) = exp_ms else { return Some(gated(AcquireOutcome::StoreUnavailable, None)) };
+        let new = ApprovalRow::awaiting(req, ask, exp_ms, now);
+        let said = Said {
+            actor: FILTER.into(),
+            action: "await_approval",
+            why: "the route asks a person to approve this confirm; nothing forwarded".into(),
+            trace_id: req.trace_id.clone(),
+        };
+        match io.sql_changed(Call::SqlInsertAwaiting { row: new.clone(), said }).await {
+            Ok(true) => {
+                io.note(Note::Awaiting);
+                return Some(gated(AcquireOutcome::AwaitingApproval, new.view(s.console.as_deref())));
+            }
+            // Another confirm recorded it a moment ago: read it again.
+            Ok(false) => continue,
+            Err(e) => {
+                warn!(key = %req.key, error = %e, "SQL insert of the approval failed: STORE_UNAVAILABLE");
+                return Some(gated(AcquireOutcome::StoreUnavailable, None));
+            }
+        }
+    }
+    Some(gated(AcquireOutcome::StoreUnavailable, None))
+}
+
+async fn acquire_plain(io: &Port, req: &AcquireRequest, s: &Settings) -> AcquireResponse {
+    let lease_ms = req.lease_ms.max(s.store.lease_ms);
+    let owner = io.new_owner().await;
+    for _ in 0..MAX_ATTEMPTS {
+        match acquire_once(io, req, s, &owner, lease_ms).await {
+            Step::Answer(a) => return a,
+            Step::Again => continue,
+        }
+    }
+    warn!(key = %req.key, "acquire kept racing a release; answering STORE_UNAVAILABLE");
+    unavailable()
+}
+
+async fn acquire_once(io: &Port, req: &AcquireRequest, s: &Settings, owner: &str, lease_ms: u64) -> Step {
+    let call = Call::RedisAcquire {
+        key: req.key.to_string(),
+        param_hash: req.param_hash.clone(),
+        subject_hash: req.subject_hash.clone(),
+        scope: req.scope.clone(),
+        owner: owner.to_string(),
+        lease_ms,
+    };
+    let reply = match io.call(call).await {
+        Reply::Acquire(r) => r,
+        // Redis off, down or answering nonsense: SQL alone.
+        _ => return Step::Answer(sql_acquire(io, req, s, owner, lease_ms, false).await),
+    };
+    match reply {
+        AcquireReply::Acquired if s.broken == Broken::AcquiredByRedisAlone => Step::Answer(AcquireResponse {
+            outcome: AcquireOutcome::Acquired,
+            owner: OwnerToken::parse(owner).ok(),
+            result: None,
+        }),
+        AcquireReply::Acquired => Step::Answer(sql_acquire(io, req, s, owner, lease_ms, true).await),
+        AcquireReply::InFlight { owner: holder, age_ms } => confirm_in_flight(io, req, s, holder, age_ms).await,
+        AcquireReply::Done(json) => replay(io, req, s, owner, lease_ms, AcquireOutcome::Done, &json).await,
+        AcquireReply::Failed(json) => replay(io, req, s, owner, lease_ms, AcquireOutcome::Failed, &json).await,
+        AcquireReply::NeedsReview => confirm_needs_review(io, req, s).await,
+        AcquireReply::ParamMismatch => {
+            Step::Answer(AcquireResponse { outcome: AcquireOutcome::ParamMismatch, owner: None, result: None })
+        }
+    }
+}
+
+async fn replay(
+    io: &Port,
+    req: &AcquireRequest,
+    s: &Settings,
+    owner: &str,
+    lease_ms: u64,
+    outcome: AcquireOutcome,
+    json: &str,
+) -> Step {
+    match serde_json::from_str::<StoredResult>(json) {
+        Ok(result) => Step::Answer(AcquireResponse { outcome, owner: None, result: Some(result) }),
+        Err(e) => {
+            // A cache entry this version cannot read: drop it and let SQL answer (and refill it).
+            warn!(key = %req.key, error = %e, "unreadable result in Redis; asking SQL");
+            evict(io, &req.key).await;
+            Step::Answer(sql_acquire(io, req, s, owner, lease_ms, false).await)
+        }
+    }
+}
+
+/// The SQL gate: insert the IN_FLIGHT row, or answer from the row that is there.
+/// `gate_in_redis`: this attempt holds the Redis IN_FLIGHT, which must not outlive a failure
+/// here, and which is replaced by the row when the row wins.
+async fn sql_acquire(
+    io: &Port,
+    req: &AcquireRequest,
+    s: &Settings,
+    owner: &str,
+    lease_ms: u64,
+    gate_in_redis: bool,
+) -> AcquireResponse {
+    for _ in 0..MAX_ATTEMPTS {
+        let now = io.now().await;
+        let row = InFlightRow {
+            key: req.key.to_string(),
+            param_hash: req.param_hash.clone(),
+            subject_hash: req.subject_hash.clone(),
+            scope: req.scope.clone(),
+            owner: owner.to_string(),
+            lease_until_ms: now.saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX)),
+            now_ms: now,
+            fp_exp_ms: req.exp.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)),
+            upstream_ignores_keys: req.upstream_ignores_keys,
+            business_ref: req.business_ref.clone(),
+            // Kept only beside a reference: what a record found under it must carry.
+            bound_fields: req.fields.clone().filter(|_| req.business_ref.is_some()),
+        };
+        let said = Said {
+            actor: FILTER.into(),
+            action: "acquire",
+            why: "confirm acquired: forwarding to the upstream".into(),
+            trace_id: req.trace_id.clone(),
+        };
+        match io.sql_changed(Call::SqlInsertInFlight { row, said }).await {
+            Ok(true) => {
+                return AcquireResponse {
+                    outcome: AcquireOutcome::Acquired,
+                    owner: OwnerToken::parse(owner).ok(),
+                    result: None,
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(key = %req.key, error = %e, "SQL insert failed: STORE_UNAVAILABLE");
+                undo_acquire(io, req, owner, gate_in_redis, e == SqlFail::Timeout).await;
+                return unavailable();
+            }
+        }
+        match io.sql_row(&req.key).await {
+            Ok(Some(rec)) => {
+                if gate_in_redis {
+                    debug!(key = %req.key, state = rec.state.as_str(), "Redis had lost this key; restoring the row");
+                    io.note(Note::RedisRefill(rec.state.as_str()));
+                    restore(io, s, &rec).await;
+                }
+                return rules::answer_from_row(&rec, &req.param_hash, &req.subject_hash, &req.scope);
+            }
+            // No row: the insert was refused (an approval not given, a business reference
+            // another operation holds), or the row was released between our insert and our read
+            // (then try the insert again).
+            Ok(None) => match refused_insert(io, req, now).await {
+                Ok(Some(outcome)) => {
+                    undo_acquire(io, req, owner, gate_in_redis, false).await;
+                    return AcquireResponse { outcome, owner: None, result: None };
+                }
+                Ok(None) => continue,
+                Err(_) => {
+                    undo_acquire(io, req, owner, gate_in_redis, false).await;
+                    return unavailable();
+                }
+            },
+            Err(e) => {
+                warn!(key = %req.key, error = %e, "SQL read failed: STORE_UNAVAILABLE");
+                undo_acquire(io, req, owner, gate_in_redis, false).await;
+                return unavailable();
+            }
+        }
+    }
+    undo_acquire(io, req, owner, gate_in_redis, false).await;
+    unavailable()
+}
+
+/// The attempt answers STORE_UNAVAILABLE: leave nothing behind that would make a retry wait for
+/// an operation that never ran.
+async fn undo_acquire(io: &Port, req: &AcquireRequest, owner: &str, gate_in_redis: bool, may_have_committed: bool) {
+    if gate_in_redis {
+        io.redis_write(Call::RedisRelease { key: req.key.to_string(), owner: owner.to_string() }).await;
+    }
+    if may_have_committed {
+        // The owner token was never handed out, so deleting a row with it can only remove our
+        // own. Off the request path: SQL is struggling.
+        let said = Said {
+            actor: "idemd".into(),
+            action: "release",
+            why: "the acquire's insert timed out; the caller was told to retry (STORE_UNAVAILABLE)".into(),
+            trace_id: String::new(),
+        };
+        io.call(Call::SqlReleaseDetached { key: req.key.to_string(), owner: owner.to_string(), said }).await;
+    }
+}
+
+/// Redis says someone holds it. SQL has the last word on whether that is still so.
+async fn confirm_in_flight(io: &Port, req: &AcquireRequest, s: &Settings, holder: String, age_ms: i64) -> Step {
+    let in_flight = |owner: String| AcquireResponse {
+        outcome: AcquireOutcome::InFlight,
+        owner: OwnerToken::parse(&owner).ok(),
+        result: None,
+    };
+    match io.sql_row(&req.key).await {
+        Ok(Some(rec)) => {
+            if rec.state != OpState::InFlight || rec.owner.as_deref() != Some(holder.as_str()) {
+                // SQL moved on while Redis could not be told.
+                restore(io, s, &rec).await;
+            }
+            Step::Answer(rules::answer_from_row(&rec, &req.param_hash, &req.subject_hash, &req.scope))
+        }
+        Ok(None) if age_ms > i64::try_from(s.store.stale_in_flight_ms).unwrap_or(i64::MAX) => {
+            // Released in SQL while Redis was unreachable. Drop the copy (only if it is still
+            // that holder's) and start over.
+            let dropped = io.redis_write(Call::RedisRelease { key: req.key.to_string(), owner: holder.clone() }).await;
+            if dropped.is_some() {
+                return Step::Again;
+            }
+            Step::Answer(in_flight(holder))
+        }
+        // The holder took the Redis gate a moment ago and is inserting its row now.
+        Ok(None) => Step::Answer(in_flight(holder)),
+        // SQL down: IN_FLIGHT is still the safe answer (nothing may run).
+        Err(_) => Step::Answer(in_flight(holder)),
+    }
+}
+
+/// Why an insert that found no row inserted nothing, if it was refused: the approval's answer
+/// (not given, or past `exp`), or REFERENCE_IN_USE when another operation of the scope holds the
+/// business reference (DESIGN §4, "A reference proves only its own operation"). `None`: not
+/// refused (released meanwhile), insert again.
+async fn refused_insert(io: &Port, req: &AcquireRequest, now: i64) -> Result<Option<AcquireOutcome>, SqlFail> {
+    if let Some(a) = io.sql_approval(&req.key).await? {
+        if !rules::acquire_allowed(Some(&a), now) {
+            let binding = (req.param_hash.as_str(), req.subject_hash.as_str(), req.scope.as_str());
+            return Ok(Some(match rules::approval_gate(Some(&a), false, binding, now) {
+                Gate::Answer(o) => o,
+                // Not allowed, so not APPROVED: awaiting is the closest honest word.
+                Gate::Proceed | Gate::Record => AcquireOutcome::AwaitingApproval,
+            }));
+        }
+    }
+    let Some(reference) = req.business_ref.clone() else { return Ok(None) };
+    let holder = match io.sql(Call::SqlReferenceHolder { scope: req.scope.clone(), reference }).await? {
+        SqlAnswer::Holder(h) => h,
+        other => return Err(SqlFail::Down(format!("not a holder: {other:?}"))),
+    };
+    match holder {
+        Some(other) if other != req.key.as_str() => {
+            info!(key = %req.key, scope = %req.scope, holder = %other, "business reference held by another operation: refused");
+            Ok(Some(AcquireOutcome::ReferenceInUse))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Redis says a person has to decide. SQL has the last word: an operator may have resolved it
+/// there without reaching Redis.
+async fn confirm_needs_review(io: &Port, req: &AcquireRequest, s: &Settings) -> Step {
+    match io.sql_row(&req.key).await {
+        Ok(Some(rec)) => {
+            if rec.state != OpState::NeedsReview {
+                // restore never moves the cache backwards, so drop the copy first.
+                evict(io, &req.key).await;
+                restore(io, s, &rec).await;
+            }
+            Step::Answer(rules::answer_from_row(&rec, &req.param_hash, &req.subject_hash, &req.scope))
+        }
+        // Released by an operator: the nonce is free again.
+        Ok(None) => {
+            evict(io, &req.key).await;
+            Step::Again
+        }
+        // SQL down: the cached NEEDS_REVIEW is still the safe answer (nothing may run).
+        Err(_) => Step::Answer(AcquireResponse { outcome: AcquireOutcome::NeedsReview, owner: None, result: None }),
+    }
+}
+
+/// Copy a row into Redis for as long as it means something there: an IN_FLIGHT for its lease,
+/// a settled row as long as SQL keeps it.
+pub async fn restore(io: &Port, s: &Settings, rec: &Record) {
+    let now = io.now().await;
+    let ttl_ms = match rec.state {
+        OpState::InFlight => {
+            let left = rec.lease_until_ms.unwrap_or(0).saturating_sub(now);
+            u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
+        }
+        // As long as SQL keeps the row (its fingerprint's exp counts too).
+        OpState::Done | OpState::Failed | OpState::NeedsReview => {
+            let left = retention::kept_until_skewed_ms(rec, s.store.terminal_retention_ms, s.clock_skew_ms);
+            let left = left.saturating_sub(now);
+            u64::try_from(left).unwrap_or(0).max(EXPIRED_LEASE_CACHE_MS)
+        }
+    };
+    io.redis_done(Call::RedisRestore { rec: rec.clone(), ttl_ms }).await;
+}
+
+pub async fn evict(io: &Port, key: &str) {
+    io.redis_done(Call::RedisEvict { key: key.to_string() }).await;
+}
+
+/// Bring the cache in line with a row SQL just changed: `Some` is the row as it is now, `None`
+/// means it is gone. Best effort: a cache that missed this is corrected by the next acquire,
+/// which checks SQL.
+pub async fn refresh_cache(io: &Port, s: &Settings, key: &str, now: Option<&Record>) {
+    evict(io, key).await;
+    if let Some(rec) = now {
+        restore(io, s, rec).await;
+    }
+}

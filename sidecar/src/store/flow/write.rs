@@ -1,0 +1,139 @@
+//! The filter's writes after an acquire: complete, release and renew, SQL first (owner-checked),
+//! then Redis; and the operation as `GET /v1/operations/{key}` reads it.
+
+use idem_core::protocol::{
+    Ack, CompleteRequest, LeaseRenewal, NotFoundView, OperationView, ReleaseRequest, WithApproval,
+};
+use tracing::{debug, warn};
+
+use super::acquire::{evict, Settings, FILTER};
+use super::{Call, Note, Port, Said, SqlFail};
+use crate::store::redis::WriteReply;
+use crate::store::{retention, rules, view};
+
+pub async fn complete(io: Port, req: CompleteRequest, s: Settings) -> Ack {
+    let result_json = match serde_json::to_string(&req.result) {
+        Ok(j) => j,
+        Err(e) => {
+            warn!(key = %req.key, error = %e, "result does not serialize");
+            return Ack::StoreUnavailable;
+        }
+    };
+    let now = io.now().await;
+    let said = Said {
+        actor: FILTER.into(),
+        action: "complete",
+        why: format!("upstream answered {}", req.result.status),
+        trace_id: req.trace_id.clone(),
+    };
+    let call = Call::SqlComplete {
+        key: req.key.to_string(),
+        owner: req.owner.to_string(),
+        state: req.state,
+        result_json: result_json.clone(),
+        now_ms: now,
+        said,
+    };
+    match io.sql_changed(call).await {
+        Ok(true) => {}
+        Ok(false) => {
+            // The filter may retry a complete whose answer it lost: the same owner with the same
+            // outcome is a success, not a conflict.
+            match io.sql_row(&req.key).await {
+                Ok(Some(rec)) if rules::is_repeat(&rec, req.owner.as_str(), req.state, &req.result) => {}
+                Ok(_) => return Ack::NotOwner,
+                Err(_) => return Ack::StoreUnavailable,
+            }
+        }
+        Err(e) => {
+            warn!(key = %req.key, error = %e, "SQL complete failed: STORE_UNAVAILABLE");
+            return Ack::StoreUnavailable;
+        }
+    }
+    let call = Call::RedisComplete {
+        key: req.key.to_string(),
+        owner: req.owner.to_string(),
+        state: req.state,
+        result_json,
+        retention_ms: s.store.terminal_retention_ms,
+    };
+    if let Some(WriteReply::NotOwner) = io.redis_write(call).await {
+        // The cache holds some other attempt's view; SQL has the truth. Drop the copy so the
+        // next acquire refills it from the row.
+        debug!(key = %req.key, "Redis disagreed with SQL on complete; evicting");
+        evict(&io, &req.key).await;
+    }
+    Ack::Ok
+}
+
+pub async fn release(io: Port, req: ReleaseRequest) -> Ack {
+    let said = Said {
+        actor: FILTER.into(),
+        action: "release",
+        why: "the request never reached the upstream".into(),
+        trace_id: req.trace_id.clone(),
+    };
+    let call = Call::SqlRelease { key: req.key.to_string(), owner: req.owner.to_string(), said };
+    match io.sql_changed(call).await {
+        Ok(true) => {}
+        Ok(false) => return Ack::NotOwner,
+        Err(e) => {
+            warn!(key = %req.key, error = %e, "SQL release failed: STORE_UNAVAILABLE");
+            return Ack::StoreUnavailable;
+        }
+    }
+    // NOT_OWNER here means the cache holds another attempt's gate or a stale copy; either
+    // resolves against SQL on the next acquire.
+    io.redis_write(Call::RedisRelease { key: req.key.to_string(), owner: req.owner.to_string() }).await;
+    Ack::Ok
+}
+
+/// One lease of a `POST /v1/renew`: for the longer of the route's lease and the configured one,
+/// as at acquire; SQL decides (the reconciler claims by SQL's lease), Redis follows. `Ok(false)`:
+/// the owner no longer holds it. `Err`: SQL could not be asked.
+pub async fn renew(io: Port, lease: LeaseRenewal, s: Settings) -> Result<bool, SqlFail> {
+    let lease_ms = lease.lease_ms.max(s.store.lease_ms);
+    let until = io.now().await.saturating_add(i64::try_from(lease_ms).unwrap_or(i64::MAX));
+    let call = Call::SqlRenew { key: lease.key.to_string(), owner: lease.owner.to_string(), until_ms: until };
+    let renewed = io.sql_changed(call).await?;
+    io.note(Note::LeaseRenewal(renewed));
+    if !renewed {
+        debug!(key = %lease.key, "renewal for an owner that no longer holds the lease");
+        return Ok(false);
+    }
+    io.redis_write(Call::RedisRenew { key: lease.key.to_string(), owner: lease.owner.to_string(), lease_ms }).await;
+    Ok(true)
+}
+
+/// What `GET /v1/operations/{key}` answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// 200: the row as SQL (the truth) has it.
+    Found(OperationView),
+    /// 404: nothing executed (or it was reaped: `reaped_possible`, from the fingerprint's `exp`);
+    /// with the approval row, where a person is (or was) asked.
+    NotFound(WithApproval<NotFoundView>),
+    /// 503: SQL could not answer.
+    Unavailable,
+}
+
+pub async fn lookup(io: Port, key: String, exp: Option<u64>, s: Settings) -> Lookup {
+    match io.sql_row(&key).await {
+        Ok(Some(rec)) => Lookup::Found(view(rec)),
+        Ok(None) => {
+            let now = io.now().await;
+            let reaped_possible =
+                exp.is_some_and(|exp| retention::reaped_possible(exp, now, s.store.terminal_retention_ms));
+            // Nothing executed; a person may be (or have been) asked about it.
+            match io.sql_approval(&key).await {
+                Ok(approval) => {
+                    let answer = NotFoundView { error: "not_found".into(), reaped_possible };
+                    let approval = approval.and_then(|r| r.view(s.console.as_deref()));
+                    Lookup::NotFound(WithApproval { answer, approval })
+                }
+                Err(_) => Lookup::Unavailable,
+            }
+        }
+        Err(_) => Lookup::Unavailable,
+    }
+}
