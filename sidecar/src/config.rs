@@ -98,6 +98,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub reconcile: ReconcileArgs,
+
+    #[command(flatten)]
+    pub ext_proc: crate::serve::ExtProcArgs,
 }
 
 impl ServeArgs {
