@@ -75,19 +75,23 @@ fn namespace_of(value: &Value) -> Option<HashMap<String, Value>> {
     }
 }
 
-/// Forwarded dynamic metadata, one level deep (`namespace`, `key`, string value): where a
-/// `subject.property` of `["metadata", "filter_metadata", ns, key]` is read from.
-pub fn dynamic_metadata(metadata: Option<&Metadata>) -> Vec<(String, String, String)> {
-    let Some(metadata) = metadata else { return Vec::new() };
-    let mut out = Vec::new();
-    for (ns, set) in &metadata.filter_metadata {
-        for (key, value) in &set.fields {
-            if let Some(Kind::StringValue(s)) = &value.kind {
-                out.push((ns.clone(), key.clone(), s.clone()));
-            }
+/// A string in forwarded dynamic metadata (what `metadata_options` sends): `path` is the namespace,
+/// then keys into nested structs (`["envoy.filters.http.jwt_authn", "payload", "sub"]`), where a
+/// `subject.property` of `["metadata", "filter_metadata", …]` points.
+pub fn dynamic_metadata(metadata: Option<&Metadata>, path: &[&str]) -> Option<String> {
+    let (ns, keys) = path.split_first()?;
+    let mut fields = &metadata?.filter_metadata.get(*ns)?.fields;
+    let (last, inner) = keys.split_last()?;
+    for key in inner {
+        match &fields.get(*key)?.kind {
+            Some(Kind::StructValue(s)) => fields = &s.fields,
+            _ => return None,
         }
     }
-    out
+    match &fields.get(*last)?.kind {
+        Some(Kind::StringValue(s)) => Some(s.clone()),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

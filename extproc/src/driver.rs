@@ -191,7 +191,7 @@ impl Driver {
                 host.request_headers = header_map(&h);
                 host.annotation = attributes::annotation(&msg.attributes);
                 host.attributes = attributes::flatten(&msg.attributes);
-                host.metadata = attributes::dynamic_metadata(msg.metadata_context.as_ref());
+                host.metadata = msg.metadata_context.clone();
                 self.on_headers(Dir::Request, h.end_of_stream);
             }
             Msg::ResponseHeaders(h) => {
@@ -477,5 +477,168 @@ pub fn skip_the_rest() -> ProcessingMode {
         response_body_mode: BodySendMode::None as i32,
         response_trailer_mode: HeaderSendMode::Skip as i32,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::{Counters, Process};
+    use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+    use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, ProtocolConfiguration};
+    use std::sync::Arc;
+
+    /// A preview route rule (no callout: the API is empty, nothing is asked of idemd).
+    const CONFIG: &str = r#"{"sidecar_cluster":"idem","keys":[{"kid":"k1","secret":"test-secret-0123456789abcdef-0123456789"}],
+        "active_kid":"k1","subject":{"header":"x-agent-subject"},
+        "routes":[{"name":"p","match":{"path":"/preview"},"role":"preview","scope":"s","bind":"/amount:decimal"}]}"#;
+
+    fn driver(rt: &tokio::runtime::Runtime) -> Driver {
+        let config = idem_core::policy::parse_plugin_config(CONFIG.as_bytes(), &|_| None).unwrap();
+        let process = Arc::new(Process::new(
+            axum::Router::new(),
+            rt.handle().clone(),
+            Arc::new(Counters::default()),
+            CONFIG.into(),
+        ));
+        Driver::new(Rc::new(Shared::new(config)), ExtProcHost::new(process))
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> Option<HeaderMap> {
+        let headers = pairs
+            .iter()
+            .map(|(k, v)| HeaderValue { key: (*k).into(), raw_value: v.as_bytes().to_vec(), ..Default::default() })
+            .collect();
+        Some(HeaderMap { headers })
+    }
+
+    fn msg(request: Msg, mode: Option<BodySendMode>) -> ProcessingRequest {
+        ProcessingRequest {
+            request: Some(request),
+            protocol_config: mode.map(|m| ProtocolConfiguration {
+                request_body_mode: m as i32,
+                response_body_mode: m as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn request_headers(path: &str, mode: BodySendMode) -> ProcessingRequest {
+        let h = headers(&[
+            (":method", "POST"),
+            (":path", path),
+            ("x-agent-subject", "alice"),
+            ("content-type", "application/json"),
+        ]);
+        msg(Msg::RequestHeaders(HttpHeaders { headers: h, end_of_stream: false, ..Default::default() }), Some(mode))
+    }
+
+    fn body(dir: Dir, bytes: &str, eos: bool) -> ProcessingRequest {
+        let b = HttpBody { body: bytes.as_bytes().to_vec(), end_of_stream: eos, ..Default::default() };
+        msg(if dir == Dir::Request { Msg::RequestBody(b) } else { Msg::ResponseBody(b) }, None)
+    }
+
+    fn response_headers(len: usize) -> ProcessingRequest {
+        let len = len.to_string();
+        let h = headers(&[(":status", "200"), ("content-type", "application/json"), ("content-length", &len)]);
+        msg(Msg::ResponseHeaders(HttpHeaders { headers: h, end_of_stream: false, ..Default::default() }), None)
+    }
+
+    fn kinds(out: &[ProcessingResponse]) -> Vec<&'static str> {
+        out.iter()
+            .map(|r| match &r.response {
+                Some(Answer::RequestHeaders(_)) => "request_headers",
+                Some(Answer::RequestBody(_)) => "request_body",
+                Some(Answer::ResponseHeaders(_)) => "response_headers",
+                Some(Answer::ResponseBody(_)) => "response_body",
+                Some(Answer::ImmediateResponse(_)) => "immediate",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    /// Every body byte the answers hand back (streamed or replaced).
+    fn body_out(out: &[ProcessingResponse]) -> String {
+        let mut all = Vec::new();
+        for r in out {
+            if let Some(Answer::ResponseBody(b)) = &r.response {
+                match b.response.as_ref().and_then(|c| c.body_mutation.as_ref()).and_then(|m| m.mutation.as_ref()) {
+                    Some(Mutation::Body(x)) => all.extend_from_slice(x),
+                    Some(Mutation::StreamedResponse(s)) => all.extend_from_slice(&s.body),
+                    _ => {}
+                }
+            }
+        }
+        String::from_utf8(all).unwrap()
+    }
+
+    #[test]
+    fn buffered_answers_each_message_and_splices_the_fingerprint_into_the_body() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut d = driver(&rt);
+        d.on_message(request_headers("/preview", BodySendMode::Buffered));
+        assert_eq!(kinds(&d.take_out()), ["request_headers"], "Envoy holds the headers until the body's answer");
+        d.on_message(body(Dir::Request, r#"{"amount":"10.00"}"#, true));
+        assert_eq!(kinds(&d.take_out()), ["request_body"]);
+        let answer = r#"{"quote":"q1"}"#;
+        d.on_message(response_headers(answer.len()));
+        assert_eq!(kinds(&d.take_out()), ["response_headers"]);
+        d.on_message(body(Dir::Response, answer, true));
+        let out = d.take_out();
+        assert_eq!(kinds(&out), ["response_body"]);
+        assert!(body_out(&out).contains("\"fingerprint\""), "{}", body_out(&out));
+    }
+
+    #[test]
+    fn full_duplex_holds_the_headers_until_the_body_is_judged() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut d = driver(&rt);
+        d.on_message(request_headers("/preview", BodySendMode::FullDuplexStreamed));
+        assert!(d.take_out().is_empty(), "the headers are held: nothing reaches the upstream yet");
+        d.on_message(body(Dir::Request, r#"{"amount":"#, false));
+        assert!(d.take_out().is_empty(), "half a body decides nothing");
+        d.on_message(body(Dir::Request, r#""10.00"}"#, true));
+        let out = d.take_out();
+        assert_eq!(kinds(&out), ["request_headers", "request_body"]);
+        let Some(Answer::RequestBody(b)) = &out[1].response else { panic!() };
+        let Some(Mutation::StreamedResponse(s)) =
+            b.response.as_ref().unwrap().body_mutation.as_ref().unwrap().mutation.as_ref()
+        else {
+            panic!()
+        };
+        assert_eq!(s.body, br#"{"amount":"10.00"}"#.to_vec());
+        assert!(s.end_of_stream);
+        let answer = r#"{"quote":"q1"}"#;
+        d.on_message(response_headers(answer.len()));
+        d.on_message(body(Dir::Response, answer, true));
+        let out = d.take_out();
+        assert!(body_out(&out).contains("\"fingerprint\""), "{}", body_out(&out));
+    }
+
+    #[test]
+    fn a_guarded_route_under_streamed_is_refused_and_an_unguarded_one_passes() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut d = driver(&rt);
+        d.on_message(request_headers("/preview", BodySendMode::Streamed));
+        let out = d.take_out();
+        assert_eq!(kinds(&out), ["immediate"]);
+        let Some(Answer::ImmediateResponse(r)) = &out[0].response else { panic!() };
+        assert_eq!(r.status.as_ref().map(|s| s.code), Some(503));
+        let mut d = driver(&rt);
+        d.on_message(request_headers("/elsewhere", BodySendMode::Streamed));
+        let out = d.take_out();
+        assert_eq!(kinds(&out), ["request_headers"]);
+        assert!(out[0].mode_override.is_some(), "an unguarded stream asks for nothing more");
+    }
+
+    #[test]
+    fn a_bad_preview_body_is_answered_locally_and_never_forwarded() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let mut d = driver(&rt);
+        d.on_message(request_headers("/preview", BodySendMode::Buffered));
+        d.take_out();
+        d.on_message(body(Dir::Request, "{not json", true));
+        assert_eq!(kinds(&d.take_out()), ["immediate"]);
     }
 }

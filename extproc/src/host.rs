@@ -76,8 +76,8 @@ pub struct ExtProcHost {
     pub annotation: Option<Vec<u8>>,
     /// Attributes Envoy sent (`response.code_details`, `xds.route_name`), as text.
     pub attributes: Vec<(String, Vec<u8>)>,
-    /// Dynamic metadata forwarded by Envoy (`metadata_options`): (namespace, key, string value).
-    pub metadata: Vec<(String, String, String)>,
+    /// Dynamic metadata forwarded by Envoy (`metadata_options`).
+    pub metadata: Option<envoy_types::pb::envoy::config::core::v3::Metadata>,
     pub request_body: Body,
     pub response_body: Body,
     pub pending: Pending,
@@ -95,7 +95,7 @@ impl ExtProcHost {
             response_headers: Vec::new(),
             annotation: None,
             attributes: Vec::new(),
-            metadata: Vec::new(),
+            metadata: None,
             request_body: Body::default(),
             response_body: Body::default(),
             pending: Pending::default(),
@@ -173,11 +173,11 @@ impl Host for ExtProcHost {
     }
 
     /// `response.code_details` and `xds.route_name` from the attributes Envoy was told to send;
-    /// dynamic metadata one level deep from `metadata_context` (what `metadata_options` forwards).
+    /// dynamic metadata (nested structs too) from `metadata_context` (what `metadata_options` forwards).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         match path {
-            ["metadata", "filter_metadata", ns, key] => {
-                self.metadata.iter().find(|(n, k, _)| n == ns && k == key).map(|(_, _, v)| v.as_bytes().to_vec())
+            ["metadata", "filter_metadata", rest @ ..] => {
+                crate::attributes::dynamic_metadata(self.metadata.as_ref(), rest).map(String::into_bytes)
             }
             _ => {
                 let name = path.join(".");

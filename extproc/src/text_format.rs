@@ -125,7 +125,7 @@ fn field<'a>(fields: &'a [(String, Node)], name: &str) -> Option<&'a Node> {
     fields.iter().find(|(n, _)| n == name).map(|(_, v)| v)
 }
 
-fn message<'a>(node: Option<&'a Node>) -> Option<&'a [(String, Node)]> {
+fn message(node: Option<&Node>) -> Option<&[(String, Node)]> {
     match node {
         Some(Node::Message(m)) => Some(m),
         _ => None,

@@ -77,10 +77,18 @@ pub fn sidecar_args(port: u16, dir: &Path) -> Result<Vec<String>, BoxError> {
     ])
 }
 
-/// The port of the `idem_sidecar` cluster's endpoint in a rendered config.
+/// The port of the endpoint of the cluster the plugin configuration calls idemd on
+/// (`sidecar_cluster`) in a rendered config.
 fn sidecar_port(yaml: &str) -> Option<u16> {
+    let config: serde_json::Value = serde_json::from_str(&plugin_config_of(yaml)?).ok()?;
+    let cluster = config.get("sidecar_cluster")?.as_str()?;
     let lines: Vec<&str> = yaml.lines().collect();
-    let start = lines.iter().position(|l| l.trim_start() == "- name: idem_sidecar")?;
+    let start = lines.iter().position(|l| {
+        let l = l.trim_start();
+        l == format!("- name: {cluster}")
+            || l == format!("- name: \"{cluster}\"")
+            || l == format!("- name: '{cluster}'")
+    })?;
     lines[start..].iter().find_map(|l| {
         let (_, rest) = l.split_once("port_value:")?;
         let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
@@ -91,13 +99,22 @@ fn sidecar_port(yaml: &str) -> Option<u16> {
 /// Rewrite every proxy-wasm filter into Envoy's `ext_proc` filter (BUFFERED both ways, trailers
 /// sent, the route's metadata and the answer's code details as attributes, `failure_mode_allow:
 /// false`), the per-route configs that name it, and add the cluster to idemd's ext_proc service.
+/// `IDEM_E2E_EXT_PROC_BODY` chooses the body mode of both directions: `BUFFERED` (default) or
+/// `FULL_DUPLEX_STREAMED` (what Google's Agent Gateway uses for every event).
 pub fn to_ext_proc(yaml: &str) -> Result<String, BoxError> {
-    to_ext_proc_with(yaml, "BUFFERED")
+    let mode = std::env::var("IDEM_E2E_EXT_PROC_BODY").ok().filter(|m| !m.trim().is_empty());
+    let mode = mode.as_deref().map(str::trim).unwrap_or("BUFFERED");
+    if !["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"].contains(&mode) {
+        return Err(
+            format!("IDEM_E2E_EXT_PROC_BODY={mode}: expected BUFFERED, FULL_DUPLEX_STREAMED or STREAMED").into()
+        );
+    }
+    to_ext_proc_with(yaml, mode)
 }
 
 /// [`to_ext_proc`] with another body mode for both directions (`FULL_DUPLEX_STREAMED`, …).
 pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
-    let sidecar = sidecar_port(yaml).ok_or("no idem_sidecar cluster to find idemd by")?;
+    let sidecar = sidecar_port(yaml).ok_or("no cluster named by the plugin's sidecar_cluster to find idemd by")?;
     let config = plugin_config_of(yaml).ok_or("a wasm filter without an inline `configuration.value`")?;
     let ext_proc = {
         let reg = registry();
