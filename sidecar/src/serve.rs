@@ -176,27 +176,10 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("server: {e}")))
 }
 
-/// The ext_proc host (`idem-extproc`): Envoy's External Processing protocol served by idemd itself,
-/// for gateways that load no filter. Its callouts are idemd's own API, called in-process.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ExtProcArgs {
-    /// Serve Envoy's External Processing protocol (gRPC, `envoy.service.ext_proc.v3`) on this address.
-    #[arg(long, env = "IDEM_EXT_PROC")]
-    pub ext_proc: Option<std::net::SocketAddr>,
-
-    /// The plugin configuration (the same JSON the `.wasm` takes) the ext_proc host runs with.
-    #[arg(long, env = "IDEM_EXT_PROC_CONFIG", requires = "ext_proc")]
-    pub ext_proc_config: Option<std::path::PathBuf>,
-
-    /// Threads that run ext_proc streams (each with its own parsed configuration).
-    #[arg(long, env = "IDEM_EXT_PROC_THREADS", default_value_t = 2)]
-    pub ext_proc_threads: usize,
-}
-
 /// Bind and start the ext_proc host; the API gains its counters (`/ext-proc/stats`).
 async fn start_ext_proc(
     addr: std::net::SocketAddr,
-    args: &ExtProcArgs,
+    args: &crate::config::ExtProcArgs,
     api: axum::Router,
 ) -> Result<axum::Router, Failure> {
     let path = args

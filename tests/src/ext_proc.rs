@@ -74,6 +74,10 @@ pub fn sidecar_args(port: u16, dir: &Path) -> Result<Vec<String>, BoxError> {
         format!("127.0.0.1:{ext_proc}"),
         "--ext-proc-config".into(),
         path.display().to_string(),
+        // One thread, as the tests' Envoys run one worker: what a route learns (an answer that named
+        // its own fingerprint) is per thread on every host.
+        "--ext-proc-threads".into(),
+        "1".into(),
     ])
 }
 
