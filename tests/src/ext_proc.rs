@@ -161,8 +161,7 @@ pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError>
                     format!(
                         "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ext_proc} }} }} }}"
                     ),
-                ]
-                .into_iter(),
+                ],
             );
             i += 1;
             continue;
@@ -174,30 +173,29 @@ pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError>
         }
         let end = block_end(&lines, i);
         let pad = " ".repeat(indent);
-        out.extend(
-            [
-                format!("{pad}- name: {EXT_PROC_FILTER}"),
-                format!("{pad}  typed_config:"),
-                format!("{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"),
-                format!("{pad}    grpc_service:"),
-                format!("{pad}      envoy_grpc: {{ cluster_name: {EXT_PROC_CLUSTER} }}"),
-                format!("{pad}    failure_mode_allow: false"),
-                format!("{pad}    message_timeout: {MESSAGE_TIMEOUT}"),
-                format!("{pad}    allow_mode_override: true"),
-                format!("{pad}    processing_mode:"),
-                format!("{pad}      request_header_mode: SEND"),
-                format!("{pad}      response_header_mode: SEND"),
-                format!("{pad}      request_body_mode: {body_mode}"),
-                format!("{pad}      response_body_mode: {body_mode}"),
-                format!("{pad}      request_trailer_mode: SEND"),
-                format!("{pad}      response_trailer_mode: SEND"),
-                format!("{pad}    request_attributes: [xds.route_metadata, xds.route_name]"),
-                format!("{pad}    response_attributes: [response.code_details]"),
-                format!("{pad}    metadata_options:"),
-                format!("{pad}      forwarding_namespaces: {{ untyped: [envoy.filters.http.jwt_authn] }}"),
-            ]
-            .into_iter(),
-        );
+        out.extend([
+            format!("{pad}- name: {EXT_PROC_FILTER}"),
+            format!("{pad}  typed_config:"),
+            format!(
+                "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+            ),
+            format!("{pad}    grpc_service:"),
+            format!("{pad}      envoy_grpc: {{ cluster_name: {EXT_PROC_CLUSTER} }}"),
+            format!("{pad}    failure_mode_allow: false"),
+            format!("{pad}    message_timeout: {MESSAGE_TIMEOUT}"),
+            format!("{pad}    allow_mode_override: true"),
+            format!("{pad}    processing_mode:"),
+            format!("{pad}      request_header_mode: SEND"),
+            format!("{pad}      response_header_mode: SEND"),
+            format!("{pad}      request_body_mode: {body_mode}"),
+            format!("{pad}      response_body_mode: {body_mode}"),
+            format!("{pad}      request_trailer_mode: SEND"),
+            format!("{pad}      response_trailer_mode: SEND"),
+            format!("{pad}    request_attributes: [xds.route_metadata, xds.route_name]"),
+            format!("{pad}    response_attributes: [response.code_details]"),
+            format!("{pad}    metadata_options:"),
+            format!("{pad}      forwarding_namespaces: {{ untyped: [envoy.filters.http.jwt_authn] }}"),
+        ]);
         converted += 1;
         i = end;
     }
