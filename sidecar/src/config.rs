@@ -98,6 +98,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub reconcile: ReconcileArgs,
+
+    #[command(flatten)]
+    pub ext_proc: ExtProcArgs,
 }
 
 impl ServeArgs {
@@ -125,6 +128,23 @@ impl ServeArgs {
     pub fn probe_interval(&self) -> Duration {
         Duration::from_millis(self.probe_interval_ms)
     }
+}
+
+/// The ext_proc host (`idem-extproc`): Envoy's External Processing protocol served by idemd itself,
+/// for gateways that load no filter. Its callouts are idemd's own API, called in-process.
+#[derive(Debug, Clone, Args)]
+pub struct ExtProcArgs {
+    /// Serve Envoy's External Processing protocol (gRPC, `envoy.service.ext_proc.v3`) on this address.
+    #[arg(long, env = "IDEM_EXT_PROC")]
+    pub ext_proc: Option<std::net::SocketAddr>,
+
+    /// The plugin configuration (the same JSON the `.wasm` takes) the ext_proc host runs with.
+    #[arg(long, env = "IDEM_EXT_PROC_CONFIG", requires = "ext_proc")]
+    pub ext_proc_config: Option<std::path::PathBuf>,
+
+    /// Threads that run ext_proc streams (each with its own parsed configuration).
+    #[arg(long, env = "IDEM_EXT_PROC_THREADS", default_value_t = 2)]
+    pub ext_proc_threads: usize,
 }
 
 /// Where the state lives.

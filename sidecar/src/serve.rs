@@ -165,10 +165,48 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, crate::api::router_with(store, tokens, approvers, Some(lookups)))
+    let api = crate::api::router_with(store, tokens, approvers, Some(lookups));
+    let api = match &args.ext_proc.ext_proc {
+        Some(addr) => start_ext_proc(*addr, &args.ext_proc, api).await?,
+        None => api,
+    };
+    axum::serve(listener, api)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| Failure::Runtime(format!("server: {e}")))
+}
+
+/// Bind and start the ext_proc host; the API gains its counters (`/ext-proc/stats`).
+async fn start_ext_proc(
+    addr: std::net::SocketAddr,
+    args: &crate::config::ExtProcArgs,
+    api: axum::Router,
+) -> Result<axum::Router, Failure> {
+    let path = args
+        .ext_proc_config
+        .as_ref()
+        .ok_or_else(|| Failure::Config("--ext-proc needs --ext-proc-config (the plugin configuration JSON)".into()))?;
+    let config = std::fs::read(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {addr} (ext_proc): {e}")))?;
+    let counters = Arc::new(idem_extproc::Counters::default());
+    let server = idem_extproc::start(
+        listener,
+        api.clone(),
+        config,
+        Arc::clone(&counters),
+        args.ext_proc_threads,
+        shutdown_signal(),
+    )
+    .map_err(Failure::Config)?;
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!("{e}");
+        }
+    });
+    info!(%addr, "ext_proc serving");
+    Ok(api.merge(idem_extproc::stats_router(counters)))
 }
 
 /// The reconciler and the reaper, as tasks of this runtime: they stop with it.

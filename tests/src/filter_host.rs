@@ -1,8 +1,10 @@
-//! Which build of the filter a stack loads: the proxy-wasm `.wasm` (default)
-//! or the native Envoy dynamic module (`IDEM_E2E_HOST=native`). The committed
-//! configs load the `.wasm`; for the native module the harness rewrites each
-//! wasm filter into the dynamic-module filter with the same plugin
-//! configuration JSON, so both hosts run the very same routes and tests.
+//! Which host of the filter a stack runs: the proxy-wasm `.wasm` (default), the
+//! native Envoy dynamic module (`IDEM_E2E_HOST=native`), or the ext_proc host
+//! inside idemd behind Envoy's own `ext_proc` filter (`IDEM_E2E_HOST=extproc`).
+//! The committed configs load the `.wasm`; for the other two the harness
+//! rewrites each wasm filter into the dynamic-module filter, or into an
+//! `ext_proc` filter (and idemd gets the plugin configuration JSON instead), so
+//! every host runs the very same routes and tests.
 
 use crate::BoxError;
 use std::path::PathBuf;
@@ -17,6 +19,7 @@ const NATIVE_FILTER: &str = "envoy.filters.http.dynamic_modules";
 pub enum FilterHost {
     Wasm,
     Native,
+    ExtProc,
 }
 
 impl FilterHost {
@@ -25,20 +28,28 @@ impl FilterHost {
         match std::env::var("IDEM_E2E_HOST").ok().as_deref().map(str::trim) {
             None | Some("") | Some("wasm") => Ok(FilterHost::Wasm),
             Some("native") => Ok(FilterHost::Native),
-            Some(other) => Err(format!("IDEM_E2E_HOST={other}: expected `wasm` or `native`").into()),
+            Some("extproc") => Ok(FilterHost::ExtProc),
+            Some(other) => Err(format!("IDEM_E2E_HOST={other}: expected `wasm`, `native` or `extproc`").into()),
         }
     }
 
     pub fn is_native(self) -> bool {
         self == FilterHost::Native
     }
+
+    pub fn is_ext_proc(self) -> bool {
+        self == FilterHost::ExtProc
+    }
 }
 
 /// A rendered config as the current host runs it, and `cmd` (an `envoy`) told where the module is
 /// when the config loads it: a committed native config (`envoy/native.yaml`) runs as it is, on any host.
 pub fn for_current_host(yaml: &str, cmd: &mut std::process::Command) -> Result<String, BoxError> {
-    let text = if FilterHost::current()?.is_native() && yaml.contains(WASM_FILTER) {
+    let host = FilterHost::current()?;
+    let text = if host.is_native() && yaml.contains(WASM_FILTER) {
         to_native(yaml)?
+    } else if host.is_ext_proc() && yaml.contains(WASM_FILTER) {
+        crate::ext_proc::to_ext_proc(yaml)?
     } else {
         yaml.to_owned()
     };
@@ -75,13 +86,7 @@ pub fn to_native(yaml: &str) -> Result<String, BoxError> {
             i += 1;
             continue;
         }
-        // The filter's block: every following line indented deeper than its `- name:`.
-        let end = (i + 1..lines.len())
-            .find(|&j| {
-                let l = lines[j];
-                !l.trim().is_empty() && l.len() - l.trim_start().len() <= indent
-            })
-            .unwrap_or(lines.len());
+        let end = block_end(&lines, i);
         let block = &lines[i + 1..end];
         let config = plugin_configuration(block).ok_or("a wasm filter without an inline `configuration.value`")?;
         let pad = " ".repeat(indent);
@@ -109,8 +114,20 @@ pub fn to_native(yaml: &str) -> Result<String, BoxError> {
     Ok(text)
 }
 
+/// Where the block of the list item at `start` (`- name: …`) ends: the first following line that is
+/// not indented deeper than it.
+pub(crate) fn block_end(lines: &[&str], start: usize) -> usize {
+    let indent = lines.get(start).map_or(0, |l| l.len() - l.trim_start().len());
+    (start + 1..lines.len())
+        .find(|&j| {
+            let l = lines[j];
+            !l.trim().is_empty() && l.len() - l.trim_start().len() <= indent
+        })
+        .unwrap_or(lines.len())
+}
+
 /// The lines of `configuration: { value: | … }` in a wasm filter block, unindented.
-fn plugin_configuration(block: &[&str]) -> Option<Vec<String>> {
+pub(crate) fn plugin_configuration(block: &[&str]) -> Option<Vec<String>> {
     let start = block.iter().position(|l| l.trim_start().starts_with("configuration:"))?;
     let value = (start + 1..block.len()).find(|&j| block[j].trim_start().starts_with("value: |"))?;
     let value_indent = block[value].len() - block[value].trim_start().len();

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 pub mod bypass;
 pub mod configs;
+pub mod ext_proc;
 pub mod filter_host;
 pub mod http2;
 pub mod istio;
@@ -190,6 +191,13 @@ impl Stack {
         let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
         let mut demo = start_demo(&opts.demo, ports.demo, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
+        if FilterHost::current()?.is_ext_proc() {
+            // idemd runs the host: it takes the plugin configuration this stack's Envoy config carries.
+            let text = envoy_text(opts.envoy_config, &ports, &opts.envoy_edits)?;
+            let config =
+                ext_proc::plugin_config_of(&text).ok_or("the stack's Envoy config has no plugin configuration")?;
+            ext_proc::prepare(ports.sidecar, &config, dir.path())?;
+        }
         let mut sidecar = start_sidecar(&opts.sidecar.for_ports(&ports), ports.sidecar, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
         let mut envoy = start_envoy_with(opts.envoy_config, &ports, &opts.envoy_edits, dir.path())?;
@@ -283,8 +291,16 @@ impl Stack {
     }
 
     /// One counter from Envoy's /stats (the filter's show as `wasmcustom.idem.*`; the native
-    /// module's same counters as `dynamicmodulescustom.idem.*`, read here under the wasm name).
+    /// module's same counters as `dynamicmodulescustom.idem.*`, read here under the wasm name; the
+    /// ext_proc host's from idemd's `/ext-proc/stats`, the same names without the prefix).
     pub async fn stat(&self, name: &str) -> Result<u64, BoxError> {
+        if let (FilterHost::ExtProc, Some(rest)) = (FilterHost::current()?, name.strip_prefix("wasmcustom.")) {
+            let text = self.http.get(self.sidecar_url("/ext-proc/stats")).send().await?.text().await?;
+            return Ok(text
+                .lines()
+                .find_map(|l| l.split_once(": ").filter(|(k, _)| *k == rest).and_then(|(_, v)| v.trim().parse().ok()))
+                .unwrap_or(0));
+        }
         let native;
         let name = match (FilterHost::current()?, name.strip_prefix("wasmcustom.")) {
             (FilterHost::Native, Some(rest)) => {
@@ -497,6 +513,11 @@ pub fn spawn_sidecar(name: &str, opts: &SidecarOpts, port: u16, dir: &Path) -> R
     if !opts.reconciles() {
         cmd.arg("--no-reconcile");
     }
+    if FilterHost::current()?.is_ext_proc() {
+        // The host's plugin configuration names idemd's token as the filters' does.
+        cmd.env("IDEM_SIDECAR_TOKEN", SIDECAR_TOKEN);
+        cmd.args(ext_proc::sidecar_args(port, dir)?);
+    }
     cmd.args(&opts.extra_args);
     Proc::spawn(name, &mut cmd, dir)
 }
@@ -588,6 +609,15 @@ pub fn start_envoy_workers(
     workers: u32,
 ) -> Result<Proc, BoxError> {
     let path = dir.join(format!("envoy-{config}"));
+    let mut text = envoy_text(config, ports, edits)?;
+    let mut cmd = Command::new(envoy_bin()?);
+    text = filter_host::for_current_host(&text, &mut cmd)?;
+    std::fs::write(&path, text)?;
+    spawn_envoy(cmd, &path, dir, workers)
+}
+
+/// A committed config rendered for `ports`, with `edits` applied (before any host conversion).
+pub fn envoy_text(config: &str, ports: &Ports, edits: &[(String, String)]) -> Result<String, BoxError> {
     let mut text = render_envoy_config(config, ports)?;
     for (from, to) in edits {
         if !text.contains(from.as_str()) {
@@ -595,10 +625,7 @@ pub fn start_envoy_workers(
         }
         text = text.replace(from.as_str(), to);
     }
-    let mut cmd = Command::new(envoy_bin()?);
-    text = filter_host::for_current_host(&text, &mut cmd)?;
-    std::fs::write(&path, text)?;
-    spawn_envoy(cmd, &path, dir, workers)
+    Ok(text)
 }
 
 /// Start `cmd` (an `envoy`, with the environment its configuration needs) on the configuration file `path`.
@@ -619,11 +646,11 @@ pub fn spawn_envoy(mut cmd: Command, path: &Path, dir: &Path, workers: u32) -> R
 /// True (and says so) when the stack runs the native module and the calling test is about
 /// something only the `.wasm` does: the test then has nothing to check on this host.
 pub fn wasm_only(why: &str) -> Result<bool, BoxError> {
-    let native = FilterHost::current()?.is_native();
-    if native {
-        eprintln!("*** not applicable to the native module: {why}");
+    let other = FilterHost::current()? != FilterHost::Wasm;
+    if other {
+        eprintln!("*** not applicable to the {:?} host: {why}", FilterHost::current()?);
     }
-    Ok(native)
+    Ok(other)
 }
 
 /// Run `envoy --mode validate` on a config under envoy/ (with the real .wasm path; with

@@ -56,7 +56,7 @@ fn bases() -> Result<Vec<&'static str>, BoxError> {
     Ok(match FilterHost::current()? {
         // istio-like.yaml is the .wasm's only (tests/tests/istio.rs).
         FilterHost::Wasm => vec!["e2e.yaml", "envoy.yaml", "istio-like.yaml"],
-        FilterHost::Native => vec!["e2e.yaml", "envoy.yaml"],
+        FilterHost::Native | FilterHost::ExtProc => vec!["e2e.yaml", "envoy.yaml"],
     })
 }
 

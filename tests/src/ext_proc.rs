@@ -1,0 +1,228 @@
+//! The ext_proc host in the e2e suite (`IDEM_E2E_HOST=extproc`): idemd serves Envoy's External
+//! Processing protocol itself (`idemd serve --ext-proc ADDR --ext-proc-config FILE`), and each
+//! Envoy config's proxy-wasm filter becomes Envoy's own `ext_proc` filter pointing at it, with
+//! `failure_mode_allow: false`. The plugin configuration the `.wasm` would get goes to idemd.
+//!
+//! A stack's idemd and Envoy are tied by idemd's port: `prepare` records, for an idemd port, the
+//! port its ext_proc service listens on and the plugin configuration it runs; the Envoy config
+//! (which names that idemd port in its `idem_sidecar` cluster) is then pointed at the same
+//! service, and a config whose plugin configuration differs from idemd's is an error, never a
+//! silent mismatch.
+
+use crate::filter_host::{block_end, plugin_configuration};
+use crate::BoxError;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+const WASM_FILTER: &str = "envoy.filters.http.wasm";
+const EXT_PROC_FILTER: &str = "envoy.filters.http.ext_proc";
+/// The cluster the converted configs send ext_proc streams on.
+pub const EXT_PROC_CLUSTER: &str = "idem_ext_proc";
+/// Envoy waits this long for each answer; idemd's own store calls are bounded by the plugin's
+/// `sidecar_timeout_ms` (5 s in the test configs) below it.
+const MESSAGE_TIMEOUT: &str = "10s";
+
+struct Registered {
+    sidecar: u16,
+    ext_proc: u16,
+    config: String,
+}
+
+static REGISTERED: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+
+fn registry() -> std::sync::MutexGuard<'static, Vec<Registered>> {
+    REGISTERED.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The plugin configuration (JSON text) of the first proxy-wasm filter in an Envoy config.
+pub fn plugin_config_of(yaml: &str) -> Option<String> {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let start = lines.iter().position(|l| l.trim_start() == format!("- name: {WASM_FILTER}"))?;
+    let end = block_end(&lines, start);
+    plugin_configuration(&lines[start + 1..end]).map(|c| c.join("\n"))
+}
+
+/// Record that the idemd on `sidecar_port` runs the ext_proc host with `config`; returns the
+/// file to give it (`--ext-proc-config`) and the port it serves on.
+pub fn prepare(sidecar_port: u16, config: &str, dir: &Path) -> Result<(PathBuf, u16), BoxError> {
+    let path = dir.join(format!("ext-proc-config-{sidecar_port}.json"));
+    std::fs::write(&path, config)?;
+    let mut reg = registry();
+    if let Some(r) = reg.iter_mut().find(|r| r.sidecar == sidecar_port) {
+        r.config = config.to_owned();
+        return Ok((path, r.ext_proc));
+    }
+    let ext_proc = crate::free_port()?;
+    reg.push(Registered { sidecar: sidecar_port, ext_proc, config: config.to_owned() });
+    Ok((path, ext_proc))
+}
+
+/// What `spawn_sidecar` adds for the idemd on `port`: the ext_proc flags, with the configuration
+/// `prepare` recorded, or else the one of envoy/e2e.yaml (checked against Envoy's at its start).
+pub fn sidecar_args(port: u16, dir: &Path) -> Result<Vec<String>, BoxError> {
+    let known = registry().iter().find(|r| r.sidecar == port).map(|r| r.config.clone());
+    let config = match known {
+        Some(c) => c,
+        None => {
+            let text = std::fs::read_to_string(crate::repo_root().join("envoy/e2e.yaml"))?;
+            plugin_config_of(&text).ok_or("envoy/e2e.yaml has no plugin configuration")?
+        }
+    };
+    let (path, ext_proc) = prepare(port, &config, dir)?;
+    Ok(vec![
+        "--ext-proc".into(),
+        format!("127.0.0.1:{ext_proc}"),
+        "--ext-proc-config".into(),
+        path.display().to_string(),
+        // One thread, as the tests' Envoys run one worker: what a route learns (an answer that named
+        // its own fingerprint) is per thread on every host.
+        "--ext-proc-threads".into(),
+        "1".into(),
+    ])
+}
+
+/// The port of the endpoint of the cluster the plugin configuration calls idemd on
+/// (`sidecar_cluster`) in a rendered config.
+fn sidecar_port(yaml: &str) -> Option<u16> {
+    let config: serde_json::Value = serde_json::from_str(&plugin_config_of(yaml)?).ok()?;
+    let cluster = config.get("sidecar_cluster")?.as_str()?;
+    let lines: Vec<&str> = yaml.lines().collect();
+    let start = lines.iter().position(|l| {
+        let l = l.trim_start();
+        l == format!("- name: {cluster}")
+            || l == format!("- name: \"{cluster}\"")
+            || l == format!("- name: '{cluster}'")
+    })?;
+    lines[start..].iter().find_map(|l| {
+        let (_, rest) = l.split_once("port_value:")?;
+        let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    })
+}
+
+/// Rewrite every proxy-wasm filter into Envoy's `ext_proc` filter (BUFFERED both ways, trailers
+/// sent, the route's metadata and the answer's code details as attributes, `failure_mode_allow:
+/// false`), the per-route configs that name it, and add the cluster to idemd's ext_proc service.
+/// `IDEM_E2E_EXT_PROC_BODY` chooses the body mode of both directions: `BUFFERED` (default) or
+/// `FULL_DUPLEX_STREAMED` (what Google's Agent Gateway uses for every event).
+pub fn to_ext_proc(yaml: &str) -> Result<String, BoxError> {
+    let mode = std::env::var("IDEM_E2E_EXT_PROC_BODY").ok().filter(|m| !m.trim().is_empty());
+    let mode = mode.as_deref().map(str::trim).unwrap_or("BUFFERED");
+    if !["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"].contains(&mode) {
+        return Err(
+            format!("IDEM_E2E_EXT_PROC_BODY={mode}: expected BUFFERED, FULL_DUPLEX_STREAMED or STREAMED").into()
+        );
+    }
+    to_ext_proc_with(yaml, mode)
+}
+
+/// [`to_ext_proc`] with another body mode for both directions (`FULL_DUPLEX_STREAMED`, …).
+pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
+    let sidecar = sidecar_port(yaml).ok_or("no cluster named by the plugin's sidecar_cluster to find idemd by")?;
+    let config = plugin_config_of(yaml).ok_or("a wasm filter without an inline `configuration.value`")?;
+    let ext_proc = {
+        let reg = registry();
+        match reg.iter().find(|r| r.sidecar == sidecar) {
+            Some(r) if r.config.trim() != config.trim() => {
+                return Err(format!(
+                    "the ext_proc host on idemd :{sidecar} runs another plugin configuration than this Envoy \
+                     config's; start its idemd with this one (ext_proc::prepare)"
+                )
+                .into())
+            }
+            Some(r) => r.ext_proc,
+            // No idemd of this stack (`--mode validate`): any port.
+            None => 9191,
+        }
+    };
+    let lines: Vec<&str> = yaml.lines().collect();
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    let mut converted = 0;
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let indent = line.len() - line.trim_start().len();
+        if line.trim_start() == "clusters:" {
+            out.push(line.to_owned());
+            let pad = " ".repeat(indent);
+            out.extend(
+                [
+                    format!("{pad}- name: {EXT_PROC_CLUSTER}"),
+                    format!("{pad}  type: STATIC"),
+                    format!("{pad}  connect_timeout: 0.5s"),
+                    format!("{pad}  typed_extension_protocol_options:"),
+                    format!("{pad}    envoy.extensions.upstreams.http.v3.HttpProtocolOptions:"),
+                    format!("{pad}      \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+                    format!("{pad}      explicit_http_config: {{ http2_protocol_options: {{}} }}"),
+                    format!("{pad}  load_assignment:"),
+                    format!("{pad}    cluster_name: {EXT_PROC_CLUSTER}"),
+                    format!("{pad}    endpoints:"),
+                    format!("{pad}    - lb_endpoints:"),
+                    format!(
+                        "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ext_proc} }} }} }}"
+                    ),
+                ],
+            );
+            i += 1;
+            continue;
+        }
+        if line.trim_start() != format!("- name: {WASM_FILTER}") {
+            out.push(line.replace(&format!("{WASM_FILTER}:"), &format!("{EXT_PROC_FILTER}:")));
+            i += 1;
+            continue;
+        }
+        let end = block_end(&lines, i);
+        let pad = " ".repeat(indent);
+        out.extend([
+            format!("{pad}- name: {EXT_PROC_FILTER}"),
+            format!("{pad}  typed_config:"),
+            format!(
+                "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+            ),
+            format!("{pad}    grpc_service:"),
+            format!("{pad}      envoy_grpc: {{ cluster_name: {EXT_PROC_CLUSTER} }}"),
+            format!("{pad}    failure_mode_allow: false"),
+            format!("{pad}    message_timeout: {MESSAGE_TIMEOUT}"),
+            format!("{pad}    allow_mode_override: true"),
+            format!("{pad}    processing_mode:"),
+            format!("{pad}      request_header_mode: SEND"),
+            format!("{pad}      response_header_mode: SEND"),
+            format!("{pad}      request_body_mode: {body_mode}"),
+            format!("{pad}      response_body_mode: {body_mode}"),
+            format!("{pad}      request_trailer_mode: SEND"),
+            format!("{pad}      response_trailer_mode: SEND"),
+            format!("{pad}    request_attributes: [xds.route_metadata, xds.route_name]"),
+            format!("{pad}    response_attributes: [response.code_details]"),
+            format!("{pad}    metadata_options:"),
+            format!("{pad}      forwarding_namespaces: {{ untyped: [envoy.filters.http.jwt_authn] }}"),
+        ]);
+        converted += 1;
+        i = end;
+    }
+    if converted == 0 {
+        return Err("no proxy-wasm filter to convert".into());
+    }
+    let mut text = out.join("\n");
+    text.push('\n');
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_test_configs_convert_with_their_plugin_configuration_moved_to_idemd() -> Result<(), BoxError> {
+        for config in ["e2e.yaml", "envoy.yaml"] {
+            let text = std::fs::read_to_string(crate::repo_root().join("envoy").join(config))?;
+            let plugin = plugin_config_of(&text).ok_or("no plugin configuration")?;
+            assert!(plugin.contains("\"sidecar_cluster\""), "{config}");
+            let converted = to_ext_proc(&text)?;
+            assert!(!converted.contains("envoy.extensions.filters.http.wasm.v3.Wasm"), "{config}");
+            assert!(converted.contains("failure_mode_allow: false"), "{config}");
+            assert!(converted.contains(&format!("- name: {EXT_PROC_CLUSTER}")), "{config}");
+            assert!(!converted.contains("\"sidecar_cluster\""), "{config}: the plugin configuration is idemd's");
+        }
+        Ok(())
+    }
+}
