@@ -14,8 +14,7 @@
 //!
 //! And the same for MariaDB (`idem_testkit::mariadb_server::MariaReplicated`: a private primary writing a binary
 //! log and a `read_only` replica following it by GTID): semi-synchronous keeps the acquire; asynchronous, with
-//! the replica cut off (which its primary then forgets), is still read as `async` (the binary log) and refuses
-//! what it cannot keep; a replica is refused at start.
+//! the replica cut off, is read as `async` and refuses what it cannot keep; a replica is refused at start.
 //!
 //! Each metric and /healthz detail says which topology idemd saw.
 
@@ -328,9 +327,9 @@ fn mariadb_semi_sync_keeps_the_acquire_through_failover() {
     idemd.sees("single");
 }
 
-/// MariaDB asynchronous, the replica cut off: its primary forgets it, but writes the binary log it would follow,
-/// so idemd still reads `async` and refuses an acquire for an upstream that ignores keys; one for an upstream that
-/// honours keys is served, and the failover loses it (ACQUIRED again under the same key).
+/// MariaDB asynchronous, the replica cut off: idemd reads `async` and refuses an acquire for an upstream that
+/// ignores keys; one for an upstream that honours keys is served, and the failover loses it (ACQUIRED again under
+/// the same key).
 #[test]
 fn mariadb_async_replica_refuses_keyless_acquires_and_serves_honoured_keys() {
     let dir = tempfile::tempdir().expect("dir");
@@ -350,7 +349,6 @@ fn mariadb_async_replica_refuses_keyless_acquires_and_serves_honoured_keys() {
     assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
     assert_eq!(maria_rows(db.primary(), &keyed), "1");
     assert_eq!(maria_rows(db.replica(), &keyed), "0", "the replica lags: the worst window");
-    // However long the primary has known the replica gone, the binary log keeps it `async`.
     idemd.sees("async");
     let m = idemd.metrics();
     assert_eq!(metric(&m, r#"idem_replication_refused_total{mode="async"}"#), Some(1.0), "{m}");
@@ -375,4 +373,38 @@ fn idemd_refuses_to_start_on_a_mariadb_replica() {
     assert!(stderr.contains("is a standby, not the primary") && stderr.contains("mariadb replica"), "{stderr}");
     let tables = db.replica().sql("SELECT count(*) FROM information_schema.tables WHERE table_name = 'idem_record'");
     assert_eq!(tables.expect("count"), "0", "nothing written");
+}
+
+/// `idemd check` with the deployment's database: it says the topology it reads, refuses the routes whose upstream
+/// ignores keys where idemd would refuse their confirms (not once the risk is accepted), refuses a standby, and
+/// writes nothing to the database it reads.
+#[test]
+fn idemd_check_reports_the_topology_and_refuses_what_idemd_would() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(db) = replicated(dir.path(), Replication::Async) else { return };
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/soak-hostile.yaml");
+    let check = |url: &str, accept: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_idemd"))
+            .args(["check", "--envoy", config])
+            .env("IDEM_DATABASE_URL", url)
+            .env("IDEM_ACCEPT_ASYNC_FAILOVER_RISK", accept)
+            .output()
+            .expect("idemd check");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (stdout, stderr) = check(&db.url(), "");
+    assert!(stdout.contains("idemd check: database replication: async ("), "{stdout}");
+    assert!(stdout.contains("accepting routes whose upstream honours Idempotency-Key"), "{stdout}");
+    assert!(stdout.contains("REFUSED"), "{stdout}\n{stderr}");
+    let refused: Vec<&str> = stderr.lines().filter(|l| l.contains("[replication]")).collect();
+    assert!(refused.iter().any(|l| l.contains("route hostile_nokey_confirm")), "{stderr}");
+    assert!(refused.iter().all(|l| l.contains("upstream_keys: ignored")), "{stderr}");
+
+    let (stdout, stderr) = check(&db.url(), "true");
+    assert!(stdout.contains("risk accepted"), "{stdout}");
+    assert!(!stderr.contains("[replication]"), "{stderr}");
+
+    let (_, stderr) = check(&db.standby().url(), "true");
+    assert!(stderr.contains("[replication]") && stderr.contains("refuses to start"), "{stderr}");
+    assert_eq!(db.primary().psql("SELECT to_regclass('idem_record') IS NULL").expect("psql"), "t", "nothing written");
 }

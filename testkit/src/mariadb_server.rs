@@ -160,7 +160,7 @@ impl MariaReplicated {
         let (primary_dir, replica_dir) = (dir.join("primary"), dir.join("replica"));
         std::fs::create_dir_all(&primary_dir)?;
         std::fs::create_dir_all(&replica_dir)?;
-        let mut primary_opts = vec!["--server-id=1".to_string(), "--log-bin=primary-bin".into()];
+        let primary_opts = vec!["--server-id=1".to_string(), "--log-bin=primary-bin".into()];
         // The replica writes no binary log of its own: once promoted, nothing can follow it (a single node).
         let mut replica_opts = vec!["--server-id=2".to_string(), "--read-only=ON".into()];
         if mode == MariaReplication::SemiSync {

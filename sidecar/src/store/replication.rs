@@ -22,10 +22,11 @@
 //! - MariaDB/MySQL: `read_only` and running replica threads (this is a replica), semi-synchronous
 //!   replication's state (`Rpl_semi_sync_master_status`: on, a commit waits for a replica's
 //!   acknowledgement; it falls back to asynchronous after `rpl_semi_sync_master_timeout`), the replicas
-//!   connected, and whether it writes a binary log. A primary forgets a replica whose connection
-//!   dropped (there is no slot), and a replica that lost its connection is exactly the one that lags, so a
-//!   binary log counts as a replica that may follow unseen (measured: sidecar/tests/failover.rs); Galera is
-//!   not classified (unknown).
+//!   connected, and whether it writes a binary log. A primary forgets a replica once its connection is
+//!   found dead (there is no slot), and a replica that lost its connection is exactly the one that lags, so a
+//!   binary log counts as a replica that may follow unseen (in the failover test the primary still counted
+//!   its cut-off replica 20 s later; the binary log is for when it no longer does); Galera is not
+//!   classified (unknown).
 //! - SQLite: one file on one node.
 //!
 //! What no query can show: storage-level replication (RDS Multi-AZ, a replicated volume) looks like a
