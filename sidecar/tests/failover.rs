@@ -12,12 +12,17 @@
 //! - asynchronous with `--accept-async-failover-risk`: the measured cost, a second ACQUIRED with a new owner;
 //! - pointed at a standby, idemd refuses to start.
 //!
+//! And the same for MariaDB (`idem_testkit::mariadb_server::MariaReplicated`: a private primary writing a binary
+//! log and a `read_only` replica following it by GTID): semi-synchronous keeps the acquire; asynchronous, with
+//! the replica cut off, is read as `async` and refuses what it cannot keep; a replica is refused at start.
+//!
 //! Each metric and /healthz detail says which topology idemd saw.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use idem_testkit::mariadb_server::{MariaReplicated, MariaReplication};
 use idem_testkit::pg_server::{Replicated, Replication};
 use idem_testkit::proc::Proc;
 use serde_json::{json, Value};
@@ -288,4 +293,118 @@ fn single_node_servers_read_as_single_on_every_backend() {
         assert_eq!(read.0.mode, Mode::Single, "{name}: {}", read.0.detail);
         assert!(read.0.detail.contains(says), "{name}: {}", read.0.detail);
     }
+}
+
+fn maria_rows(db: &idem_testkit::mariadb_server::MariaDbServer, key: &str) -> String {
+    db.sql(&format!("SELECT count(*) FROM test.idem_record WHERE idem_key = '{key}'")).expect("count")
+}
+
+fn maria(dir: &Path, mode: MariaReplication) -> Option<MariaReplicated> {
+    MariaReplicated::start(dir, mode).expect("replicated mariadb")
+}
+
+/// MariaDB semi-synchronous: the commit returned once the replica acknowledged it, so the promoted replica has the
+/// acquire and the retry is IN_FLIGHT with the first owner.
+#[test]
+fn mariadb_semi_sync_keeps_the_acquire_through_failover() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = maria(dir.path(), MariaReplication::SemiSync) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &[]);
+    idemd.sees("sync");
+    let h = idemd.healthz();
+    assert_eq!(h["replication"]["sync_standbys"], 1, "{h}");
+    assert!(h["replication"]["detail"].as_str().is_some_and(|d| d.contains("semi-synchronous")), "{h}");
+
+    let k = key();
+    let (status, first) = idemd.acquire(&k, true);
+    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
+    db.fail_over().expect("fail over");
+    assert_eq!(maria_rows(db.replica(), &k), "1", "the promoted replica has the acquire");
+    let retry = idemd.acquire_after_failover(&k, true);
+    assert_eq!(retry["outcome"], "IN_FLIGHT", "{retry}");
+    assert_eq!(retry["owner"], first["owner"], "the first owner still holds it");
+    // The promoted replica writes no binary log: nothing can follow it.
+    idemd.sees("single");
+}
+
+/// MariaDB asynchronous, the replica cut off: idemd reads `async` and refuses an acquire for an upstream that
+/// ignores keys; one for an upstream that honours keys is served, and the failover loses it (ACQUIRED again under
+/// the same key).
+#[test]
+fn mariadb_async_replica_refuses_keyless_acquires_and_serves_honoured_keys() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = maria(dir.path(), MariaReplication::Async) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &[]);
+    idemd.sees("async");
+    db.caught_up().expect("caught up");
+    db.cut_replication();
+
+    let keyless = key();
+    let (status, refused) = idemd.acquire(&keyless, true);
+    assert_eq!((status, refused["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{refused}");
+    assert_eq!(maria_rows(db.primary(), &keyless), "0", "refused before anything was recorded");
+
+    let keyed = key();
+    let (status, first) = idemd.acquire(&keyed, false);
+    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
+    assert_eq!(maria_rows(db.primary(), &keyed), "1");
+    assert_eq!(maria_rows(db.replica(), &keyed), "0", "the replica lags: the worst window");
+    idemd.sees("async");
+    let m = idemd.metrics();
+    assert_eq!(metric(&m, r#"idem_replication_refused_total{mode="async"}"#), Some(1.0), "{m}");
+
+    db.fail_over().expect("fail over");
+    let retry = idemd.acquire_after_failover(&keyed, false);
+    assert_eq!(retry["outcome"], "ACQUIRED", "the failover lost the acquire: {retry}");
+    assert_ne!(retry["owner"], first["owner"]);
+    idemd.sees("single");
+    let now = idemd.acquire_after_failover(&keyless, true);
+    assert_eq!(now["outcome"], "ACQUIRED", "its first execution: {now}");
+}
+
+/// Pointed at a MariaDB replica, idemd refuses to start, and writes nothing there.
+#[test]
+fn idemd_refuses_to_start_on_a_mariadb_replica() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(db) = maria(dir.path(), MariaReplication::Async) else { return };
+    let out = idemd_command(&db.replica().url(), &[]).output().expect("run idemd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is a standby, not the primary") && stderr.contains("mariadb replica"), "{stderr}");
+    let tables = db.replica().sql("SELECT count(*) FROM information_schema.tables WHERE table_name = 'idem_record'");
+    assert_eq!(tables.expect("count"), "0", "nothing written");
+}
+
+/// `idemd check` with the deployment's database: it says the topology it reads, refuses the routes whose upstream
+/// ignores keys where idemd would refuse their confirms (not once the risk is accepted), refuses a standby, and
+/// writes nothing to the database it reads.
+#[test]
+fn idemd_check_reports_the_topology_and_refuses_what_idemd_would() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(db) = replicated(dir.path(), Replication::Async) else { return };
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy/soak-hostile.yaml");
+    let check = |url: &str, accept: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_idemd"))
+            .args(["check", "--envoy", config])
+            .env("IDEM_DATABASE_URL", url)
+            .env("IDEM_ACCEPT_ASYNC_FAILOVER_RISK", accept)
+            .output()
+            .expect("idemd check");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (stdout, stderr) = check(&db.url(), "");
+    assert!(stdout.contains("idemd check: database replication: async ("), "{stdout}");
+    assert!(stdout.contains("accepting routes whose upstream honours Idempotency-Key"), "{stdout}");
+    assert!(stdout.contains("REFUSED"), "{stdout}\n{stderr}");
+    let refused: Vec<&str> = stderr.lines().filter(|l| l.contains("[replication]")).collect();
+    assert!(refused.iter().any(|l| l.contains("route hostile_nokey_confirm")), "{stderr}");
+    assert!(refused.iter().all(|l| l.contains("upstream_keys: ignored")), "{stderr}");
+
+    let (stdout, stderr) = check(&db.url(), "true");
+    assert!(stdout.contains("risk accepted"), "{stdout}");
+    assert!(!stderr.contains("[replication]"), "{stderr}");
+
+    let (_, stderr) = check(&db.standby().url(), "true");
+    assert!(stderr.contains("[replication]") && stderr.contains("refuses to start"), "{stderr}");
+    assert_eq!(db.primary().psql("SELECT to_regclass('idem_record') IS NULL").expect("psql"), "t", "nothing written");
 }

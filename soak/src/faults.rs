@@ -3,7 +3,7 @@
 
 use crate::agents::{crash_confirm, rng_for, Ctx};
 use crate::record::since_ms;
-use crate::stack::SoakStack;
+use crate::stack::{SoakStack, Store};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use std::sync::atomic::Ordering;
@@ -28,6 +28,12 @@ pub enum Fault {
     PgTerminate,
     /// For `ms`, confirms ask the demo to take 0.3–2.4 s (the confirm route times out at 2 s).
     SlowUpstream { ms: u64 },
+    /// `--failover` only: the Postgres standby is cut off, and once something has executed since (its claim
+    /// committed on the primary alone, or waiting for the standby on `sync`), at least `lag_ms` later, the
+    /// primary is SIGKILLed, the lagging standby promoted and idemd's address moved to it; then a new standby.
+    PgFailover { lag_ms: u64 },
+    /// `--failover` only: the same for Redis (`REPLICAOF NO ONE` on a replica that missed the window's writes).
+    RedisFailover { lag_ms: u64 },
 }
 
 impl Fault {
@@ -41,8 +47,13 @@ impl Fault {
             Fault::RedisPause { .. } => "redis_sigstop",
             Fault::PgTerminate => "pg_terminate",
             Fault::SlowUpstream { .. } => "slow_upstream",
+            Fault::PgFailover { .. } => "pg_failover",
+            Fault::RedisFailover { .. } => "redis_failover",
         }
     }
+
+    /// The faults of a run with replicated stores (`--failover`), beside [`KINDS`](Self::KINDS).
+    pub const FAILOVER_KINDS: [&'static str; 2] = ["pg_failover", "redis_failover"];
 
     pub const KINDS: [&'static str; 8] = [
         "envoy_kill9",
@@ -71,20 +82,42 @@ fn draw(rng: &mut impl Rng, kind: usize) -> Fault {
         4 => Fault::RedisFlush,
         5 => Fault::RedisPause { ms: rng.gen_range(1500..4000) },
         6 => Fault::PgTerminate,
-        _ => Fault::SlowUpstream { ms: rng.gen_range(3000..8000) },
+        7 => Fault::SlowUpstream { ms: rng.gen_range(3000..8000) },
+        8 => Fault::PgFailover { lag_ms: rng.gen_range(300..1500) },
+        _ => Fault::RedisFailover { lag_ms: rng.gen_range(300..1500) },
     }
 }
 
 /// Every kind once (in a seeded order), then seeded picks, one every 1.2–3.5 s from 2 s on, until `chaos_ms` - 1 s.
 pub fn schedule(seed: u64, chaos_ms: u64) -> Vec<Scheduled> {
+    schedule_of(seed, chaos_ms, false)
+}
+
+/// The schedule of a run with replicated stores: the two failovers first (in a seeded order), so a run of a
+/// few seconds has both, then every other kind once, then seeded picks among all of them.
+pub fn schedule_with_failovers(seed: u64, chaos_ms: u64) -> Vec<Scheduled> {
+    schedule_of(seed, chaos_ms, true)
+}
+
+fn schedule_of(seed: u64, chaos_ms: u64, failovers: bool) -> Vec<Scheduled> {
     let mut rng = rng_for(seed, usize::MAX);
-    let mut kinds: Vec<usize> = (0..Fault::KINDS.len()).collect();
+    let base = Fault::KINDS.len();
+    let mut kinds: Vec<usize> = (0..base).collect();
     kinds.shuffle(&mut rng);
+    let all = if failovers {
+        let mut first: Vec<usize> = (base..base + Fault::FAILOVER_KINDS.len()).collect();
+        first.shuffle(&mut rng);
+        first.extend(kinds);
+        kinds = first;
+        base + Fault::FAILOVER_KINDS.len()
+    } else {
+        base
+    };
     let mut out = Vec::new();
     let mut at = 2_000;
     let mut i = 0;
     while at + 1_000 < chaos_ms {
-        let kind = kinds.get(i).copied().unwrap_or_else(|| rng.gen_range(0..Fault::KINDS.len()));
+        let kind = kinds.get(i).copied().unwrap_or_else(|| rng.gen_range(0..all));
         out.push(Scheduled { at_ms: at, fault: draw(&mut rng, kind) });
         at += rng.gen_range(1_200..3_500);
         i += 1;
@@ -218,5 +251,7 @@ async fn inject(
             ctx.slow_until_ms.store(since_ms(ctx.start) + ms, Ordering::Relaxed);
             format!("{ms} ms of slow confirms")
         }
+        Fault::PgFailover { lag_ms } => stack.fail_over(Store::Postgres, lag_ms).await?,
+        Fault::RedisFailover { lag_ms } => stack.fail_over(Store::Redis, lag_ms).await?,
     })
 }

@@ -69,6 +69,34 @@ impl World {
     }
 }
 
+/// Replicated stores that fail over (`--failover`): what the Postgres standby acknowledges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failover {
+    /// `synchronous_standby_names = '*'`: a commit returns once the standby has it. The demo executes every
+    /// request that reaches it, as in the single-node soak.
+    Sync,
+    /// The standby lags; idemd reads `async` and serves the demo's routes because their upstream honours keys,
+    /// so the demo deduplicates on `Idempotency-Key` here (what such a route promises).
+    Async,
+}
+
+impl Failover {
+    pub fn parse(s: &str) -> Result<Failover, String> {
+        match s {
+            "sync" => Ok(Failover::Sync),
+            "async" => Ok(Failover::Async),
+            other => Err(format!("--failover {other}: expected sync or async")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Failover::Sync => "sync",
+            Failover::Async => "async",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Seconds of chaos (agents and faults); settling and checking come after.
@@ -76,17 +104,25 @@ pub struct Config {
     pub seed: u64,
     pub agents: usize,
     pub world: World,
+    /// Replicated stores and failover faults (None: single nodes).
+    pub failover: Option<Failover>,
     /// Where summary.md and chart.svg go.
     pub out_dir: PathBuf,
 }
 
 impl Config {
     pub fn new(seconds: u64, seed: u64, agents: usize) -> Config {
-        Config { seconds, seed, agents, world: World::Demo, out_dir: default_out_dir() }
+        Config { seconds, seed, agents, world: World::Demo, failover: None, out_dir: default_out_dir() }
     }
 
     pub fn in_world(self, world: World) -> Config {
         Config { world, ..self }
+    }
+
+    /// Replicated stores with failover faults. The demo world only: a failover on an asynchronous standby
+    /// loses acquires, which only an upstream that deduplicates on keys absorbs (the hostile one never does).
+    pub fn failing_over(self, failover: Failover) -> Config {
+        Config { failover: Some(failover), world: World::Demo, ..self }
     }
 }
 
@@ -115,12 +151,17 @@ const RESOLVE: Duration = Duration::from_secs(20);
 
 /// Ok(None): a backend is missing and the soak was skipped (loudly; an error with IDEM_REQUIRE_BACKENDS=1).
 pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
-    let Some(db) = stack::backends()? else { return Ok(None) };
     let wall = Instant::now();
+    let Some(db) = stack::backends(cfg.failover)? else { return Ok(None) };
     let chaos_ms = cfg.seconds * 1000;
-    let plan = faults::schedule(cfg.seed, chaos_ms);
+    let plan = match cfg.failover {
+        Some(_) => faults::schedule_with_failovers(cfg.seed, chaos_ms),
+        None => faults::schedule(cfg.seed, chaos_ms),
+    };
+    let failover = cfg.failover.map(|f| format!(" --failover {}", f.name())).unwrap_or_default();
     println!(
-        "soak: seed {} ({} agents, {} s of chaos, world {}); replay with `soak --seed {} --seconds {} --world {}`",
+        "soak: seed {} ({} agents, {} s of chaos, world {}{failover}); replay with `soak --seed {} --seconds {} \
+         --world {}{failover}`",
         cfg.seed,
         cfg.agents,
         cfg.seconds,
@@ -167,7 +208,7 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
         Ok(_) => {}
         Err(e) => problems.push(format!("bringing the stack up after the chaos: {e}")),
     }
-    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&stack.db.url).await?;
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(2).connect(&stack.db.url()).await?;
     let settle_t0 = Instant::now();
     loop {
         let n: i64 =
@@ -285,6 +326,7 @@ pub async fn run(cfg: &Config) -> Result<Option<Outcome>, BoxError> {
         approved_executed,
         approver,
         world: cfg.world.name(),
+        failover: cfg.failover.map(Failover::name),
         hostile_branches: stack.hostile.as_ref().map(|h| h.ledger.branch_counts()),
         hostile_executions: stack.hostile.as_ref().map_or(0, |h| h.ledger.executions().len()),
         filter_panics: failed.panics,

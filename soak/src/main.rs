@@ -1,5 +1,5 @@
-//! `soak [--seconds N] [--seed N] [--agents N] [--world demo|hostile|mixed]`: one chaos soak run (see the
-//! library's docs); exit 1 on a violation. `make soak SECONDS=600 SEED=7` runs it long, in the mixed world.
+//! `soak [--seconds N] [--seed N] [--agents N] [--world demo|hostile|mixed] [--failover sync|async]`: one
+//! chaos soak run (see the library's docs); exit 1 on a violation. `make soak SECONDS=600 SEED=7` runs it long, in the mixed world.
 
 #![forbid(unsafe_code)]
 
@@ -12,9 +12,10 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let parsed = (|| -> Result<idem_soak::Config, String> {
         for a in args.iter().filter(|a| a.starts_with("--")) {
-            if !["--seconds", "--seed", "--agents", "--world"].contains(&a.as_str()) {
+            if !["--seconds", "--seed", "--agents", "--world", "--failover"].contains(&a.as_str()) {
                 return Err(format!(
-                    "unknown option {a}; usage: soak [--seconds N] [--seed N] [--agents N] [--world demo|hostile|mixed]"
+                    "unknown option {a}; usage: soak [--seconds N] [--seed N] [--agents N] \
+                     [--world demo|hostile|mixed] [--failover sync|async]"
                 ));
             }
         }
@@ -30,7 +31,16 @@ async fn main() -> ExitCode {
             Some(i) => idem_soak::World::parse(args.get(i + 1).map(String::as_str).unwrap_or(""))?,
             None => idem_soak::World::Demo,
         };
-        Ok(idem_soak::Config::new(seconds, seed, agents).in_world(world))
+        let cfg = idem_soak::Config::new(seconds, seed, agents).in_world(world);
+        match args.iter().position(|a| a == "--failover") {
+            Some(i) => {
+                if args.iter().any(|a| a == "--world") && world != idem_soak::World::Demo {
+                    return Err("--failover runs in the demo world only".into());
+                }
+                Ok(cfg.failing_over(idem_soak::Failover::parse(args.get(i + 1).map(String::as_str).unwrap_or(""))?))
+            }
+            None => Ok(cfg),
+        }
     })();
     let cfg = match parsed {
         Ok(c) => c,

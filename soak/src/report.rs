@@ -26,6 +26,8 @@ pub struct RunFacts {
     pub approver: crate::approver::ApproverLog,
     /// `--world`.
     pub world: &'static str,
+    /// `--failover`: the replicated stores' topology (None: single nodes).
+    pub failover: Option<&'static str>,
     /// The hostile upstream's grammar branches, as drawn (None: the demo world).
     pub hostile_branches: Option<BTreeMap<String, u64>>,
     pub hostile_executions: usize,
@@ -79,8 +81,13 @@ pub fn summary(log: &Log, faults: &[Injected], violations: &[Violation], f: &Run
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "## Chaos soak: seed {}, {} s of chaos, {} agents, world {}, commit {}\n",
-        f.seed, f.chaos_s, f.agents, f.world, f.commit
+        "## Chaos soak: seed {}, {} s of chaos, {} agents, world {}{}, commit {}\n",
+        f.seed,
+        f.chaos_s,
+        f.agents,
+        f.world,
+        f.failover.map(|t| format!(", replicated stores ({t} standby) failing over")).unwrap_or_default(),
+        f.commit
     );
     let confirms: Vec<_> = log.events.iter().filter(|e| e.req.is_confirm()).collect();
     let mut per_op: HashMap<usize, u64> = HashMap::new();
@@ -131,6 +138,12 @@ pub fn summary(log: &Log, faults: &[Injected], violations: &[Violation], f: &Run
     for kind in Fault::KINDS {
         let n = faults.iter().filter(|x| x.kind == kind).count();
         let _ = writeln!(s, "| {kind} | {n} |");
+    }
+    if let Some(topology) = f.failover {
+        for kind in Fault::FAILOVER_KINDS {
+            let n = faults.iter().filter(|x| x.kind == kind).count();
+            let _ = writeln!(s, "| {kind} ({topology} standby) | {n} |");
+        }
     }
 
     if let Some(branches) = &f.hostile_branches {

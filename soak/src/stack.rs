@@ -3,11 +3,19 @@
 //! `--no-dedup --faults`. Every process is the harness's (`idem_e2e`), so the
 //! soak starts them exactly as the end-to-end tests do; this adds the kills,
 //! pauses and restarts the fault schedule needs.
+//!
+//! With `--failover sync|async` the stores are replicated instead (testkit's
+//! `pg_server::Replicated` and `redis_server::RedisReplicated`: a private Postgres
+//! primary with a streaming standby, a Redis primary with a replica, each behind
+//! one address that follows the primary), and the faults add their failovers.
 
+use crate::Failover;
 use idem_e2e::backends::{self, OwnPostgres};
 use idem_e2e::{
     free_port, spawn_sidecar, start_demo, start_envoy_workers, wait_ready, BoxError, DemoOpts, Ports, Proc, SidecarOpts,
 };
+use idem_testkit::pg_server::{Replicated, Replication};
+use idem_testkit::redis_server::RedisReplicated;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -74,9 +82,55 @@ fn idemd_args(instance: &str, hostile: Option<u16>) -> Vec<String> {
     .collect()
 }
 
-/// Backends the soak needs: `redis-server` (a private instance) and Postgres on 127.0.0.1:5432.
+/// The stores under the soak: a database of the run's own on the shared Postgres (and a private
+/// redis-server, started with the stack), or, with `--failover`, replicated stores of the run's own.
+pub enum Db {
+    Own(OwnPostgres),
+    Replicated(Box<Replicas>),
+}
+
+/// A private Postgres primary with a streaming standby and a Redis primary with a replica, each behind one
+/// address that moves to the promoted one.
+pub struct Replicas {
+    pub pg: Replicated,
+    pub redis: RedisReplicated,
+    /// Their files (removed with them; made before them, so it is dropped after).
+    _dir: tempfile::TempDir,
+}
+
+impl Db {
+    /// The database URL idemd and the checker use (the address that follows the primary, with `--failover`).
+    pub fn url(&self) -> String {
+        match self {
+            Db::Own(db) => db.url.clone(),
+            Db::Replicated(r) => r.pg.url(),
+        }
+    }
+}
+
+/// Which store a failover fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    Postgres,
+    Redis,
+}
+
+/// Backends the soak needs: `redis-server` (a private instance) and Postgres on 127.0.0.1:5432; with
+/// `--failover`, Postgres's server binaries and `redis-cli` instead of the shared server.
 /// Ok(None): skipped loudly; Err with `IDEM_REQUIRE_BACKENDS=1`.
-pub fn backends() -> Result<Option<OwnPostgres>, BoxError> {
+pub fn backends(failover: Option<Failover>) -> Result<Option<Db>, BoxError> {
+    if let Some(f) = failover {
+        let dir = tempfile::tempdir()?;
+        let mode = match f {
+            Failover::Sync => Replication::Sync,
+            Failover::Async => Replication::Async,
+        };
+        let Some(pg) = Replicated::start(dir.path(), mode)? else { return Ok(None) };
+        let redis_dir = dir.path().join("redis");
+        std::fs::create_dir_all(&redis_dir)?;
+        let Some(redis) = RedisReplicated::start(&redis_dir)? else { return Ok(None) };
+        return Ok(Some(Db::Replicated(Box::new(Replicas { pg, redis, _dir: dir }))));
+    }
     let redis_ok = Command::new("redis-server").arg("--version").output().is_ok_and(|o| o.status.success());
     if !redis_ok {
         if std::env::var("IDEM_REQUIRE_BACKENDS").is_ok_and(|v| v == "1") {
@@ -88,7 +142,7 @@ pub fn backends() -> Result<Option<OwnPostgres>, BoxError> {
         backends::skipped("redis: no redis-server binary for the soak's private instance");
         return Ok(None);
     }
-    backends::own_postgres()
+    Ok(backends::own_postgres()?.map(Db::Own))
 }
 
 pub struct SoakStack {
@@ -96,12 +150,13 @@ pub struct SoakStack {
     pub ports: Ports,
     pub sidecar_ports: [u16; 2],
     pub redis_port: u16,
-    pub db: OwnPostgres,
+    pub db: Db,
     pub db_name: String,
     pub demo: Proc,
     pub idemd: [Proc; 2],
     pub envoy: Proc,
-    pub redis: Proc,
+    /// The private redis-server (without `--failover`; with it, `db`'s replicated Redis).
+    pub redis: Option<Proc>,
     pub redis_stopped: bool,
     /// The hostile upstream (in this process), in the hostile and mixed worlds.
     pub hostile: Option<idem_hostile::Hostile>,
@@ -113,14 +168,15 @@ pub struct SoakStack {
 
 impl SoakStack {
     /// `hostile_seed`: start the hostile upstream with this seed and run `soak-hostile.yaml` (else `soak.yaml`).
-    pub async fn start(db: OwnPostgres, hostile_seed: Option<u64>) -> Result<SoakStack, BoxError> {
+    pub async fn start(db: Db, hostile_seed: Option<u64>) -> Result<SoakStack, BoxError> {
         let dir = tempfile::tempdir()?;
         let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
         let sidecar_ports = [ports.sidecar, free_port()?];
         let redis_port = free_port()?;
-        let db_name = db.url.rsplit('/').next().unwrap_or("").split('?').next().unwrap_or("").to_owned();
+        let db_url = db.url();
+        let db_name = db_url.rsplit('/').next().unwrap_or("").split('?').next().unwrap_or("").to_owned();
         if db_name.is_empty() {
-            return Err(format!("no database name in {}", db.url).into());
+            return Err(format!("no database name in {db_url}").into());
         }
 
         let hostile = match hostile_seed {
@@ -132,15 +188,25 @@ impl SoakStack {
         };
         let hostile_port = hostile.as_ref().map(|h| h.addr.port());
         let access_log = dir.path().join("envoy-access.log");
-        let mut redis = spawn_redis(redis_port, dir.path())?;
-        wait_redis(redis_port, &mut redis).await?;
-        let demo_opts = DemoOpts { no_dedup: true, faults: true, ..Default::default() };
+        let (redis, redis_url) = match &db {
+            Db::Own(_) => {
+                let mut redis = spawn_redis(redis_port, dir.path())?;
+                wait_redis(redis_port, &mut redis).await?;
+                (Some(redis), format!("redis://127.0.0.1:{redis_port}"))
+            }
+            Db::Replicated(r) => (None, r.redis.url()),
+        };
+        // On an asynchronous standby the demo's routes are served because their upstream honours keys (the
+        // retry after a failover that lost an acquire carries the same key): so the demo must honour them
+        // here. Everywhere else it executes every request that reaches it, so a second forward shows.
+        let honours_keys = matches!(&db, Db::Replicated(r) if r.pg.mode() == Replication::Async);
+        let demo_opts = DemoOpts { no_dedup: !honours_keys, faults: true, ..Default::default() };
         let mut demo = start_demo(&demo_opts, ports.demo, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
         let sidecar_opts = ["soak-a", "soak-b"].map(|id| {
             SidecarOpts {
-                redis_url: Some(format!("redis://127.0.0.1:{redis_port}")),
-                database_url: Some(db.url.clone()),
+                redis_url: Some(redis_url.clone()),
+                database_url: Some(db_url.clone()),
                 extra_args: idemd_args(id, hostile_port),
             }
             .for_ports(&ports)
@@ -181,8 +247,60 @@ impl SoakStack {
         format!("http://127.0.0.1:{}{path}", self.ports.demo)
     }
 
+    /// The Redis idemd uses (with `--failover`, the address that follows the primary).
     pub fn redis_url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.redis_port)
+        match &self.db {
+            Db::Replicated(r) => r.redis.url(),
+            Db::Own(_) => format!("redis://127.0.0.1:{}", self.redis_port),
+        }
+    }
+
+    fn redis_pid(&self) -> Option<u32> {
+        match &self.db {
+            Db::Replicated(r) => r.redis.primary().pid(),
+            Db::Own(_) => self.redis.as_ref().and_then(Proc::pid),
+        }
+    }
+
+    /// A failover in the worst window: the replica is cut off, and once at least `lag_ms` have passed and
+    /// the upstream has executed something since (what its claim committed reached the primary alone, or on
+    /// a synchronous standby waits for it), the primary is SIGKILLed and the lagging replica promoted, the
+    /// address moved to it; then a new replica of it, for the next failover.
+    pub async fn fail_over(&mut self, store: Store, lag_ms: u64) -> Result<String, BoxError> {
+        let demo = self.demo_url("/v1/executions");
+        let Db::Replicated(r) = &mut self.db else {
+            return Err("a failover fault needs --failover (replicated stores)".into());
+        };
+        match store {
+            Store::Postgres => tokio::task::block_in_place(|| r.pg.cut_replication())?,
+            Store::Redis => r.redis.cut_replication(),
+        }
+        let before = executions(&demo).await;
+        tokio::time::sleep(Duration::from_millis(lag_ms)).await;
+        // On a synchronous standby nothing acquired after the cut executes (its commit waits for the standby):
+        // what executes then was acquired before it. Wait a little for one, not long.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut after = executions(&demo).await;
+        while after.zip(before).is_none_or(|(a, b)| a <= b) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            after = executions(&demo).await;
+        }
+        let t0 = Instant::now();
+        match store {
+            Store::Postgres => tokio::task::block_in_place(|| {
+                r.pg.fail_over()?;
+                r.pg.rebuild_standby()
+            })?,
+            Store::Redis => tokio::task::block_in_place(|| r.redis.fail_over())?,
+        }
+        let window = match (before, after) {
+            (Some(b), Some(a)) if a > b => format!("{} executions", a - b),
+            _ => "no execution".to_owned(),
+        };
+        Ok(format!(
+            "replica cut off, {window} in the window, promoted; a new replica streaming {} ms later",
+            t0.elapsed().as_millis()
+        ))
     }
 
     pub async fn restart_envoy(&mut self) -> Result<(), BoxError> {
@@ -214,7 +332,7 @@ impl SoakStack {
 
     /// SIGSTOP / SIGCONT of the private redis-server: connections stay open, nothing answers.
     pub fn redis_signal(&mut self, stop: bool) -> Result<(), BoxError> {
-        let pid = self.redis.pid().ok_or("redis-server is not running")?;
+        let pid = self.redis_pid().ok_or("redis-server is not running")?;
         let sig = if stop { "-STOP" } else { "-CONT" };
         let ok = Command::new("kill").arg(sig).arg(pid.to_string()).status()?.success();
         if !ok {
@@ -231,12 +349,18 @@ impl SoakStack {
         Ok(())
     }
 
-    /// Kills every Postgres connection to this run's database (idemd's pools), from a connection to another one.
+    /// Kills every Postgres connection to this run's database (idemd's pools), from a connection to another one
+    /// (with `--failover`, the primary's own clients, never its standby's replication connection).
     pub async fn pg_terminate(&self) -> Result<u64, BoxError> {
         use sqlx::Connection as _;
-        let mut con = sqlx::PgConnection::connect(&backends::postgres_url()).await?;
+        let admin = match &self.db {
+            Db::Own(_) => backends::postgres_url(),
+            Db::Replicated(r) => r.pg.url(),
+        };
+        let mut con = sqlx::PgConnection::connect(&admin).await?;
         let n: i64 = sqlx::query_scalar(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 \
+             AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
         )
         .bind(&self.db_name)
         .fetch_one(&mut con)
@@ -274,6 +398,13 @@ impl SoakStack {
         let SoakStack { dir, .. } = self;
         dir.keep()
     }
+}
+
+/// The demo's executions so far (`None`: it did not answer, as while it restarts).
+async fn executions(url: &str) -> Option<i64> {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
+    let v: serde_json::Value = client.get(url).send().await.ok()?.json().await.ok()?;
+    v["total"].as_i64()
 }
 
 fn spawn_envoy(

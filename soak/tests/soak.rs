@@ -23,6 +23,47 @@ async fn a_seeded_minute_in_the_mixed_world_breaks_no_invariant() -> TestResult 
     Ok(())
 }
 
+/// The truth never goes back in time (DESIGN §4): the stores are replicated, and the schedule opens with a
+/// Postgres and a Redis failover in the worst window (the replica cut off, something executed since, then the
+/// primary SIGKILLed and the lagging replica promoted). Synchronous standby: the demo executes every request that
+/// reaches it, so a second forward would show as a second execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seconds_of_failovers_on_a_sync_standby_break_no_invariant() -> TestResult {
+    failover_run(idem_soak::Failover::Sync).await
+}
+
+async fn failover_run(failover: idem_soak::Failover) -> TestResult {
+    let mut cfg = idem_soak::Config::new(FAILOVER_SECONDS, SEED, 16).failing_over(failover);
+    cfg.out_dir = cfg.out_dir.join(format!("failover-{}", failover.name()));
+    let Some(out) = idem_soak::run(&cfg).await? else { return Ok(()) };
+    assert!(
+        out.violations.is_empty(),
+        "seed {SEED}, {} standby failing over: {} invariant violations (logs in {:?}):\n{}",
+        failover.name(),
+        out.violations.len(),
+        out.kept_dir,
+        out.summary
+    );
+    for kind in idem_soak::faults::Fault::FAILOVER_KINDS {
+        assert!(out.summary.contains(&format!("| {kind} ({} standby) | 1 |", failover.name())), "{}", out.summary);
+    }
+    Ok(())
+}
+
+/// Seconds of chaos in each failover run `make test` does: both failovers and a few other faults.
+const FAILOVER_SECONDS: u64 = 12;
+
+#[test]
+fn a_failover_schedule_opens_with_both_failovers() {
+    use idem_soak::faults::{schedule, schedule_with_failovers, Fault};
+    let s = schedule_with_failovers(SEED, 10_000);
+    let first: std::collections::BTreeSet<&str> = s.iter().take(2).map(|x| x.fault.kind()).collect();
+    assert_eq!(first, Fault::FAILOVER_KINDS.into_iter().collect());
+    // The single-node soak's schedule never fails over (it has no replica to promote).
+    let plain = schedule(SEED, 600_000);
+    assert!(plain.iter().all(|x| !Fault::FAILOVER_KINDS.contains(&x.fault.kind())));
+}
+
 #[test]
 fn the_soak_envoy_config_validates() -> TestResult {
     let (ok, out) = validate_envoy_config(idem_soak::stack::ENVOY_CONFIG)?;

@@ -82,7 +82,7 @@ impl PostgresServer {
         // standby must not inherit its primary's synchronous_standby_names (as a promoted one would wait
         // for standbys it does not have).
         let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50 \
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100 \
              -c shared_buffers=16MB {extra}",
             dir.display()
         );
@@ -190,7 +190,8 @@ impl PostgresServer {
             .tool("pg_basebackup")
             .args(["-h", "127.0.0.1", "-p", &via.to_string(), "-U", "postgres", "-D"])
             .arg(&standby.data)
-            .args(["-R", "-X", "stream", "-C", "-S", slot, "--no-sync"])
+            // `-c fast`: the base backup starts at once, not after a spread checkpoint (seconds under the soak's writes).
+            .args(["-R", "-X", "stream", "-C", "-S", slot, "--no-sync", "-c", "fast"])
             .output()?;
         checked(backup, "pg_basebackup -R")?;
         standby.launch()?;
@@ -229,7 +230,11 @@ fn checked(out: Output, what: &str) -> Result<(), BoxError> {
 }
 
 /// Poll `f` every 50 ms until it is true; an error names what never happened (and the last error).
-fn until(within: Duration, what: &str, mut f: impl FnMut() -> Result<bool, BoxError>) -> Result<(), BoxError> {
+pub(crate) fn until(
+    within: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Result<bool, BoxError>,
+) -> Result<(), BoxError> {
     let deadline = Instant::now() + within;
     loop {
         let last = match f() {
@@ -263,6 +268,9 @@ pub enum Replication {
 
 /// A primary and its streaming standby behind one address that follows the primary.
 pub struct Replicated {
+    dir: PathBuf,
+    /// Standbys made so far (the first is 1): names the next one's directory and slot.
+    generation: u32,
     primary: PostgresServer,
     standby: PostgresServer,
     /// The one address clients use (idemd's --database-url): the primary, then the promoted standby.
@@ -294,15 +302,60 @@ impl Replicated {
         let link = Forwarder::start(primary.addr())?;
         let standby = primary.standby(&standby_dir, free_port()?, link.port(), "standby1")?;
         let front = Forwarder::start(primary.addr())?;
-        let fixture = Replicated { primary, standby, front, link, mode, failed_over: false };
-        let want = match mode {
+        let fixture = Replicated {
+            dir: dir.to_path_buf(),
+            generation: 1,
+            primary,
+            standby,
+            front,
+            link,
+            mode,
+            failed_over: false,
+        };
+        fixture.streaming()?;
+        Ok(Some(fixture))
+    }
+
+    /// Wait until the primary sees its standby streaming, acknowledged as `mode` says.
+    fn streaming(&self) -> Result<(), BoxError> {
+        let want = match self.mode {
             Replication::Async => "async",
             Replication::Sync => "sync",
         };
         until(Duration::from_secs(30), "the standby to stream", || {
-            Ok(fixture.primary.psql("SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")? == want)
-        })?;
-        Ok(Some(fixture))
+            Ok(self.primary.psql("SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")? == want)
+        })
+    }
+
+    /// After [`fail_over`](Self::fail_over): the promoted standby is the primary, and a new standby of it
+    /// (`pg_basebackup -R` again, a slot of its own) streams through the link, so the pair can fail over
+    /// again (the soak's repeated failovers). On `Sync` the new primary's commits wait for it from now on
+    /// (`ALTER SYSTEM`, after the base backup so the standby does not inherit it). The dead primary's
+    /// files stay in the fixture's directory.
+    pub fn rebuild_standby(&mut self) -> Result<(), BoxError> {
+        if !self.failed_over {
+            return Err("rebuild_standby: the standby has not been promoted".into());
+        }
+        std::mem::swap(&mut self.primary, &mut self.standby);
+        self.generation += 1;
+        let name = format!("standby{}", self.generation);
+        let dir = self.dir.join(&name);
+        std::fs::create_dir_all(&dir)?;
+        self.link.move_to(self.primary.addr());
+        let standby = self.primary.standby(&dir, free_port()?, self.link.port(), &name)?;
+        // The dead primary goes with its handle (nothing runs there any more).
+        self.standby = standby;
+        if self.mode == Replication::Sync {
+            self.primary.psql("ALTER SYSTEM SET synchronous_standby_names = '*'")?;
+            self.primary.psql("SELECT pg_reload_conf()")?;
+        }
+        self.failed_over = false;
+        self.streaming()
+    }
+
+    /// How many standbys the fixture has made (1 until the first [`rebuild_standby`](Self::rebuild_standby)).
+    pub fn generation(&self) -> u32 {
+        self.generation
     }
 
     /// The URL clients use: the primary until `fail_over`, then the promoted standby.
@@ -357,6 +410,6 @@ impl Replicated {
 }
 
 /// A port nothing listens on now (the kernel's pick).
-fn free_port() -> Result<u16, BoxError> {
+pub(crate) fn free_port() -> Result<u16, BoxError> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

@@ -38,6 +38,9 @@
 //! a retry may repeat (`retries`).
 //!
 //! Each rule is an entry of [`rules::RULES`] with a name every finding carries.
+//!
+//! Given the deployment's database (`IDEM_DATABASE_URL`), the check also says the replication
+//! topology it sees and refuses what idemd would refuse on it (`topology`).
 
 pub mod clusters;
 mod failure;
@@ -49,6 +52,7 @@ mod retries;
 pub mod rules;
 #[cfg(test)]
 mod testing;
+pub mod topology;
 mod ttl;
 pub mod ways;
 
@@ -118,11 +122,25 @@ pub fn check_envoy(label: &str, yaml: &str, idemd: &TtlArgs) -> Result<Report, S
 /// refuses one (each printed with its rule), 2 when a file cannot be read.
 pub fn main(args: CheckArgs) -> ExitCode {
     let mut refused = false;
+    let database = topology::read_from_env();
+    if let Some(t) = &database {
+        println!("idemd check: {}", topology::describe(t));
+    }
     for path in &args.envoy {
         let label = path.display().to_string();
-        let report = std::fs::read_to_string(path)
-            .map_err(|e| format!("{label}: cannot read: {e}"))
-            .and_then(|text| check_envoy(&label, &text, &args.idemd));
+        let report = std::fs::read_to_string(path).map_err(|e| format!("{label}: cannot read: {e}")).and_then(|text| {
+            let mut report = check_envoy(&label, &text, &args.idemd)?;
+            let config = EnvoyConfig::parse(&label, &text)?;
+            match &database {
+                Some(t) => report.findings.extend(topology::findings(&config, t)),
+                None if topology::any_ignores_keys(&config) => report.notes.push(format!(
+                    "{label}: a route's upstream ignores Idempotency-Key, and without IDEM_DATABASE_URL the \
+                         check cannot say whether the database keeps its acquires through a failover"
+                )),
+                None => {}
+            }
+            Ok(report)
+        });
         let report = match report {
             Ok(r) => r,
             Err(e) => {

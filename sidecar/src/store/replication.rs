@@ -22,7 +22,11 @@
 //! - MariaDB/MySQL: `read_only` and running replica threads (this is a replica), semi-synchronous
 //!   replication's state (`Rpl_semi_sync_master_status`: on, a commit waits for a replica's
 //!   acknowledgement; it falls back to asynchronous after `rpl_semi_sync_master_timeout`), the replicas
-//!   connected; Galera is not classified (unknown).
+//!   connected, and whether it writes a binary log. A primary forgets a replica once its connection is
+//!   found dead (there is no slot), and a replica that lost its connection is exactly the one that lags, so a
+//!   binary log counts as a replica that may follow unseen (in the failover test the primary still counted
+//!   its cut-off replica 20 s later; the binary log is for when it no longer does); Galera is not
+//!   classified (unknown).
 //! - SQLite: one file on one node.
 //!
 //! What no query can show: storage-level replication (RDS Multi-AZ, a replicated volume) looks like a
@@ -176,12 +180,16 @@ pub struct MyFacts {
     pub semi_sync_active: bool,
     pub semi_sync_clients: i64,
     pub galera: bool,
+    /// `log_bin`: it writes the binary log a replica follows (connected now or not).
+    pub log_bin: bool,
 }
 
 pub fn classify_mysql(f: &MyFacts) -> Replication {
     let facts = format!(
-        "read_only={}, replica threads {}, {} replica(s) connected, semi-sync {} (active: {}, {} client(s))",
+        "read_only={}, log_bin={}, replica threads {}, {} replica(s) connected, semi-sync {} (active: {}, {} \
+         client(s))",
         f.read_only,
+        f.log_bin,
         f.replica_threads,
         f.replicas_connected,
         if f.semi_sync_enabled { "enabled" } else { "off" },
@@ -195,10 +203,13 @@ pub fn classify_mysql(f: &MyFacts) -> Replication {
         (Mode::Unknown, "mariadb Galera cluster (not classified)")
     } else if f.semi_sync_enabled && f.semi_sync_active {
         (Mode::Sync, "mariadb primary, commits wait for a semi-synchronous replica")
-    } else if f.semi_sync_enabled || f.replicas_connected > 0 {
-        (Mode::Async, "mariadb primary with replicas its commits do not wait for")
+    } else if f.semi_sync_enabled || f.replicas_connected > 0 || f.log_bin {
+        (
+            Mode::Async,
+            "mariadb primary with replicas (connected, or able to follow its binary log) its commits do not wait for",
+        )
     } else {
-        (Mode::Single, "mariadb, no replica connected")
+        (Mode::Single, "mariadb, no binary log: no replica can follow it")
     };
     Replication { mode, standbys: f.replicas_connected, sync_standbys, detail: format!("{words}: {facts}") }
 }
@@ -206,70 +217,96 @@ pub fn classify_mysql(f: &MyFacts) -> Replication {
 impl SqlStore {
     /// Read the replication state now. Never fails: what cannot be read is [`Mode::Unknown`], with why.
     pub async fn read_replication(&self) -> Replication {
-        let read = match self.backend() {
-            Backend::Sqlite => return Replication::single("sqlite: one file on one node"),
-            Backend::Postgres => self.bounded(self.postgres_facts()).await.map(|f| classify_postgres(&f)),
-            Backend::MySql => self.bounded(self.mysql_facts()).await.map(|f| classify_mysql(&f)),
+        let read = match &self.pool {
+            super::sql::Pool::Lite(_) => return Replication::single("sqlite: one file on one node"),
+            super::sql::Pool::Pg(p) => self.bounded(postgres_facts(p)).await.map(|f| classify_postgres(&f)),
+            super::sql::Pool::My(p) => self.bounded(mysql_facts(p)).await.map(|f| classify_mysql(&f)),
         };
         read.unwrap_or_else(|e| Replication::unknown(format!("cannot read the replication state: {e}")))
     }
+}
 
-    async fn postgres_facts(&self) -> Result<PgFacts, SqlError> {
-        let super::sql::Pool::Pg(p) = &self.pool else {
-            return Err(SqlError::Config("not a postgres pool".into()));
-        };
-        let (in_recovery, synchronous_commit, synchronous_standby_names, physical_slots): (bool, String, String, i64) =
-            sqlx::query_as(
-                "SELECT pg_is_in_recovery(), current_setting('synchronous_commit'), \
-                 current_setting('synchronous_standby_names'), \
-                 (SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical')",
-            )
+/// What the database at `url` promises, read over one connection of its own within `timeout`, writing nothing
+/// (no schema, no migration): `idemd check`'s look at a deployment's database. Never fails: what cannot be
+/// reached or read is [`Mode::Unknown`], with why.
+pub async fn read_url(url: &str, timeout: std::time::Duration) -> Replication {
+    let unknown = |e: &dyn std::fmt::Display| Replication::unknown(format!("cannot read the replication state: {e}"));
+    let read = async {
+        match Backend::from_url(url) {
+            Some(Backend::Sqlite) => Ok(Replication::single("sqlite: one file on one node")),
+            Some(Backend::Postgres) => {
+                let p = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(url).await?;
+                let facts = postgres_facts(&p).await;
+                p.close().await;
+                Ok(classify_postgres(&facts?))
+            }
+            Some(Backend::MySql) => {
+                let p = sqlx::mysql::MySqlPoolOptions::new().max_connections(1).connect(url).await?;
+                let facts = mysql_facts(&p).await;
+                p.close().await;
+                Ok(classify_mysql(&facts?))
+            }
+            None => Err(SqlError::Config("not a postgres://, mysql:// or sqlite: URL".into())),
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => unknown(&e),
+        Err(_) => unknown(&format!("no answer within {} ms", timeout.as_millis())),
+    }
+}
+
+async fn postgres_facts(p: &sqlx::PgPool) -> Result<PgFacts, SqlError> {
+    let (in_recovery, synchronous_commit, synchronous_standby_names, physical_slots): (bool, String, String, i64) =
+        sqlx::query_as(
+            "SELECT pg_is_in_recovery(), current_setting('synchronous_commit'), \
+             current_setting('synchronous_standby_names'), \
+             (SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical')",
+        )
+        .fetch_one(p)
+        .await?;
+    let rows: Vec<(Option<String>, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT application_name, state, sync_state FROM pg_stat_replication").fetch_all(p).await?;
+    let standbys = rows
+        .into_iter()
+        .map(|(name, state, sync_state)| PgStandby { name: name.unwrap_or_default(), state, sync_state })
+        .collect();
+    Ok(PgFacts { in_recovery, synchronous_commit, synchronous_standby_names, standbys, physical_slots })
+}
+
+async fn mysql_facts(p: &sqlx::MySqlPool) -> Result<MyFacts, SqlError> {
+    use sqlx::Row as _;
+    let (read_only, log_bin): (i64, i64) =
+        sqlx::query_as("SELECT CAST(@@global.read_only AS SIGNED), CAST(@@global.log_bin AS SIGNED)")
             .fetch_one(p)
             .await?;
-        let rows: Vec<(Option<String>, Option<String>, Option<String>)> =
-            sqlx::query_as("SELECT application_name, state, sync_state FROM pg_stat_replication").fetch_all(p).await?;
-        let standbys = rows
-            .into_iter()
-            .map(|(name, state, sync_state)| PgStandby { name: name.unwrap_or_default(), state, sync_state })
-            .collect();
-        Ok(PgFacts { in_recovery, synchronous_commit, synchronous_standby_names, standbys, physical_slots })
-    }
-
-    async fn mysql_facts(&self) -> Result<MyFacts, SqlError> {
-        let super::sql::Pool::My(p) = &self.pool else {
-            return Err(SqlError::Config("not a mysql pool".into()));
-        };
-        use sqlx::Row as _;
-        let read_only: i64 = sqlx::query_scalar("SELECT CAST(@@global.read_only AS SIGNED)").fetch_one(p).await?;
-        let mut f = MyFacts { read_only: read_only != 0, ..MyFacts::default() };
-        // Status and variables readable by any user; an absent one (no semi-sync plugin, no Galera) is off.
-        let rows = sqlx::query(
-            "SHOW GLOBAL STATUS WHERE Variable_name IN ('Slaves_running', 'Slaves_connected', \
-             'Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_clients')",
-        )
+    let mut f = MyFacts { read_only: read_only != 0, log_bin: log_bin != 0, ..MyFacts::default() };
+    // Status and variables readable by any user; an absent one (no semi-sync plugin, no Galera) is off.
+    let rows = sqlx::query(
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Slaves_running', 'Slaves_connected', \
+         'Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_clients')",
+    )
+    .fetch_all(p)
+    .await?;
+    let vars = sqlx::query("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('rpl_semi_sync_master_enabled', 'wsrep_on')")
         .fetch_all(p)
         .await?;
-        let vars =
-            sqlx::query("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('rpl_semi_sync_master_enabled', 'wsrep_on')")
-                .fetch_all(p)
-                .await?;
-        for row in rows.iter().chain(vars.iter()) {
-            let name: String = row.try_get::<String, _>(0).or_else(|_| bytes_text(row, 0))?;
-            let value: String = row.try_get::<String, _>(1).or_else(|_| bytes_text(row, 1))?;
-            let on = value.eq_ignore_ascii_case("ON");
-            let n = value.parse::<i64>().unwrap_or(0);
-            match name.to_ascii_lowercase().as_str() {
-                "slaves_running" => f.replica_threads = n,
-                "slaves_connected" => f.replicas_connected = n,
-                "rpl_semi_sync_master_status" => f.semi_sync_active = on,
-                "rpl_semi_sync_master_clients" => f.semi_sync_clients = n,
-                "rpl_semi_sync_master_enabled" => f.semi_sync_enabled = on,
-                "wsrep_on" => f.galera = on,
-                _ => {}
-            }
+    for row in rows.iter().chain(vars.iter()) {
+        let name: String = row.try_get::<String, _>(0).or_else(|_| bytes_text(row, 0))?;
+        let value: String = row.try_get::<String, _>(1).or_else(|_| bytes_text(row, 1))?;
+        let on = value.eq_ignore_ascii_case("ON");
+        let n = value.parse::<i64>().unwrap_or(0);
+        match name.to_ascii_lowercase().as_str() {
+            "slaves_running" => f.replica_threads = n,
+            "slaves_connected" => f.replicas_connected = n,
+            "rpl_semi_sync_master_status" => f.semi_sync_active = on,
+            "rpl_semi_sync_master_clients" => f.semi_sync_clients = n,
+            "rpl_semi_sync_master_enabled" => f.semi_sync_enabled = on,
+            "wsrep_on" => f.galera = on,
+            _ => {}
         }
-        Ok(f)
     }
+    Ok(f)
 }
 
 /// A SHOW column MariaDB sends as binary text.
@@ -327,6 +364,11 @@ mod tests {
         let mode = |f: MyFacts| classify_mysql(&f).mode;
         assert_eq!(mode(MyFacts::default()), Mode::Single);
         assert_eq!(mode(MyFacts { replicas_connected: 1, ..MyFacts::default() }), Mode::Async);
+        // A replica cut off is forgotten by its primary; the binary log it follows is not.
+        assert_eq!(mode(MyFacts { log_bin: true, ..MyFacts::default() }), Mode::Async);
+        let semi_active =
+            MyFacts { log_bin: true, semi_sync_enabled: true, semi_sync_active: true, ..MyFacts::default() };
+        assert_eq!(mode(semi_active), Mode::Sync);
         let semi = MyFacts { replicas_connected: 1, semi_sync_enabled: true, ..MyFacts::default() };
         // Enabled, but fallen back to asynchronous (no acknowledgement within its timeout).
         assert_eq!(mode(semi.clone()), Mode::Async);
