@@ -15,7 +15,7 @@ use idem_core::machine::{
     self, CalloutAnswer, Counter, Ctx, Effect, Flow, HeadNeeds, Machine, Outcome, RequestHead, ResponseHead, Step,
     Unexpected,
 };
-use idem_core::policy::{Language, PluginConfig, Role, RouteDefaults, SubjectSource};
+use idem_core::policy::{Language, PluginConfig, Role, RouteDefaults, RoutePolicy, SubjectSource};
 use idem_core::protocol::LeaseRenewal;
 use idem_core::reply::{self, Reply, ReplyContext, ReplyKind};
 use idem_core::trace::Trace;
@@ -157,7 +157,7 @@ impl<H: Host> Stream<H> {
                 return Action::Pause;
             }
         };
-        let head = self.read_head(policy.role);
+        let head = self.read_head(&policy);
         // A preview makes no callout: it need not ask the host for the span.
         self.trace = match policy.role {
             Role::Preview => head.trace.clone(),
@@ -240,8 +240,9 @@ impl<H: Host> Stream<H> {
 
     /// The request facts the route's role needs, from one read of the header map: every value
     /// of a header the guard reads is seen, so a repeated one is refused, never half-read.
-    fn read_head(&self, role: Role) -> RequestHead {
-        let needs = HeadNeeds::for_role(role);
+    fn read_head(&self, policy: &RoutePolicy) -> RequestHead {
+        // The role's reads, and the path or every header where the route binds a value there.
+        let needs = HeadNeeds::for_policy(policy);
         let headers = self.host.request_headers();
         let subject_header = match &self.shared.config.subject {
             SubjectSource::Header(name) => Some(name.as_str()),

@@ -182,8 +182,13 @@ fn shared() -> Result<Rc<Shared>, Box<dyn std::error::Error>> {
     Ok(Rc::new(Shared::new(config)))
 }
 
-const CONFIRM: &[(&str, &str)] =
-    &[("role", "confirm"), ("scope", "pay"), ("bind", "/amount:decimal, /currency"), ("status_tool", "get_status")];
+const CONFIRM: &[(&str, &str)] = &[
+    ("role", "confirm"),
+    ("upstream_keys", "honoured"),
+    ("scope", "pay"),
+    ("bind", "/amount:decimal, /currency"),
+    ("status_tool", "get_status"),
+];
 const PREVIEW: &[(&str, &str)] = &[("role", "preview"), ("scope", "pay"), ("bind", "/amount:decimal, /currency")];
 
 fn request(fake: &mut Fake, body: &Value, extra: &[(&str, &str)]) {
@@ -565,7 +570,7 @@ fn a_broken_annotation_never_runs_unguarded() -> TestResult {
 fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
     let text = r#"{"sidecar_cluster":"idem_sidecar","keys":[{"kid":"k1","secret":"0123456789abcdef0123456789abcdef"}],
         "active_kid":"k1","subject":{"header":"x-agent-subject"},
-        "routes":[{"name":"confirm","match":{"method":"POST","path":"/v1/transfers"},"role":"confirm","scope":"pay","bind":"/amount"}]}"#;
+        "routes":[{"name":"confirm","match":{"method":"POST","path":"/v1/transfers"},"role":"confirm","upstream_keys":"honoured","scope":"pay","bind":"/amount"}]}"#;
     let config = parse_plugin_config(text.as_bytes(), &|_| None)?;
     let shared = Rc::new(Shared::new(config));
     let start = |method: &str, path: &str, annotate: bool| {

@@ -11,15 +11,58 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// One bound field: a JSON pointer into the request body.
+/// One bound field: a JSON pointer into the request body, or a value outside it (a path
+/// template's parameter, a query parameter, a header), named `path:account`, `query:currency` or
+/// `header:x-tenant-id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundField {
+    /// The pointer (`/amount`), or the outside value's name with its source (`path:account`):
+    /// also its member name in the canonical JSON, where the two can never collide (a pointer
+    /// starts with `/`).
     pub pointer: String,
     /// Accept a number or a decimal string and hash both as the same number.
     pub decimal: bool,
     /// The declared JSON type (`/currency:string`): checked, and what tool
     /// definitions generated from the annotation say about the argument.
     pub ty: FieldType,
+    pub source: Source,
+}
+
+/// Where a bound value is read (DESIGN §3, "Binding outside the body").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Body,
+    /// `path:NAME`: the route template's `{NAME}` segment, exactly as sent.
+    Path,
+    /// `query:NAME`: the query parameter, exactly as sent.
+    Query,
+    /// `header:NAME`: the request header (name in lower case).
+    Header,
+}
+
+impl Source {
+    pub const OUTSIDE: [(Source, &'static str); 3] =
+        [(Source::Path, "path:"), (Source::Query, "query:"), (Source::Header, "header:")];
+
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Source::Body => "",
+            Source::Path => "path:",
+            Source::Query => "query:",
+            Source::Header => "header:",
+        }
+    }
+}
+
+/// The values of a request's bound fields outside its body, each under its field's `pointer`
+/// (`path:account`), as read from the request (an absent one is not here).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outside(pub Vec<(String, String)>);
+
+impl Outside {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
 }
 
 /// A bound field's declared type (`bind: "/amount:decimal, /currency:string"`).
@@ -70,11 +113,22 @@ impl FieldType {
 impl BoundField {
     pub fn new(pointer: &str, decimal: bool) -> BoundField {
         let ty = if decimal { FieldType::Decimal } else { FieldType::Any };
-        BoundField { pointer: pointer.to_string(), decimal, ty }
+        BoundField { pointer: pointer.to_string(), decimal, ty, source: Source::Body }
     }
 
     pub fn typed(pointer: &str, ty: FieldType) -> BoundField {
-        BoundField { pointer: pointer.to_string(), decimal: ty == FieldType::Decimal, ty }
+        BoundField { pointer: pointer.to_string(), decimal: ty == FieldType::Decimal, ty, source: Source::Body }
+    }
+
+    /// A value outside the body: `name` (a header's in lower case) read from `source`.
+    pub fn outside(source: Source, name: &str, ty: FieldType) -> BoundField {
+        let pointer = format!("{}{name}", source.prefix());
+        BoundField { pointer, decimal: ty == FieldType::Decimal, ty, source }
+    }
+
+    /// The outside value's name (`account` of `path:account`); the pointer of a body field.
+    pub fn name(&self) -> &str {
+        self.pointer.strip_prefix(self.source.prefix()).unwrap_or(&self.pointer)
     }
 }
 
@@ -110,6 +164,15 @@ pub enum CanonError {
     TooDeep {
         pointer: String,
     },
+    /// A bound value outside the body came more than once (a query parameter, a header): which
+    /// one the upstream reads is not ours to guess (DESIGN §6, repeated values).
+    Repeated {
+        pointer: String,
+    },
+    /// A bound header whose value is not text (not UTF-8).
+    NotText {
+        pointer: String,
+    },
 }
 
 impl CanonError {
@@ -117,7 +180,9 @@ impl CanonError {
         match self {
             CanonError::WrongType { pointer, .. }
             | CanonError::NumberOutOfRange { pointer }
-            | CanonError::TooDeep { pointer } => pointer,
+            | CanonError::TooDeep { pointer }
+            | CanonError::Repeated { pointer }
+            | CanonError::NotText { pointer } => pointer,
         }
     }
 }
@@ -131,6 +196,10 @@ impl fmt::Display for CanonError {
                 "{pointer}: number out of range (at most {MAX_LITERAL_LEN} characters, exponent within ±{MAX_EXPONENT}, {MAX_DIGITS} digits)"
             ),
             CanonError::TooDeep { pointer } => write!(f, "{pointer}: nested deeper than {MAX_DEPTH} levels"),
+            CanonError::Repeated { pointer } => {
+                write!(f, "{pointer}: sent more than once (a bound value must be sent once)")
+            }
+            CanonError::NotText { pointer } => write!(f, "{pointer}: not text (its value is not UTF-8)"),
         }
     }
 }
@@ -158,11 +227,27 @@ pub fn parse_json_body(bytes: &[u8], max_bytes: usize) -> Result<Value, BodyErro
     }
 }
 
-/// Canonical JSON text of the bound fields, keyed by their pointer strings.
+/// Canonical JSON text of the bound fields, keyed by their pointer strings. Only the body's: a
+/// route that binds values outside it hashes with [`canonical_request`].
 pub fn canonical_params(body: &Value, fields: &[BoundField]) -> Result<String, CanonError> {
+    canonical_request(body, &Outside::default(), fields)
+}
+
+/// Canonical JSON text of the bound fields, from the body and (`path:`, `query:`, `header:`) the
+/// values outside it, each a string hashed by the same rules as a body field (exact, or as a
+/// decimal where declared one).
+pub fn canonical_request(body: &Value, outside: &Outside, fields: &[BoundField]) -> Result<String, CanonError> {
     let mut members: BTreeMap<&str, String> = BTreeMap::new();
     for field in fields {
-        let Some(value) = body.pointer(&field.pointer) else { continue };
+        let read;
+        let value = match field.source {
+            Source::Body => body.pointer(&field.pointer),
+            _ => {
+                read = outside.get(&field.pointer).map(|v| Value::String(v.to_owned()));
+                read.as_ref()
+            }
+        };
+        let Some(value) = value else { continue };
         if value.is_null() {
             continue;
         }
@@ -195,7 +280,12 @@ pub fn canonical_params(body: &Value, fields: &[BoundField]) -> Result<String, C
 
 /// Lowercase hex SHA-256 of [`canonical_params`].
 pub fn param_hash(body: &Value, fields: &[BoundField]) -> Result<String, CanonError> {
-    let text = canonical_params(body, fields)?;
+    request_hash(body, &Outside::default(), fields)
+}
+
+/// Lowercase hex SHA-256 of [`canonical_request`].
+pub fn request_hash(body: &Value, outside: &Outside, fields: &[BoundField]) -> Result<String, CanonError> {
+    let text = canonical_request(body, outside, fields)?;
     Ok(hex::encode(Sha256::digest(text.as_bytes())))
 }
 

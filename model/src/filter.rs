@@ -59,9 +59,9 @@ fn policies() -> Result<Policies, String> {
     };
     Ok(Policies {
         preview: route(&[("role", "preview")])?,
-        confirm_honoured: route(&[("role", "confirm")])?,
+        confirm_honoured: route(&[("role", "confirm"), ("upstream_keys", "honoured")])?,
         confirm_ignored: route(&[("role", "confirm"), ("upstream_keys", "ignored"), ("business_ref", "/ref")])?,
-        ruled_honoured: route(&[("role", "confirm"), ("approval", "always")])?,
+        ruled_honoured: route(&[("role", "confirm"), ("upstream_keys", "honoured"), ("approval", "always")])?,
         ruled_ignored: route(&[
             ("role", "confirm"),
             ("upstream_keys", "ignored"),
@@ -175,6 +175,7 @@ fn head(fingerprint: Option<String>) -> RequestHead {
         mcp_name: None,
         repeated: None,
         not_text: None,
+        headers: Vec::new(),
     }
 }
 

@@ -9,7 +9,8 @@ use idem_core::policy::{self, RouteDefaults};
 
 #[test]
 fn a_json_annotation_becomes_the_bytes_route_metadata_would_give() -> Result<(), String> {
-    let json = br#"{"role":"confirm","scope":"pay","bind":"/amount:decimal","lease_ms":2000}"#;
+    let json =
+        br#"{"role":"confirm","upstream_keys":"honoured","scope":"pay","bind":"/amount:decimal","lease_ms":2000}"#;
     let encoded = annotation_pairs(json)?;
     let pairs = policy::decode_pairs(&encoded).ok_or("not pairs")?;
     let lease = pairs.iter().find(|(k, _)| k == "lease_ms").ok_or("no lease")?;
@@ -21,11 +22,11 @@ fn a_json_annotation_becomes_the_bytes_route_metadata_would_give() -> Result<(),
 #[test]
 fn broken_annotations_are_refused_at_load() {
     for bad in [
-        &br#"{"role":"confirm"}"#[..],
-        br#"{"role":"confirm","scope":"pay","rol":"x"}"#,
+        &br#"{"role":"confirm","upstream_keys":"honoured"}"#[..],
+        br#"{"role":"confirm","upstream_keys":"honoured","scope":"pay","rol":"x"}"#,
         br#"{"scope":"pay"}"#,
         br#"["role"]"#,
-        br#"{"role":"confirm","scope":"pay","bind":["/a"]}"#,
+        br#"{"role":"confirm","upstream_keys":"honoured","scope":"pay","bind":["/a"]}"#,
         b"not json",
     ] {
         assert!(annotation_pairs(bad).is_err(), "{}", String::from_utf8_lossy(bad));

@@ -66,7 +66,7 @@ fn committed_e2e() -> Result<String, Box<dyn std::error::Error>> {
 }
 
 const UNRULED_HEAD: &str = "              # The same scope without the rule (a route that forgot it): idemd's insert still refuses\n              # an operation whose approval a person has not given.\n";
-const UNRULED_ROUTE: [&str; 11] = [
+const UNRULED_ROUTE: [&str; 12] = [
     "              - name: approval_confirm_unruled",
     "                match: { path: /unruled/v1/transfers, headers: [{ name: \":method\", string_match: { exact: POST } }] }",
     "                route: { cluster: demo, prefix_rewrite: /v1/transfers, timeout: 15s }",
@@ -74,6 +74,7 @@ const UNRULED_ROUTE: [&str; 11] = [
     "                  filter_metadata:",
     "                    agent_idempotency:",
     "                      role: confirm",
+    "                      upstream_keys: honoured",
     "                      scope: payments.large_transfer",
     "                      bind: \"/amount:decimal, /currency:string, /payee_id:string\"",
     "                      status_tool: get_transfer_status",
@@ -348,6 +349,41 @@ fn a_plugin_configuration_the_filter_refuses_is_refused() -> TestResult {
     Ok(())
 }
 
+/// What every confirm route is asked (DESIGN §4, §6, §3): a committed route without `upstream_keys`, a confirm that
+/// takes client keys from agents, and a template parameter left unbound are each refused, saying why.
+#[test]
+fn a_confirm_that_leaves_a_safety_setting_unsaid_is_refused_saying_why() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let confirm = "                      role: confirm\n                      upstream_keys: honoured\n                      scope: payments.transfer\n";
+    let unsaid = edit(
+        &committed("envoy.yaml")?,
+        confirm,
+        "                      role: confirm\n                      scope: payments.transfer\n",
+    )?;
+    let run = check_text(dir.path(), "envoy.yaml", &unsaid)?;
+    assert_refused(&run, "route-annotation", "upstream_keys: required for role confirm");
+    assert!(run.stderr.contains("a 503 sent after the work was done"), "says why: {}", run.stderr);
+
+    let both = "                      client_keys: \"true\"\n                      callers: programs\n";
+    let agents = edit(&committed_e2e()?, both, "                      client_keys: \"true\"\n")?;
+    let run = check_text(dir.path(), "e2e.yaml", &agents)?;
+    assert_refused(&run, "route-annotation", "client_keys: a route agents call never accepts an agent-made");
+
+    // Account B's confirm (the one annotation both account confirms share) without its path value bound.
+    let bind = |fields: &str| {
+        format!("                      bind: \"{fields}\"\n              - name: account_transfer_confirm_b")
+    };
+    let fields = "/amount:decimal, /currency:string, /payee_id:string";
+    let unbound = edit(&committed_e2e()?, &bind(&format!("path:account, {fields}")), &bind(fields))?;
+    let run = check_text(dir.path(), "e2e.yaml", &unbound)?;
+    assert_refused(
+        &run,
+        "route-annotation",
+        "template: {account} of /accounts/{account}/v1/transfers is neither bound",
+    );
+    Ok(())
+}
+
 #[test]
 fn an_unreadable_input_exits_2() -> TestResult {
     let run = check(&[Path::new("envoy/no-such.yaml")])?;
@@ -482,8 +518,8 @@ fn a_retried_confirm_needs_the_attempt_count_and_an_upstream_that_honours_keys()
     assert_refused(&run, "retry-needs-attempt-count", "virtual host transfers: route transfer_confirm_retrying");
     let keyless = edit(
         &e2e,
-        "                  retry_policy: { retry_on: \"reset,connect-failure\", num_retries: 2 }\n                metadata:\n                  filter_metadata:\n                    agent_idempotency:\n",
-        "                  retry_policy: { retry_on: \"reset,connect-failure\", num_retries: 2 }\n                metadata:\n                  filter_metadata:\n                    agent_idempotency:\n                      upstream_keys: ignored\n",
+        "                  retry_policy: { retry_on: \"reset,connect-failure\", num_retries: 2 }\n                metadata:\n                  filter_metadata:\n                    agent_idempotency:\n                      role: confirm\n                      upstream_keys: honoured\n",
+        "                  retry_policy: { retry_on: \"reset,connect-failure\", num_retries: 2 }\n                metadata:\n                  filter_metadata:\n                    agent_idempotency:\n                      role: confirm\n                      upstream_keys: ignored\n",
     )?;
     let run = check_text(dir.path(), "e2e.yaml", &keyless)?;
     assert_refused(&run, "no-retry-without-upstream-keys", "route transfer_confirm_retrying");

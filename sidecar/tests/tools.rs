@@ -186,6 +186,36 @@ fn e2e_yaml_every_annotated_route_and_mcp_tool() -> TestResult {
     Ok(())
 }
 
+/// Values bound outside the body are arguments that say where they are sent; a confirm that takes
+/// programs' keys tells the agent never to make one up (DESIGN §3, §6).
+#[test]
+fn values_outside_the_body_and_client_keys_are_said_in_the_definitions() -> TestResult {
+    let run = tools(&["--envoy", "envoy/e2e.yaml"])?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let mcp = &run.stdout["mcp"];
+    let (confirm, schema) = validator(mcp, "account_transfer_confirm_a")?;
+    let account = &confirm["inputSchema"]["properties"]["account"];
+    assert_eq!(account["x-agent-idempotency-in"], "path", "{confirm:#}");
+    assert!(account["description"].as_str().is_some_and(|d| d.contains("{account} segment of the path")), "{account}");
+    let call =
+        json!({"account": "acct-a", "amount": "12.50", "currency": "EUR", "payee_id": "p", "fingerprint": "x.y"});
+    assert!(schema.is_valid(&call));
+    let mut without = call.clone();
+    without.as_object_mut().map(|m| m.remove("account"));
+    assert!(!schema.is_valid(&without), "a bound path value is required");
+    let (both, _) = validator(mcp, "transfer_confirm_or_key")?;
+    let text = both["description"].as_str().unwrap_or_default();
+    assert!(text.contains("Never send an `Idempotency-Key` of your own"), "{text}");
+    assert!(
+        run.stderr.contains("route transfer_confirm_or_key: takes programs' own Idempotency-Key"),
+        "{}",
+        run.stderr
+    );
+    let (plain, _) = validator(mcp, "transfer_confirm")?;
+    assert!(!plain["description"].as_str().unwrap_or_default().contains("Idempotency-Key"), "{plain:#}");
+    Ok(())
+}
+
 struct Demo(Child);
 
 impl Drop for Demo {
@@ -337,7 +367,7 @@ fn plugin_config_rules_nested_pointers_and_an_untyped_field_is_warned_not_guesse
         {"name": "payout_preview", "match": {"path": "/payouts/preview"}, "role": "preview", "scope": "payouts",
          "bind": "/amount:decimal, /currency, /payee/id:string, /count:integer, /urgent:boolean, /rate:number",
          "tool": tool.to_string()},
-        {"name": "payout_confirm", "match": {"path": "/payouts"}, "role": "confirm", "scope": "payouts",
+        {"name": "payout_confirm", "match": {"path": "/payouts"}, "role": "confirm", "upstream_keys": "honoured", "scope": "payouts",
          "bind": "/amount:decimal, /currency, /payee/id:string, /count:integer, /urgent:boolean, /rate:number"},
     ])))?;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -393,7 +423,7 @@ fn refused_annotations_and_clashing_names_exit_2_naming_them() -> TestResult {
     let same = json!({"name": "do_it"}).to_string();
     let clash = tools_on(&plugin_config(json!([
         rule("p", "/p", json!({"role": "preview", "tool": same})),
-        rule("c", "/c", json!({"role": "confirm", "tool": same})),
+        rule("c", "/c", json!({"role": "confirm", "upstream_keys": "honoured", "tool": same})),
     ])))?;
     assert_eq!(clash.code, Some(2));
     assert!(clash.stderr.contains("tool do_it:") && clash.stderr.contains("define it differently"), "{}", clash.stderr);

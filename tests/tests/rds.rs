@@ -54,7 +54,7 @@ fn route_table(version: u32, confirm_scope: &str) -> String {
                         "match": {"path": "/v1/transfers", "headers": [{"name": ":method", "string_match": {"exact": "POST"}}]},
                         "route": {"cluster": "demo", "timeout": "15s"},
                         "metadata": {"filter_metadata": {"agent_idempotency": {
-                            "role": "confirm", "scope": confirm_scope, "bind": BIND,
+                            "role": "confirm", "upstream_keys": "honoured", "scope": confirm_scope, "bind": BIND,
                             "status_tool": "get_transfer_status", "result_ref": "/transfer_id"
                         }}}
                     },

@@ -33,6 +33,8 @@ use std::rc::Rc;
 pub struct Confirm {
     ctx: Ctx,
     subject_hash: String,
+    /// The request's bound values outside its body.
+    outside: canonical::Outside,
     /// Client-key mode for programs: problems instead of the envelope, the
     /// upstream's own answer instead of a rewrite.
     problem: bool,
@@ -92,7 +94,7 @@ enum RecordCall {
 }
 
 impl Confirm {
-    pub(super) fn new(ctx: Ctx, subject_hash: String, head: &RequestHead) -> Confirm {
+    pub(super) fn new(ctx: Ctx, subject_hash: String, head: &RequestHead, outside: canonical::Outside) -> Confirm {
         let problem = ctx.speaks_problem();
         let phase = Phase::AwaitBody {
             header_token: head.fingerprint.clone(),
@@ -100,7 +102,7 @@ impl Confirm {
             method: head.method.clone(),
             path: head.path.clone(),
         };
-        Confirm { ctx, subject_hash, problem, binding: None, phase }
+        Confirm { ctx, subject_hash, outside, problem, binding: None, phase }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -169,7 +171,7 @@ impl Confirm {
                 return Ok(self.finish(step));
             }
         };
-        let param_hash = match canonical::param_hash(&json, &policy.bound) {
+        let param_hash = match canonical::request_hash(&json, &self.outside, &policy.bound) {
             Ok(h) => h,
             Err(e) => {
                 let step = self.ctx.field_error(&e);
@@ -195,7 +197,7 @@ impl Confirm {
         // person is asked is decided by the same bytes that name the operation.
         let approval = match policy.approval.as_ref().filter(|a| a.required(&json)) {
             None => None,
-            Some(_) => match canonical::canonical_params(&json, &policy.bound) {
+            Some(_) => match canonical::canonical_request(&json, &self.outside, &policy.bound) {
                 Ok(fields) => Some(ApprovalAsk { fields }),
                 Err(e) => {
                     let step = self.ctx.field_error(&e);
@@ -250,7 +252,8 @@ impl Confirm {
             client_key::request_hash(method, path, body, json.as_ref().ok())
         } else {
             let hashed = json.as_ref().map_err(|e| self.ctx.body_error_as(e, self.problem)).and_then(|v| {
-                canonical::param_hash(v, &policy.bound).map_err(|e| self.ctx.field_error_as(&e, self.problem))
+                canonical::request_hash(v, &self.outside, &policy.bound)
+                    .map_err(|e| self.ctx.field_error_as(&e, self.problem))
             });
             match hashed {
                 Ok(h) => h,
@@ -331,7 +334,7 @@ impl Confirm {
         reference: Option<String>,
     ) -> Result<Option<(String, String)>, Step> {
         let Some(reference) = reference else { return Ok(None) };
-        match canonical::canonical_params(json, &self.ctx.policy.bound) {
+        match canonical::canonical_request(json, &self.outside, &self.ctx.policy.bound) {
             Ok(fields) => Ok(Some((reference, fields))),
             Err(e) => Err(self.ctx.field_error_as(&e, self.problem)),
         }

@@ -14,6 +14,7 @@
 
 mod confirm;
 mod mcp;
+mod outside;
 mod preview;
 pub mod replay_cache;
 pub mod splice;
@@ -79,6 +80,9 @@ pub struct RequestHead {
     /// A header the guard reads whose value is not text (not UTF-8): a 400, never a guess at what
     /// its bytes mean (two different byte strings must never read as one subject or key).
     pub not_text: Option<&'static str>,
+    /// Every header, names in lower case, only where the route binds a header (`header:NAME`):
+    /// the bound one is found among them in every spelling an upstream reads as it.
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 impl RequestHead {
@@ -109,6 +113,9 @@ impl RequestHead {
                 None
             }
         };
+        if needs.headers {
+            head.headers = headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.clone())).collect();
+        }
         for (name, value) in headers {
             let name = name.as_str();
             let text = std::str::from_utf8(value).ok();
@@ -204,16 +211,38 @@ pub struct HeadNeeds {
     pub method: bool,
     pub idempotency_key: bool,
     pub mcp: bool,
+    /// Every header (the route binds one: `header:NAME`).
+    pub headers: bool,
 }
 
 impl HeadNeeds {
     pub fn for_role(role: Role) -> HeadNeeds {
-        let all = HeadNeeds { fingerprint: true, path: true, method: true, idempotency_key: true, mcp: false };
+        let all = HeadNeeds {
+            fingerprint: true,
+            path: true,
+            method: true,
+            idempotency_key: true,
+            mcp: false,
+            headers: false,
+        };
         match role {
             Role::Preview => HeadNeeds::default(),
             Role::Confirm | Role::Idempotent => all,
             Role::Status => HeadNeeds { method: false, ..all },
             Role::Mcp => HeadNeeds { fingerprint: false, idempotency_key: false, mcp: true, ..all },
+        }
+    }
+
+    /// What a route's policy reads: its role's, and the path or every header where it binds a
+    /// value there (a preview that binds none still reads no more).
+    pub fn for_policy(policy: &RoutePolicy) -> HeadNeeds {
+        use crate::canonical::Source;
+        let role = HeadNeeds::for_role(policy.role);
+        let binds = |source: Source| policy.bound.iter().any(|f| f.source == source);
+        HeadNeeds {
+            path: role.path || binds(Source::Path) || binds(Source::Query),
+            headers: binds(Source::Header),
+            ..role
         }
     }
 }
@@ -818,9 +847,17 @@ impl Machine {
             let step = ctx.body_error(&BodyError::TooLarge { limit });
             return (Machine::Pass, step);
         }
+        // The bound values outside the body are read before it, and a bad one is refused before it.
+        let outside = match ctx.policy.role {
+            Role::Preview | Role::Confirm | Role::Idempotent => match outside::read(&ctx, head) {
+                Ok(o) => o,
+                Err(step) => return (Machine::Pass, step),
+            },
+            Role::Status | Role::Mcp => canonical::Outside::default(),
+        };
         let mut machine = match ctx.policy.role {
-            Role::Preview => Machine::Preview(Preview::new(ctx, subject_hash)),
-            Role::Confirm | Role::Idempotent => Machine::Confirm(Confirm::new(ctx, subject_hash, head)),
+            Role::Preview => Machine::Preview(Preview::new(ctx, subject_hash, outside)),
+            Role::Confirm | Role::Idempotent => Machine::Confirm(Confirm::new(ctx, subject_hash, head, outside)),
             // Handled above; a tool is never an MCP endpoint itself.
             Role::Mcp => return (Machine::Pass, Step::go_on()),
             Role::Status => {

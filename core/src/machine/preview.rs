@@ -16,6 +16,8 @@ pub const FINGERPRINT_EXPIRES_HEADER: &str = "agent-fingerprint-expires-at";
 pub struct Preview {
     ctx: Ctx,
     subject_hash: String,
+    /// The request's bound values outside its body.
+    outside: canonical::Outside,
     phase: Phase,
     /// While streaming: whether the chunk the host reads next ends the stream.
     chunk_ends_stream: bool,
@@ -46,8 +48,8 @@ enum Phase {
 }
 
 impl Preview {
-    pub(super) fn new(ctx: Ctx, subject_hash: String) -> Preview {
-        Preview { ctx, subject_hash, phase: Phase::AwaitBody, chunk_ends_stream: false }
+    pub(super) fn new(ctx: Ctx, subject_hash: String, outside: canonical::Outside) -> Preview {
+        Preview { ctx, subject_hash, outside, phase: Phase::AwaitBody, chunk_ends_stream: false }
     }
 
     /// Forwarded, its answer not yet seen.
@@ -71,7 +73,7 @@ impl Preview {
             Ok(v) => v,
             Err(step) => return Ok(self.finish(step)),
         };
-        match canonical::param_hash(&json, &self.ctx.policy.bound) {
+        match canonical::request_hash(&json, &self.outside, &self.ctx.policy.bound) {
             Ok(param_hash) => {
                 self.phase = Phase::Forwarded { param_hash };
                 Ok(Step::go_on())

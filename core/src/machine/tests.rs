@@ -35,6 +35,9 @@ fn policy_with(
         ("result_ref", "/id"),
         ("replay", replay),
     ];
+    if matches!(role, "confirm" | "idempotent") {
+        leaves.push(("upstream_keys", "honoured"));
+    }
     leaves.extend_from_slice(extra);
     testing::route(&leaves)
 }
@@ -68,6 +71,7 @@ fn head(fp: Option<String>) -> RequestHead {
         mcp_name: None,
         repeated: None,
         not_text: None,
+        headers: Vec::new(),
     }
 }
 
@@ -642,6 +646,86 @@ fn preview_mints_into_a_successful_json_answer() -> TestResult {
     Ok(())
 }
 
+/// Binding outside the body (DESIGN §3): a route's template parameter, a named query parameter
+/// and a header are bound like body fields. A fingerprint minted for account A's quote is refused
+/// on account B's path with the same body, as it is with another tenant header or currency; a
+/// bound value sent twice (in any spelling a reader takes for it) is a 400; a path that does not
+/// fit the route's template is never forwarded.
+#[test]
+fn values_outside_the_body_are_bound_like_body_fields() -> TestResult {
+    let bind = ("bind", "path:account, query:currency, header:x-tenant, /amount:decimal");
+    let route = |role: &str, template: &str| -> Result<Ctx, Box<dyn std::error::Error>> {
+        let mut leaves = vec![("role", role), ("scope", "pay"), ("template", template), bind];
+        if role == "confirm" {
+            leaves.push(("upstream_keys", "honoured"));
+        }
+        Ok(testing::ctx(&config()?, &testing::route(&leaves)?, "trace-1"))
+    };
+    let preview = || route("preview", "/v1/accounts/{account}/quotes");
+    let confirm = || route("confirm", "/v1/accounts/{account}/transfers");
+    let on = |path: &str, tenant: &[&str], fp: Option<String>| {
+        let mut h = head(fp);
+        h.path = path.to_string();
+        h.headers = tenant.iter().map(|t| ("x-tenant".to_string(), t.as_bytes().to_vec())).collect();
+        h
+    };
+    // The preview reads the path and the headers only because the route binds them.
+    let needs = HeadNeeds::for_policy(&preview()?.policy);
+    assert!(needs.path && needs.headers && !HeadNeeds::for_role(Role::Preview).path);
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) =
+        Machine::start(preview()?, &on("/v1/accounts/A/quotes?currency=EUR", &["t1"], None), false, &mut env);
+    assert_eq!(m.on_request_body(&body(json!(10)), &mut env)?, Step::go_on());
+    let step = m.on_response_head(&upstream(200, "via_upstream"), false, &mut env)?;
+    assert!(counted(&step, Counter::Minted));
+    m.on_response_data(2, true)?;
+    let v: Value = serde_json::from_slice(&replaced_body(&m.on_response_body(b"{}", &mut env)?).ok_or("no body")?)?;
+    let fp = v["fingerprint"].as_str().ok_or("no fingerprint")?.to_string();
+    let confirm_at = |path: &str, tenant: &[&str]| -> Result<Step, Box<dyn std::error::Error>> {
+        let mut env = FixedEnv::at(200, NONCE);
+        let (mut c, first) = Machine::start(confirm()?, &on(path, tenant, Some(fp.clone())), false, &mut env);
+        if first.reply().is_some() {
+            return Ok(first);
+        }
+        Ok(c.on_request_body(&body(json!("10.00")), &mut env)?)
+    };
+    // The same account, currency and tenant: acquired.
+    let same = confirm_at("/v1/accounts/A/transfers?currency=EUR", &["t1"])?;
+    assert_eq!(call(&same).map(|c| c.path.as_str()), Some("/v1/acquire"));
+    // Account B's path, another currency, another tenant, a value dropped: the same body, refused.
+    for (path, tenant) in [
+        ("/v1/accounts/B/transfers?currency=EUR", &["t1"][..]),
+        ("/v1/accounts/A/transfers?currency=USD", &["t1"][..]),
+        ("/v1/accounts/A/transfers", &["t1"][..]),
+        ("/v1/accounts/A/transfers?currency=EUR", &["t2"][..]),
+        ("/v1/accounts/A/transfers?currency=EUR", &[][..]),
+    ] {
+        let step = confirm_at(path, tenant)?;
+        assert_eq!(reply_status(&step)?, (422, "params_changed".into()), "{path} {tenant:?}");
+        assert!(call(&step).is_none() && counted(&step, Counter::RejectedParams));
+    }
+    // Sent twice, or in a second spelling: which one the upstream reads is not ours to guess.
+    for (path, tenant) in [
+        ("/v1/accounts/A/transfers?currency=EUR&currency=USD", &["t1"][..]),
+        ("/v1/accounts/A/transfers?currency=EUR&Curr%65ncy=USD", &["t1"][..]),
+        ("/v1/accounts/A/transfers?currency=EUR", &["t1", "t2"][..]),
+    ] {
+        let step = confirm_at(path, tenant)?;
+        let (http, status) = reply_status(&step)?;
+        assert_eq!((http, status.as_str()), (400, "invalid_field"), "{path} {tenant:?}");
+        assert!(reply_json(&step)?.to_string().contains("sent more than once"), "{path}");
+    }
+    let mut underscored = on("/v1/accounts/A/transfers?currency=EUR", &["t1"], Some(fp.clone()));
+    underscored.headers.push(("x_tenant".into(), b"t2".to_vec()));
+    let (_, step) = Machine::start(confirm()?, &underscored, false, &mut FixedEnv::at(200, NONCE));
+    assert_eq!(reply_status(&step)?.0, 400, "x_tenant is x-tenant to a CGI-style upstream");
+    // A path the template does not fit: the annotation and the route disagree; nothing forwarded.
+    let step = confirm_at("/v1/other/A/transfers", &["t1"])?;
+    assert_eq!(reply_status(&step)?.0, 503);
+    assert!(counted(&step, Counter::RejectedMisconfigured) && call(&step).is_none());
+    Ok(())
+}
+
 /// An answer of known length streams: its headers go on at once with the grown length, every
 /// chunk is read, only the last is rewritten, and the answer is what the held splice would give
 /// less the order of its fields.
@@ -1041,7 +1125,7 @@ fn query_parameters_and_retry_after() {
 // ---- client-key mode -------------------------------------------------------
 
 fn idempotent_ctx(extra: &[(&str, &str)]) -> Result<Ctx, Box<dyn std::error::Error>> {
-    let mut leaves: Vec<(&str, &str)> = vec![("role", "idempotent"), ("scope", "pay")];
+    let mut leaves: Vec<(&str, &str)> = vec![("role", "idempotent"), ("scope", "pay"), ("upstream_keys", "honoured")];
     leaves.extend_from_slice(extra);
     Ok(testing::ctx(&config()?, &testing::route(&leaves)?, "trace-1"))
 }
@@ -1122,20 +1206,11 @@ fn programs_get_the_drafts_answers_as_problems() -> TestResult {
 }
 
 #[test]
-fn agents_on_a_client_key_route_get_the_envelope_and_202() -> TestResult {
-    let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[("callers", "agents")])?)?;
-    let step = m.on_callout(&answer(200, json!({"outcome": "IN_FLIGHT"})), &mut FixedEnv::at(999, NONCE))?;
-    assert_eq!(reply_status(&step)?, (202, "in_progress".into()));
-    Ok(())
-}
-
-#[test]
 fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
+    // Named for what it is (DESIGN §6, "Client keys are for programs"): its callers are programs.
     let c = || -> Result<Ctx, Box<dyn std::error::Error>> {
-        let base = ctx("confirm")?;
-        let mut p = (*base.policy).clone();
-        p.client_keys = true;
-        Ok(Ctx { policy: Rc::new(p), ..base })
+        let policy = policy_with("confirm", "envelope", &[("client_keys", "true"), ("callers", "programs")])?;
+        Ok(Ctx { policy, ..ctx("confirm")? })
     };
     // A fingerprint caller: verified as always.
     let mut env = FixedEnv::at(999, NONCE);
@@ -1150,17 +1225,8 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
     let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
     assert_eq!(req.mode, crate::protocol::KeyMode::ClientKey);
     assert_eq!(req.param_hash, canonical::param_hash(&json!({"amount": 10, "currency": "EUR"}), &c()?.policy.bound)?);
-    // Neither: the agent's way is the one to name.
+    // Neither: the key they can send (docs/programs.md's table).
     let (mut m, _) = Machine::start(c()?, &head(None), false, &mut env);
-    assert_eq!(reply_status(&m.on_request_body(&body(json!(10)), &mut env)?)?, (428, "fingerprint_missing".into()));
-    // Neither, on a route whose callers are programs: the key they can send (docs/programs.md's table).
-    let programs = || -> Result<Ctx, Box<dyn std::error::Error>> {
-        let base = c()?;
-        let mut p = (*base.policy).clone();
-        p.callers = crate::policy::Callers::Programs;
-        Ok(Ctx { policy: Rc::new(p), ..base })
-    };
-    let (mut m, _) = Machine::start(programs()?, &head(None), false, &mut env);
     let (status, kind, _) = problem_of(&m.on_request_body(&body(json!(10)), &mut env)?)?;
     assert_eq!((status, kind.as_str()), (400, "urn:agent-idempotency:problem:idempotency-key-missing"));
     Ok(())
@@ -1169,7 +1235,7 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
 // ---- MCP -------------------------------------------------------------------
 
 const TOOLS: &str = r#"{"quote_transfer":{"role":"preview","scope":"pay","bind":"/amount:decimal, /currency"},
-  "execute_transfer":{"role":"confirm","scope":"pay","bind":"/amount:decimal, /currency","status_tool":"get_transfer_status"},
+  "execute_transfer":{"role":"confirm","scope":"pay","bind":"/amount:decimal, /currency","status_tool":"get_transfer_status","upstream_keys":"honoured"},
   "get_transfer_status":{"role":"status","scope":"pay"}}"#;
 
 fn mcp_ctx() -> Result<Ctx, Box<dyn std::error::Error>> {

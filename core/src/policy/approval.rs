@@ -153,6 +153,10 @@ fn parse_term(map: &Map<String, Value>, bound: &[BoundField], at: &str) -> Resul
             "{at}.field: {pointer:?} is not one of the route's bound fields (bind): a condition may read only what the fingerprint covers"
         ));
     };
+    if field.source != crate::canonical::Source::Body {
+        // The condition reads the body; a value outside it would always read as absent (met).
+        return perr(format!("{at}.field: {pointer:?}: a condition reads the body's bound fields only"));
+    }
     let ops: Vec<&String> = map.keys().filter(|k| k.as_str() != "field").collect();
     let [op] = ops.as_slice() else {
         return perr(format!("{at} ({pointer}): expected exactly one of gt, gte, lt, lte, eq, in"));

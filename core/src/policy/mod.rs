@@ -16,6 +16,7 @@ mod pairs;
 mod plugin;
 mod route;
 pub mod rules;
+pub mod template;
 
 pub use pairs::{decode_pairs, encode_pairs, is_numeric_key, leaf_value, LeafValue};
 pub use plugin::*;

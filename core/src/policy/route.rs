@@ -2,7 +2,8 @@
 //! (`RoutePolicy`), from route metadata leaves, a per-route configuration or a route rule.
 
 use super::pairs::LeafValue;
-use crate::canonical::{BoundField, FieldType};
+use super::template::{self, Segment};
+use crate::canonical::{BoundField, FieldType, Source};
 use crate::json_text::is_json_pointer;
 use crate::strict_json;
 use serde_json::Value;
@@ -54,9 +55,13 @@ pub const ROUTE_KEYS: &[&str] = &[
     "upstream_keys",
     "business_ref",
     "approval",
+    "template",
+    "not_money_relevant",
 ];
 
 const MAX_SCOPE_LEN: usize = 128;
+/// The header a fingerprint may ride in (`machine::FINGERPRINT_HEADER`; policy comes first).
+const FINGERPRINT_HEADER_NAME: &str = "agent-fingerprint";
 const MAX_BOUND_FIELDS: usize = 64;
 const MAX_POINTER_LEN: usize = 256;
 const MAX_TOOL_NAME_LEN: usize = 128;
@@ -127,6 +132,12 @@ pub struct RoutePolicy {
     pub business_ref: Option<String>,
     /// Confirm: when a person must approve the operation before it runs (DESIGN §4, "Approval").
     pub approval: Option<super::approval::Approval>,
+    /// The route's path template (`template`, or a route rule's `match.path`): where `path:NAME`
+    /// bound values are read.
+    pub template: Option<Vec<Segment>>,
+    /// Template parameters the annotation declares not money-relevant (`not_money_relevant`):
+    /// left unbound on purpose.
+    pub not_money_relevant: Vec<String>,
     /// Preview: seen, not configured: this route's answers were found to name a fingerprint
     /// field, so they are held whole (the held splice replaces it) instead of streamed.
     pub answers_named_fingerprint: Observed,
@@ -398,14 +409,7 @@ pub fn parse_route_policy(
         None => None,
     };
     let executes = matches!(role, Role::Confirm | Role::Idempotent);
-    let upstream_keys = match leaf_string(get, "upstream_keys")?.as_deref() {
-        None | Some("honoured") => UpstreamKeys::Honoured,
-        Some("ignored") if executes => UpstreamKeys::Ignored,
-        Some("ignored") => {
-            return perr(format!("upstream_keys: only for the roles that execute, not {}", role.as_str()))
-        }
-        Some(other) => return perr(format!("upstream_keys: {other:?} is not one of honoured, ignored")),
-    };
+    let upstream_keys = parse_upstream_keys(leaf_string(get, "upstream_keys")?.as_deref(), role)?;
     if upstream_keys == UpstreamKeys::Ignored {
         if let Some((status, _)) = outcomes.iter().find(|(_, o)| *o == crate::outcome::Verdict::Release) {
             return perr(format!(
@@ -440,13 +444,24 @@ pub fn parse_route_policy(
         }
         Some(text) => Some(super::approval::parse(&text, &bound)?),
     };
-    let callers = match leaf_string(get, "callers")?.as_deref() {
-        None if role == Role::Idempotent => Callers::Programs,
-        None => Callers::Agents,
-        Some("agents") => Callers::Agents,
-        Some("programs") => Callers::Programs,
+    let stated_callers = match leaf_string(get, "callers")?.as_deref() {
+        None => None,
+        Some("agents") => Some(Callers::Agents),
+        Some("programs") => Some(Callers::Programs),
         Some(other) => return perr(format!("callers: {other:?} is not one of agents, programs")),
     };
+    let callers = client_key_callers(role, client_keys, stated_callers)?;
+    let template = match leaf_string(get, "template")? {
+        Some(text) => Some(template::parse_template(&text).map_err(|why| PolicyError(format!("template: {why}")))?),
+        None => None,
+    };
+    let not_money_relevant = match leaf_string(get, "not_money_relevant")? {
+        Some(text) => {
+            text.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()).map(str::to_owned).collect()
+        }
+        None => Vec::new(),
+    };
+    check_binding_outside_body(role, &bound, template.as_deref(), &not_money_relevant)?;
 
     Ok(Some(RoutePolicy {
         role,
@@ -467,6 +482,8 @@ pub fn parse_route_policy(
         upstream_keys,
         business_ref,
         approval,
+        template,
+        not_money_relevant,
         answers_named_fingerprint: Observed::default(),
     }))
 }
@@ -507,6 +524,13 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
             Ok(None) => return perr(format!("tools.{name}.role: required (preview, confirm or status)")),
             Err(PolicyError(e)) => return perr(format!("tools.{name}.{e}")),
         };
+        if let Some(f) = policy.bound.iter().find(|f| f.source != Source::Body) {
+            return perr(format!(
+                "tools.{name}.bind: {}: path:, query: and header: values are for HTTP routes; a tool's \
+                 arguments are its body (point into them)",
+                f.pointer
+            ));
+        }
         // An MCP tool always has a name: `in_progress` without a status tool polls by calling it again.
         let spec = policy.tool.get_or_insert(ToolSpec { name: None, description: None, parameters: None });
         spec.name.get_or_insert_with(|| name.clone());
@@ -531,53 +555,199 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
         upstream_keys: UpstreamKeys::Honoured,
         business_ref: None,
         approval: None,
+        template: None,
+        not_money_relevant: Vec::new(),
         answers_named_fingerprint: Observed::default(),
     })
 }
 
 const MAX_TOOLS: usize = 64;
 /// A tool's annotation is a route annotation less these route-level fields.
-const ROUTE_ONLY_KEYS: &[&str] = &["replay", "client_keys", "callers", "protocol", "tools"];
+const ROUTE_ONLY_KEYS: &[&str] =
+    &["replay", "client_keys", "callers", "protocol", "tools", "template", "not_money_relevant"];
 
 fn is_tool_key(k: &str) -> bool {
     ROUTE_KEYS.contains(&k) && !ROUTE_ONLY_KEYS.contains(&k)
 }
 
-/// `"/amount:decimal, /currency /payee_id"`: separated by commas and/or whitespace.
+/// Binding outside the body (DESIGN §3): a `path:` value is a parameter of the route's template;
+/// on a route that executes by its bound fields, every template parameter is bound or declared
+/// not money-relevant: an API whose account sits in its path (`/v1/accounts/{account}/transfers`)
+/// would otherwise confirm account A's quote on account B's path with the same body.
+fn check_binding_outside_body(
+    role: Role,
+    bound: &[BoundField],
+    template: Option<&[Segment]>,
+    not_money_relevant: &[String],
+) -> Result<(), PolicyError> {
+    let params: Vec<&str> = template.map(|t| template::params(t).collect()).unwrap_or_default();
+    for field in bound.iter().filter(|f| f.source == Source::Path) {
+        if template.is_none() {
+            return perr(format!(
+                "bind: {}: a path value needs the route's template (template: /v1/accounts/{{{}}}/transfers; a \
+                 route rule's template is its match.path)",
+                field.pointer,
+                field.name()
+            ));
+        }
+        if !params.contains(&field.name()) {
+            return perr(format!(
+                "bind: {}: the route's template {} has no {{{}}}",
+                field.pointer,
+                template.map(template::show).unwrap_or_default(),
+                field.name()
+            ));
+        }
+    }
+    for name in not_money_relevant {
+        if !params.contains(&name.as_str()) {
+            return perr(format!("not_money_relevant: {name:?} is not a parameter of the route's template"));
+        }
+        if bound.iter().any(|f| f.source == Source::Path && f.name() == name) {
+            return perr(format!("not_money_relevant: {name:?} is bound (bind: path:{name}); it cannot be both"));
+        }
+    }
+    // Role idempotent without bound fields hashes the whole request, its path included.
+    let executes_by_fields = role == Role::Confirm || (role == Role::Idempotent && !bound.is_empty());
+    if executes_by_fields {
+        let open = params.iter().find(|p| {
+            !bound.iter().any(|f| f.source == Source::Path && f.name() == **p)
+                && !not_money_relevant.iter().any(|n| n == *p)
+        });
+        if let Some(p) = open {
+            return perr(format!(
+                "template: {{{p}}} of {} is neither bound (bind: path:{p}) nor declared not money-relevant \
+                 (not_money_relevant: {p}): a fingerprint minted for one {p} would confirm on another's path",
+                template.map(template::show).unwrap_or_default()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `upstream_keys` has no default on the roles that execute (DESIGN §4, "Release needs proof nothing
+/// ran"): releasing on an upstream 429/503 is safe only where the upstream deduplicates by the key,
+/// and a default would decide that for an owner who never heard of the setting.
+fn parse_upstream_keys(text: Option<&str>, role: Role) -> Result<UpstreamKeys, PolicyError> {
+    let executes = matches!(role, Role::Confirm | Role::Idempotent);
+    match text {
+        Some(other) if !matches!(other, "honoured" | "ignored") => {
+            perr(format!("upstream_keys: {other:?} is not one of honoured, ignored"))
+        }
+        Some(_) if !executes => perr(format!("upstream_keys: only for the roles that execute, not {}", role.as_str())),
+        Some("ignored") => Ok(UpstreamKeys::Ignored),
+        Some(_) => Ok(UpstreamKeys::Honoured),
+        None if executes => perr(format!(
+            "upstream_keys: required for role {}: state whether the upstream deduplicates by Idempotency-Key \
+             (honoured) or not (ignored). An upstream 429 or 503 releases the operation for a retry only where \
+             the upstream keeps the key; on one that ignores it, a 503 sent after the work was done would let \
+             the retry run it a second time, and no check can see that from outside",
+            role.as_str()
+        )),
+        // Nothing forwarded here carries a key to execute by.
+        None => Ok(UpstreamKeys::Honoured),
+    }
+}
+
+/// Who calls a route, where it takes client keys (DESIGN §6, "Client keys are for programs"): a key
+/// the model invents is new on every attempt (the article's §2), so a route agents call never
+/// accepts one. A confirm route that takes keys beside fingerprints must be named for what it is,
+/// `callers: programs`; role `idempotent` is for programs unless it says otherwise, and may not.
+fn client_key_callers(role: Role, client_keys: bool, stated: Option<Callers>) -> Result<Callers, PolicyError> {
+    let agents_refused = || {
+        perr(format!(
+            "client_keys: a route agents call never accepts an agent-made Idempotency-Key: a key the model \
+             invents is new on every attempt, so agents carry the server-issued fingerprint instead. Client keys \
+             are for programs: state callers: programs on this {} route (or drop client_keys)",
+            role.as_str()
+        ))
+    };
+    match (client_keys, role, stated) {
+        (true, Role::Status, stated) => Ok(stated.unwrap_or(Callers::Agents)),
+        (true, _, Some(Callers::Agents)) => agents_refused(),
+        (true, Role::Idempotent, None) | (true, _, Some(Callers::Programs)) => Ok(Callers::Programs),
+        (true, _, None) => agents_refused(),
+        (false, _, stated) => Ok(stated.unwrap_or(Callers::Agents)),
+    }
+}
+
+/// `"/amount:decimal, /currency /payee_id"`: separated by commas and/or whitespace. A value
+/// outside the body is `path:NAME`, `query:NAME` or `header:NAME`, typed `:string` or `:decimal`
+/// at most (it arrives as text).
 pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
     let mut fields: Vec<BoundField> = Vec::new();
     for token in text.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
-        let (pointer, ty) = match token.rsplit_once(':') {
-            Some((p, suffix)) if p.starts_with('/') && !suffix.contains('/') => match FieldType::from_suffix(suffix) {
-                Some(ty) => (p, ty),
-                None => {
-                    return perr(format!(
-                        "bind: {token:?}: the suffix may be :decimal, :string, :integer, :number or :boolean"
-                    ))
-                }
-            },
-            _ => (token, FieldType::Any),
+        let field = match Source::OUTSIDE.iter().find(|(_, prefix)| token.starts_with(prefix)) {
+            Some((source, prefix)) => parse_outside(token, *source, prefix)?,
+            None => parse_pointer(token)?,
         };
-        if !pointer.starts_with('/') || !is_json_pointer(pointer) {
-            return perr(format!("bind: {token:?} is not a JSON pointer such as /amount"));
-        }
-        // A mistyped suffix would otherwise become a pointer to a field that is
-        // never present, and an absent field is silently left unbound.
-        if pointer.contains(':') {
-            return perr(format!("bind: {token:?}: one type suffix at most (:decimal, :string, …)"));
-        }
-        if pointer.len() > MAX_POINTER_LEN {
-            return perr(format!("bind: {token:?} is longer than {MAX_POINTER_LEN} characters"));
-        }
-        if fields.iter().any(|f| f.pointer == pointer) {
-            return perr(format!("bind: {pointer:?} is listed twice"));
+        if fields.iter().any(|f| f.pointer == field.pointer) {
+            return perr(format!("bind: {:?} is listed twice", field.pointer));
         }
         if fields.len() == MAX_BOUND_FIELDS {
             return perr(format!("bind: more than {MAX_BOUND_FIELDS} fields"));
         }
-        fields.push(BoundField::typed(pointer, ty));
+        fields.push(field);
     }
     Ok(fields)
+}
+
+fn parse_pointer(token: &str) -> Result<BoundField, PolicyError> {
+    let (pointer, ty) = match token.rsplit_once(':') {
+        Some((p, suffix)) if p.starts_with('/') && !suffix.contains('/') => match FieldType::from_suffix(suffix) {
+            Some(ty) => (p, ty),
+            None => {
+                return perr(format!(
+                    "bind: {token:?}: the suffix may be :decimal, :string, :integer, :number or :boolean"
+                ))
+            }
+        },
+        _ => (token, FieldType::Any),
+    };
+    if !pointer.starts_with('/') || !is_json_pointer(pointer) {
+        return perr(format!(
+            "bind: {token:?} is not a JSON pointer such as /amount (nor path:NAME, query:NAME or header:NAME)"
+        ));
+    }
+    // A mistyped suffix would otherwise become a pointer to a field that is
+    // never present, and an absent field is silently left unbound.
+    if pointer.contains(':') {
+        return perr(format!("bind: {token:?}: one type suffix at most (:decimal, :string, …)"));
+    }
+    if pointer.len() > MAX_POINTER_LEN {
+        return perr(format!("bind: {token:?} is longer than {MAX_POINTER_LEN} characters"));
+    }
+    Ok(BoundField::typed(pointer, ty))
+}
+
+/// `path:account`, `query:currency:decimal`, `header:X-Tenant-Id`.
+fn parse_outside(token: &str, source: Source, prefix: &str) -> Result<BoundField, PolicyError> {
+    let rest = token.get(prefix.len()..).unwrap_or_default();
+    let (name, ty) = match rest.split_once(':') {
+        None => (rest, FieldType::Any),
+        Some((name, "string")) => (name, FieldType::String),
+        Some((name, "decimal")) => (name, FieldType::Decimal),
+        Some(_) => {
+            return perr(format!("bind: {token:?}: a value outside the body is text: :string or :decimal at most"))
+        }
+    };
+    let allowed = |b: u8| match source {
+        Source::Path => b.is_ascii_alphanumeric() || b == b'_',
+        Source::Header => b.is_ascii_alphanumeric() || b == b'-' || b == b'_',
+        Source::Query | Source::Body => b.is_ascii_alphanumeric() || b"-_.[]".contains(&b),
+    };
+    if name.is_empty() || name.len() > MAX_POINTER_LEN || !name.bytes().all(allowed) {
+        return perr(format!(
+            "bind: {token:?}: {prefix} needs a name (letters, digits and - _ . [ ] as the source allows)"
+        ));
+    }
+    let name = if source == Source::Header { name.to_ascii_lowercase() } else { name.to_string() };
+    // The guard's own headers are never a business value: the confirm's fingerprint is not the
+    // preview's, and a client's Idempotency-Key never reaches the upstream.
+    if source == Source::Header && [FINGERPRINT_HEADER_NAME, "idempotency-key"].contains(&name.as_str()) {
+        return perr(format!("bind: {token:?}: the guard's own header, not a business value"));
+    }
+    Ok(BoundField::outside(source, &name, ty))
 }
 
 fn leaf_string(get: &dyn Fn(&str) -> Option<LeafValue>, key: &str) -> Result<Option<String>, PolicyError> {
@@ -648,6 +818,7 @@ mod tests {
             ("result_ref", s("/transfer_id")),
             ("outcomes", s("409:failed")),
             ("replay", s("original")),
+            ("upstream_keys", s("honoured")),
         ])?;
         let want = RoutePolicy {
             role: Role::Confirm,
@@ -673,6 +844,8 @@ mod tests {
             upstream_keys: UpstreamKeys::Honoured,
             business_ref: None,
             approval: None,
+            template: None,
+            not_money_relevant: Vec::new(),
             answers_named_fingerprint: Observed::default(),
         };
         assert_eq!(p, Some(want));
@@ -685,6 +858,7 @@ mod tests {
         let confirm = |approval: &str| {
             route(&[
                 ("role", s("confirm")),
+                ("upstream_keys", s("honoured")),
                 ("scope", s("pay")),
                 ("bind", s("/amount:decimal, /currency:string")),
                 ("approval", s(approval)),
@@ -719,11 +893,17 @@ mod tests {
         let p = confirm(&[("upstream_keys", s("ignored")), ("business_ref", s("/ref"))])?
             .ok_or(PolicyError("none".into()))?;
         assert_eq!((p.upstream_keys, p.business_ref.as_deref()), (UpstreamKeys::Ignored, Some("/ref")));
-        let p = confirm(&[])?.ok_or(PolicyError("none".into()))?;
-        assert_eq!((p.upstream_keys, p.business_ref), (UpstreamKeys::Honoured, None), "keys are honoured by default");
+        let p = confirm(&[("upstream_keys", s("honoured"))])?.ok_or(PolicyError("none".into()))?;
+        assert_eq!((p.upstream_keys, p.business_ref), (UpstreamKeys::Honoured, None));
         for (extra, want) in [
-            (vec![("business_ref", s("/memo"))], "business_ref: \"/memo\" must be one of the route's bound fields"),
-            (vec![("business_ref", s("ref"))], "business_ref: \"ref\" must be one of"),
+            (
+                vec![("upstream_keys", s("honoured")), ("business_ref", s("/memo"))],
+                "business_ref: \"/memo\" must be one of the route's bound fields",
+            ),
+            (
+                vec![("upstream_keys", s("honoured")), ("business_ref", s("ref"))],
+                "business_ref: \"ref\" must be one of",
+            ),
             (
                 vec![("upstream_keys", s("ignored")), ("outcomes", s("429:release"))],
                 "outcomes: 429:release with upstream_keys ignored",
@@ -732,6 +912,123 @@ mod tests {
             let got = confirm(&extra).map(|_| String::from("<accepted>")).unwrap_or_else(|e| e.0);
             assert!(got.starts_with(want), "want {want:?}, got {got:?}");
         }
+        Ok(())
+    }
+
+    /// DESIGN §4, "Release needs proof nothing ran": no default; the refusal says why it is asked.
+    #[test]
+    fn every_route_that_executes_states_what_its_upstream_does_with_keys() -> Result<(), PolicyError> {
+        for (role, extra) in [("confirm", vec![("bind", s("/amount"))]), ("idempotent", vec![])] {
+            let mut leaves = vec![("role", s(role)), ("scope", s("pay"))];
+            leaves.extend(extra.iter().cloned());
+            let err = route(&leaves).err().map(|e| e.0).unwrap_or_default();
+            assert!(err.starts_with(&format!("upstream_keys: required for role {role}")), "{err}");
+            assert!(err.contains("503") && err.contains("second time"), "the error says why: {err}");
+            for (said, want) in [("honoured", UpstreamKeys::Honoured), ("ignored", UpstreamKeys::Ignored)] {
+                let mut stated = leaves.clone();
+                stated.push(("upstream_keys", s(said)));
+                assert_eq!(route(&stated)?.map(|p| p.upstream_keys), Some(want), "{role} {said}");
+            }
+        }
+        // A preview or a status route forwards nothing to execute: the setting is not theirs.
+        let preview = route(&[("role", s("preview")), ("scope", s("pay")), ("bind", s("/a"))])?;
+        assert!(preview.is_some());
+        let said = route(&[("role", s("status")), ("scope", s("pay")), ("upstream_keys", s("honoured"))]);
+        assert!(said.is_err_and(|e| e.0.starts_with("upstream_keys: only for the roles that execute, not status")));
+        Ok(())
+    }
+
+    /// DESIGN §6, "Client keys are for programs" (the article's §2): an agent-made key is new on
+    /// every attempt, so a route agents call never takes one.
+    #[test]
+    fn a_route_agents_call_never_takes_an_agent_made_key() -> Result<(), PolicyError> {
+        let with = |role: &str, extra: &[(&str, LeafValue)]| {
+            let mut v = vec![("role", s(role)), ("scope", s("pay")), ("upstream_keys", s("honoured"))];
+            if role == "confirm" {
+                v.push(("bind", s("/amount")));
+            }
+            v.extend(extra.iter().cloned());
+            route(&v)
+        };
+        for extra in [vec![("client_keys", s("true"))], vec![("client_keys", s("true")), ("callers", s("agents"))]] {
+            let err = with("confirm", &extra).err().map(|e| e.0).unwrap_or_default();
+            assert!(err.starts_with("client_keys: a route agents call never accepts an agent-made"), "{err}");
+            assert!(err.contains("callers: programs"), "the error says what to write: {err}");
+        }
+        let err = with("idempotent", &[("callers", s("agents"))]).err().map(|e| e.0).unwrap_or_default();
+        assert!(err.starts_with("client_keys: a route agents call never"), "{err}");
+        // Named for what it is: programs.
+        let named = with("confirm", &[("client_keys", s("true")), ("callers", s("programs"))])?;
+        assert_eq!(named.map(|p| (p.client_keys, p.callers)), Some((true, Callers::Programs)));
+        let keys_only = with("idempotent", &[])?;
+        assert_eq!(keys_only.map(|p| p.callers), Some(Callers::Programs));
+        // Without client keys an agents' confirm is what it always was.
+        assert_eq!(with("confirm", &[])?.map(|p| (p.client_keys, p.callers)), Some((false, Callers::Agents)));
+        Ok(())
+    }
+
+    /// Binding outside the body (DESIGN §3): every parameter of a confirm's template is bound or
+    /// declared not money-relevant; what is bound outside the body is named by its source.
+    #[test]
+    fn a_confirm_template_parameter_is_bound_or_declared_not_money_relevant() -> Result<(), PolicyError> {
+        let confirm = |extra: &[(&str, LeafValue)]| {
+            let mut v = vec![("role", s("confirm")), ("scope", s("pay")), ("upstream_keys", s("honoured"))];
+            for (k, val) in extra {
+                v.retain(|(key, _)| key != k);
+                v.push((k, val.clone()));
+            }
+            route(&v).map(|p| p.map(|p| (p.bound, p.not_money_relevant))).map_err(|e| e.0)
+        };
+        let template = ("template", s("/v1/accounts/{account}/transfers/{request}"));
+        let (bound, free) = confirm(&[
+            template.clone(),
+            ("bind", s("path:account, query:currency:string, header:X-Tenant-Id, /amount:decimal")),
+            ("not_money_relevant", s("request")),
+        ])
+        .map_err(PolicyError)?
+        .ok_or(PolicyError("none".into()))?;
+        let named: Vec<(&str, Source, FieldType)> =
+            bound.iter().map(|f| (f.pointer.as_str(), f.source, f.ty)).collect();
+        assert_eq!(
+            named,
+            [
+                ("path:account", Source::Path, FieldType::Any),
+                ("query:currency", Source::Query, FieldType::String),
+                ("header:x-tenant-id", Source::Header, FieldType::Any),
+                ("/amount", Source::Body, FieldType::Decimal),
+            ]
+        );
+        assert_eq!(free, ["request"]);
+        for (extra, want) in [
+            (vec![template.clone(), ("bind", s("/amount"))], "template: {account} of /v1/accounts/{account}/transfers/{request} is neither bound (bind: path:account) nor declared not money-relevant"),
+            (vec![template.clone(), ("bind", s("path:account, /amount"))], "template: {request} of"),
+            (vec![("bind", s("path:account, /amount"))], "bind: path:account: a path value needs the route's template"),
+            (vec![template.clone(), ("bind", s("path:acct, path:account, /a")), ("not_money_relevant", s("request"))], "bind: path:acct: the route's template"),
+            (vec![template.clone(), ("bind", s("path:account")), ("not_money_relevant", s("request, other"))], "not_money_relevant: \"other\" is not a parameter"),
+            (vec![template.clone(), ("bind", s("path:account, path:request"))  , ("not_money_relevant", s("request"))], "not_money_relevant: \"request\" is bound"),
+            (vec![("bind", s("query:amount:integer"))], "bind: \"query:amount:integer\": a value outside the body is text"),
+            (vec![("bind", s("header:"))], "bind: \"header:\": header: needs a name"),
+            (vec![("bind", s("header:agent-fingerprint, /a"))], "bind: \"header:agent-fingerprint\": the guard's own header"),
+            (vec![("bind", s("query:a, query:a"))], "bind: \"query:a\" is listed twice"),
+            (vec![("template", s("/v1/{a}/{a}")), ("bind", s("/a"))], "template: {a} appears twice"),
+        ] {
+            let got = confirm(&extra).map(|_| String::from("<accepted>")).unwrap_or_else(|e| e);
+            assert!(got.starts_with(want), "want {want:?}, got {got:?}");
+        }
+        // A preview binds what it binds (its confirm refuses a changed value); an idempotent route
+        // without bound fields hashes its whole path.
+        let preview = route(&[("role", s("preview")), ("scope", s("p")), template.clone(), ("bind", s("/amount"))])?;
+        assert!(preview.is_some());
+        let keys = route(&[("role", s("idempotent")), ("scope", s("p")), ("upstream_keys", s("honoured")), template])?;
+        assert!(keys.is_some());
+        // An MCP tool's arguments are its body.
+        let tools =
+            r#"{"pay": {"role": "confirm", "scope": "p", "bind": "header:x-tenant, /a", "upstream_keys": "honoured"}}"#;
+        let err = route(&[("role", s("mcp")), ("tools", s(tools))]).err().map(|e| e.0).unwrap_or_default();
+        assert!(
+            err.starts_with("tools.pay.bind: header:x-tenant: path:, query: and header: values are for HTTP"),
+            "{err}"
+        );
         Ok(())
     }
 

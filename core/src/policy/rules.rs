@@ -66,12 +66,7 @@ pub enum PathMatch {
     Prefix(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Segment {
-    Literal(String),
-    /// `{name}`: one non-empty segment.
-    Param,
-}
+pub use super::template::Segment;
 
 /// The rules of one plugin configuration, checked for overlaps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -256,7 +251,7 @@ impl RouteMatch {
                     match (got.next(), want.next()) {
                         (None, None) => break true,
                         (Some(g), Some(Segment::Literal(w))) if same(g, w) => {}
-                        (Some(g), Some(Segment::Param)) if !g.is_empty() => {}
+                        (Some(g), Some(Segment::Param(_))) if !g.is_empty() => {}
                         _ => break false,
                     }
                 }
@@ -293,7 +288,7 @@ fn paths_overlap(a: &PathMatch, b: &PathMatch) -> bool {
                 match s {
                     Segment::Literal(l) => text.push_str(l),
                     // A parameter can be anything: if the prefix reaches into it, they may overlap.
-                    Segment::Param => {
+                    Segment::Param(_) => {
                         return prefix.len() > text.len()
                             || prefix.starts_with(text.as_str())
                             || text.starts_with(prefix.as_str())
@@ -389,11 +384,21 @@ fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteR
     }
     let matcher = parse_match(map.get("match"), &at)?;
     let pass_methods = parse_pass_methods(map.get("pass_methods"), &matcher, &at)?;
-    let get = |key: &str| match map.get(key)? {
-        Value::String(s) => Some(LeafValue::Str(s.clone())),
-        Value::Number(n) => n.as_f64().map(LeafValue::Num),
+    if map.contains_key("template") {
+        return Err(RuleError(format!("{}: a route rule's template is its match.path", at("template"))));
+    }
+    // Where a rule's path is a template, its parameters are the rule's to bind (DESIGN §3).
+    let template = match &matcher.path {
+        PathMatch::Exact(segments) => Some(super::template::show(segments)),
+        PathMatch::Prefix(_) => None,
+    };
+    let get = |key: &str| match map.get(key) {
+        None if key == "template" => template.clone().map(LeafValue::Str),
+        None => None,
+        Some(Value::String(s)) => Some(LeafValue::Str(s.clone())),
+        Some(Value::Number(n)) => n.as_f64().map(LeafValue::Num),
         // Anything else reaches the parser as text it will refuse, naming the field.
-        other => Some(LeafValue::Str(other.to_string())),
+        Some(other) => Some(LeafValue::Str(other.to_string())),
     };
     let policy = match parse_route_policy(&get, defaults) {
         Ok(Some(p)) => p,
@@ -476,37 +481,14 @@ fn parse_match(value: Option<&Value>, at: &dyn Fn(&str) -> String) -> Result<Rou
         None => None,
     };
     let path = match (text("path")?, text("prefix")?) {
-        (Some(p), None) => {
-            PathMatch::Exact(parse_template(&p).map_err(|why| RuleError(format!("{}: {why}", at("match.path"))))?)
-        }
+        (Some(p), None) => PathMatch::Exact(
+            super::template::parse_template(&p).map_err(|why| RuleError(format!("{}: {why}", at("match.path"))))?,
+        ),
         (None, Some(p)) if p.starts_with('/') => PathMatch::Prefix(p),
         (None, Some(p)) => return Err(RuleError(format!("{}: {p:?} must start with /", at("match.prefix")))),
         _ => return Err(RuleError(format!("{}: exactly one of path or prefix is required", at("match")))),
     };
     Ok(RouteMatch { method, host, path })
-}
-
-fn parse_template(path: &str) -> Result<Vec<Segment>, String> {
-    if !path.starts_with('/') {
-        return Err(format!("{path:?} must start with /"));
-    }
-    if path.contains(['?', '#']) {
-        return Err(format!("{path:?}: query strings and fragments are never matched"));
-    }
-    path.split('/')
-        .map(|s| {
-            if let Some(inner) = s.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
-                if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                    return Err(format!("{{{inner}}}: a parameter is {{name}} with letters, digits or _"));
-                }
-                Ok(Segment::Param)
-            } else if s.contains(['{', '}', '*']) {
-                Err(format!("segment {s:?}: only whole-segment {{name}} parameters; no wildcards"))
-            } else {
-                Ok(Segment::Literal(s.to_string()))
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -520,13 +502,28 @@ mod tests {
     }
 
     fn rule(name: &str, m: Value, role: &str) -> Value {
-        json!({"name": name, "match": m, "role": role, "scope": "pay", "bind": "/amount", "lease_ms": 60000})
+        let mut r =
+            json!({"name": name, "match": m, "role": role, "scope": "pay", "bind": "/amount", "lease_ms": 60000});
+        let params: Vec<&str> = m["path"]
+            .as_str()
+            .unwrap_or_default()
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .collect();
+        if let (Some(map), "confirm") = (r.as_object_mut(), role) {
+            map.insert("upstream_keys".into(), json!("honoured"));
+            // These tests are about matching: the parameters are declared not money-relevant.
+            if !params.is_empty() {
+                map.insert("not_money_relevant".into(), json!(params.join(", ")));
+            }
+        }
+        r
     }
 
     #[test]
     fn two_confirms_of_one_scope_must_share_their_approval_rule() {
         let confirm = |name: &str, path: &str, approval: Option<serde_json::Value>| {
-            let mut r = json!({"name": name, "match": {"path": path}, "role": "confirm", "scope": "pay",
+            let mut r = json!({"name": name, "match": {"path": path}, "role": "confirm", "upstream_keys": "honoured", "scope": "pay",
                                "bind": "/amount:decimal"});
             if let (Some(a), Some(m)) = (approval, r.as_object_mut()) {
                 m.insert("approval".into(), a);
@@ -566,7 +563,7 @@ mod tests {
         let bad = rules(serde_json::json!([{
             "name": "transfers",
             "match": {"path": "/v1/transfers"},
-            "role": "confirm", "scope": "pay", "bind": "/amount:decimal",
+            "role": "confirm", "upstream_keys": "honoured", "scope": "pay", "bind": "/amount:decimal",
             "approval": {"field": "/amount", "gte": "a lot"}
         }]));
         let err = bad.err().map(|e| e.0).unwrap_or_default();
@@ -574,7 +571,7 @@ mod tests {
         let good = rules(serde_json::json!([{
             "name": "transfers",
             "match": {"path": "/v1/transfers"},
-            "role": "confirm", "scope": "pay", "bind": "/amount:decimal",
+            "role": "confirm", "upstream_keys": "honoured", "scope": "pay", "bind": "/amount:decimal",
             "approval": {"field": "/amount", "gte": "1000"}
         }]));
         assert!(good.is_ok_and(|r| r.rules.first().is_some_and(|r| r.policy.approval.is_some())));
@@ -645,7 +642,7 @@ mod tests {
         // Another method on the guarded path is refused as well, unless the rule lets it pass (hole 9).
         assert!(r.lenient_match(&["GET"], "h", "/v1/transfers").is_some());
         let passing = rules(json!([{"name": "confirm", "match": {"method": "POST", "path": "/v1/transfers"},
-            "pass_methods": ["GET"], "role": "confirm", "scope": "pay", "bind": "/amount", "lease_ms": 60000}]))?;
+            "pass_methods": ["GET"], "role": "confirm", "upstream_keys": "honoured", "scope": "pay", "bind": "/amount", "lease_ms": 60000}]))?;
         assert!(passing.lenient_match(&["GET"], "h", "/V1/transfers").is_none());
         assert!(passing.lenient_match(&["GET", "PUT"], "h", "/V1/transfers").is_some());
         // Other paths stay other paths, and a plain path costs no allocation.
@@ -663,7 +660,7 @@ mod tests {
     fn a_guarded_path_is_guarded_for_every_method_but_those_the_rule_lets_pass() -> Result<(), RuleError> {
         let with_pass = |pass: Value| {
             json!({"name": "confirm", "match": {"method": "POST", "path": "/v1/transfers/{id}"}, "pass_methods": pass,
-                   "role": "confirm", "scope": "pay", "bind": "/amount", "lease_ms": 60000})
+                   "role": "confirm", "upstream_keys": "honoured", "scope": "pay", "bind": "/amount, path:id", "lease_ms": 60000})
         };
         let post_only =
             rules(json!([rule("confirm", json!({"method": "POST", "path": "/v1/transfers/{id}"}), "confirm")]))?;
@@ -697,7 +694,7 @@ mod tests {
             (json!(["post"]), json!({"method": "POST", "path": "/a"}), "the method this rule guards"),
             (json!(["GET"]), json!({"path": "/a"}), "needs match.method"),
         ] {
-            let r = json!([{"name": "c", "match": m, "pass_methods": pass, "role": "confirm", "scope": "pay", "bind": "/amount"}]);
+            let r = json!([{"name": "c", "match": m, "pass_methods": pass, "role": "confirm", "upstream_keys": "honoured", "scope": "pay", "bind": "/amount"}]);
             let err = rules(r).err().map(|e| e.0).unwrap_or_default();
             assert!(err.contains("routes[0] (c).pass_methods") && err.contains(want), "{err}");
         }
@@ -739,7 +736,10 @@ mod tests {
     fn bad_rules_name_the_rule_and_the_field() {
         let cases = [
             (json!({"match": {"path": "/x"}, "role": "confirm"}), "routes[0].name: required"),
-            (json!({"name": "r", "role": "confirm", "scope": "s", "bind": "/a"}), "routes[0] (r).match: required"),
+            (
+                json!({"name": "r", "role": "confirm", "upstream_keys": "honoured", "scope": "s", "bind": "/a"}),
+                "routes[0] (r).match: required",
+            ),
             (
                 json!({"name": "r", "match": {"path": "/x", "prefix": "/y"}, "role": "confirm"}),
                 "routes[0] (r).match: exactly one of",
@@ -750,16 +750,16 @@ mod tests {
             (json!({"name": "r", "match": {"regex": "/x"}}), "routes[0] (r).match.regex: unknown field"),
             (json!({"name": "r", "match": {"host": "*.x.com", "path": "/x"}}), "routes[0] (r).match.host"),
             (
-                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "scope": "s"}),
+                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "upstream_keys": "honoured", "scope": "s"}),
                 "routes[0] (r).bind: required",
             ),
             (json!({"name": "r", "match": {"path": "/x"}, "scope": "s"}), "routes[0] (r).role: required"),
             (
-                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "scope": "s", "bind": "/a", "lease_ms": 5}),
+                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "upstream_keys": "honoured", "scope": "s", "bind": "/a", "lease_ms": 5}),
                 "routes[0] (r).lease_ms: expected an integer",
             ),
             (
-                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "scope": "s", "bind": "/a", "colour": 1}),
+                json!({"name": "r", "match": {"path": "/x"}, "role": "confirm", "upstream_keys": "honoured", "scope": "s", "bind": "/a", "colour": 1}),
                 "routes[0] (r).colour: unknown field",
             ),
         ];
@@ -770,6 +770,36 @@ mod tests {
         let dup =
             rules(json!([rule("r", json!({"path": "/a"}), "confirm"), rule("r", json!({"path": "/b"}), "confirm")]));
         assert!(dup.is_err());
+    }
+
+    /// A rule's template is its match.path: its parameters are the rule's to bind (DESIGN §3).
+    #[test]
+    fn a_rule_binds_the_parameters_of_its_match_path() {
+        let confirm = |m: Value, extra: Value| {
+            let mut r = json!({"name": "pay", "match": m, "role": "confirm", "upstream_keys": "honoured", "scope": "s",
+                               "bind": "/amount"});
+            if let (Some(map), Value::Object(more)) = (r.as_object_mut(), extra) {
+                map.extend(more);
+            }
+            rules(json!([r])).map(|r| r.rules.first().map(|r| r.policy.bound.len()))
+        };
+        let path = json!({"path": "/v1/accounts/{account}/transfers"});
+        let err = confirm(path.clone(), json!({})).err().map(|e| e.0).unwrap_or_default();
+        assert!(
+            err.starts_with("routes[0] (pay).template: {account} of /v1/accounts/{account}/transfers is neither bound"),
+            "{err}"
+        );
+        assert_eq!(confirm(path.clone(), json!({"bind": "/amount, path:account"})), Ok(Some(2)));
+        assert_eq!(confirm(path.clone(), json!({"not_money_relevant": "account"})), Ok(Some(1)));
+        let err = confirm(path, json!({"template": "/x/{y}"})).err().map(|e| e.0).unwrap_or_default();
+        assert!(err.starts_with("routes[0] (pay).template: a route rule's template is its match.path"), "{err}");
+        // A prefix has no template to read a path value from.
+        let err =
+            confirm(json!({"prefix": "/v1/"}), json!({"bind": "path:account"})).err().map(|e| e.0).unwrap_or_default();
+        assert!(
+            err.starts_with("routes[0] (pay).bind: path:account: a path value needs the route's template"),
+            "{err}"
+        );
     }
 
     #[test]

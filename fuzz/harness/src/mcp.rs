@@ -40,7 +40,7 @@ use std::rc::Rc;
 const META_KEY: &str = "agent-idempotency/reply";
 
 /// The tools table of `envoy/e2e.yaml`'s `/mcp` route.
-pub const TOOLS: &str = r#"{"quote_transfer": {"role": "preview", "scope": "payments.transfer", "bind": "/amount:decimal, /currency, /payee_id"}, "execute_transfer": {"role": "confirm", "scope": "payments.transfer", "bind": "/amount:decimal, /currency, /payee_id", "status_tool": "get_transfer_status", "result_ref": "/structuredContent/transfer_id"}, "get_transfer_status": {"role": "status", "scope": "payments.transfer", "status_tool": "get_transfer_status", "result_ref": "/structuredContent/transfer_id"}}"#;
+pub const TOOLS: &str = r#"{"quote_transfer": {"role": "preview", "scope": "payments.transfer", "bind": "/amount:decimal, /currency, /payee_id"}, "execute_transfer": {"role": "confirm", "upstream_keys": "honoured", "scope": "payments.transfer", "bind": "/amount:decimal, /currency, /payee_id", "status_tool": "get_transfer_status", "result_ref": "/structuredContent/transfer_id"}, "get_transfer_status": {"role": "status", "scope": "payments.transfer", "status_tool": "get_transfer_status", "result_ref": "/structuredContent/transfer_id"}}"#;
 pub const PREVIEW_TOOL: &str = "quote_transfer";
 pub const CONFIRM_TOOL: &str = "execute_transfer";
 pub const STATUS_TOOL: &str = "get_transfer_status";
@@ -133,6 +133,7 @@ fn head(mcp_method: Option<String>, mcp_name: Option<String>) -> RequestHead {
         mcp_name,
         repeated: None,
         not_text: None,
+        headers: Vec::new(),
     }
 }
 

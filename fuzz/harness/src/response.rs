@@ -54,7 +54,14 @@ pub fn response(data: &[u8]) {
             &[("role", "preview"), ("scope", "pay"), ("bind", "/amount"), ("quote_expires", "header:quote-expires-at")]
         }
         2 => &[("role", "preview"), ("scope", "pay"), ("bind", "/amount"), ("quote_expires", "/expires_at")],
-        3 => &[("role", "confirm"), ("scope", "pay"), ("bind", "/amount"), ("status_tool", "s"), ("result_ref", "/id")],
+        3 => &[
+            ("role", "confirm"),
+            ("upstream_keys", "honoured"),
+            ("scope", "pay"),
+            ("bind", "/amount"),
+            ("status_tool", "s"),
+            ("result_ref", "/id"),
+        ],
         _ => &[("role", "status"), ("scope", "pay"), ("status_tool", "s"), ("result_ref", "/id")],
     };
     let Ok(config) = testing::plugin_config(SECRET, r#""max_response_bytes":1024"#) else { return };

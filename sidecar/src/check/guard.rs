@@ -147,7 +147,7 @@ pub fn may_meet(rule: &RouteMatch, route: &Matcher) -> bool {
                 .iter()
                 .map_while(|s| match s {
                     Segment::Literal(l) => Some(l.as_str()),
-                    Segment::Param => None,
+                    Segment::Param(_) => None,
                 })
                 .collect();
             let complete = literal.len() == segments.len();
@@ -168,7 +168,7 @@ pub fn may_meet(rule: &RouteMatch, route: &Matcher) -> bool {
                 parts.len() == segments.len()
                     && parts.iter().zip(segments).all(|(part, s)| match s {
                         Segment::Literal(l) => l == part,
-                        Segment::Param => !part.is_empty(),
+                        Segment::Param(_) => !part.is_empty(),
                     })
             }
         },
@@ -225,7 +225,8 @@ mod tests {
             ))
         };
         let keys = |text: &str| settings(text).map(|s| s.rules[0].policy.upstream_keys);
-        assert_eq!(keys(&rule("")), Some(UpstreamKeys::Honoured));
+        assert_eq!(keys(&rule("")), None, "no default: the filter refuses it, plugin-config says why");
+        assert_eq!(keys(&rule(r#","upstream_keys":"honoured""#)), Some(UpstreamKeys::Honoured));
         assert_eq!(keys(&rule(r#","upstream_keys":"ignored""#)), Some(UpstreamKeys::Ignored));
         assert_eq!(keys(&rule(r#","upstream_keys":"maybe""#)), None, "the filter refuses it: plugin-config says why");
 
@@ -233,7 +234,7 @@ mod tests {
         let meta = serde_json::json!({"role": "confirm", "scope": "s", "bind": "/a", "upstream_keys": "ignored"});
         let policy = from_annotation(&meta, &defaults).map(|p| p.map(|p| p.upstream_keys));
         assert_eq!(policy, Ok(Some(UpstreamKeys::Ignored)));
-        let meta = serde_json::json!({"role": "confirm", "scope": "s"});
+        let meta = serde_json::json!({"role": "confirm", "upstream_keys": "honoured", "scope": "s"});
         assert!(from_annotation(&meta, &defaults).is_err_and(|e| e.contains("bind")), "idem-core's own refusal");
     }
 }

@@ -152,6 +152,11 @@ mod tests {
     const ATTEMPTS: &str = "include_attempt_count_in_response: true";
 
     fn confirm(extra_route: &str, annotation: &str) -> String {
+        let annotation = if annotation.contains("upstream_keys") {
+            annotation.to_string()
+        } else {
+            format!(", upstream_keys: honoured{annotation}")
+        };
         format!(
             r#"
       - name: confirm
@@ -238,7 +243,9 @@ mod tests {
         let hedge_only = confirm(", hedge_policy: { hedge_on_per_try_timeout: true }", "");
         assert_eq!(findings(&Fixture::new(&hedge_only), &flags(), rule), Vec::<String>::new());
         // A preview is never released: its retries are not this rule's.
-        let preview = confirm(", retry_policy: { retry_on: reset }", "").replace("role: confirm", "role: preview");
+        let preview = confirm(", retry_policy: { retry_on: reset }", "")
+            .replace("role: confirm", "role: preview")
+            .replace(", upstream_keys: honoured", "");
         assert_eq!(findings(&Fixture::new(&preview), &flags(), rule), Vec::<String>::new());
     }
 
@@ -273,7 +280,7 @@ mod tests {
       - name: mcp
         match: { path: /mcp }
         route: { cluster: demo, timeout: 15s, retry_policy: { retry_on: reset } }
-        metadata: { filter_metadata: { agent_idempotency: { role: mcp, tools: '{"pay": {"role": "confirm", "scope": "s", "bind": "/a", "upstream_keys": "ignored"}, "book": {"role": "confirm", "scope": "s", "bind": "/a"}}' } } }"#;
+        metadata: { filter_metadata: { agent_idempotency: { role: mcp, tools: '{"pay": {"role": "confirm", "scope": "s", "bind": "/a", "upstream_keys": "ignored"}, "book": {"role": "confirm", "upstream_keys": "honoured", "scope": "s", "bind": "/a"}}' } } }"#;
         let found = findings(&Fixture { vhost: vhost(ATTEMPTS), ..Fixture::new(mcp) }, &flags(), rule);
         assert!(found.len() == 1 && found[0].contains("route mcp: tool pay"), "{found:?}");
         let honoured = rules.replace("ignored", "honoured");

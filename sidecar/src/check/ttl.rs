@@ -127,7 +127,7 @@ mod tests {
       - name: confirm
         match: { path: /v1/transfers }
         route: { cluster: demo, timeout: 15s }
-        metadata: { filter_metadata: { agent_idempotency: { role: confirm, scope: s, bind: /amount, lease_ms: 60000 } } }"#;
+        metadata: { filter_metadata: { agent_idempotency: { role: confirm, upstream_keys: honoured, scope: s, bind: /amount, lease_ms: 60000 } } }"#;
 
     #[test]
     fn a_lease_longer_than_the_route_timeout_and_the_upstream_passes() {
@@ -209,7 +209,9 @@ mod tests {
 
     #[test]
     fn previews_and_status_routes_hold_no_lease() {
-        let preview = CONFIRM.replace("role: confirm", "role: preview").replace("timeout: 15s", "timeout: 0s");
+        let preview = CONFIRM
+            .replace("role: confirm, upstream_keys: honoured", "role: preview")
+            .replace("timeout: 15s", "timeout: 0s");
         assert_eq!(findings(&Fixture::new(&preview), &flags(), "lease-outlasts-envoy"), Vec::<String>::new());
     }
 
@@ -219,7 +221,7 @@ mod tests {
       - name: mcp
         match: { path: /mcp }
         route: { cluster: demo, timeout: 60s }
-        metadata: { filter_metadata: { agent_idempotency: { role: mcp, tools: '{"pay": {"role": "confirm", "scope": "s", "bind": "/a", "lease_ms": 30000}, "quote": {"role": "preview", "scope": "s", "bind": "/a"}}' } } }"#;
+        metadata: { filter_metadata: { agent_idempotency: { role: mcp, tools: '{"pay": {"role": "confirm", "upstream_keys": "honoured", "scope": "s", "bind": "/a", "lease_ms": 30000}, "quote": {"role": "preview", "scope": "s", "bind": "/a"}}' } } }"#;
         let found = findings(&Fixture::new(mcp), &flags(), "lease-outlasts-envoy");
         assert!(found.len() == 1 && found[0].contains("route mcp: tool pay"), "{found:?}");
     }
@@ -230,7 +232,7 @@ mod tests {
       - name: default
         match: { prefix: / }
         route: { cluster: demo, timeout: 0s }"#;
-        let rules = r#""routes": [{"name": "pay", "match": {"path": "/v1/transfers"}, "role": "confirm", "scope": "s", "bind": "/a"}]"#;
+        let rules = r#""routes": [{"name": "pay", "match": {"path": "/v1/transfers"}, "role": "confirm", "upstream_keys": "honoured", "scope": "s", "bind": "/a"}]"#;
         let fixture = Fixture { plugin: plugin(rules), ..Fixture::new(catch_all) };
         let found = findings(&fixture, &flags(), "lease-outlasts-envoy");
         assert!(

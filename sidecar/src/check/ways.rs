@@ -98,7 +98,7 @@ fn rule_space(rule: &RouteMatch) -> Space {
                 .iter()
                 .map(|s| match s {
                     Segment::Literal(l) => paths::Seg::Lit(l.clone()),
-                    Segment::Param => paths::Seg::One,
+                    Segment::Param(_) => paths::Seg::One,
                 })
                 .collect();
             if segs.iter().all(|s| matches!(s, paths::Seg::Lit(_))) {
@@ -106,7 +106,7 @@ fn rule_space(rule: &RouteMatch) -> Space {
                     .iter()
                     .map(|s| match s {
                         Segment::Literal(l) => l.as_str(),
-                        Segment::Param => "",
+                        Segment::Param(_) => "",
                     })
                     .collect();
                 Space::Exact(text.join("/"))

@@ -263,6 +263,13 @@ impl Collected {
                 return;
             }
             Role::Status => explicit.or_else(|| policy.status_tool.clone()),
+            Role::Confirm if policy.client_keys => {
+                self.notes.push(format!(
+                    "{origin}: takes programs' own Idempotency-Key beside fingerprints (callers: programs); the agent \
+                     tool carries the fingerprint and is told never to make a key up"
+                ));
+                explicit
+            }
             Role::Preview | Role::Confirm => explicit,
         };
         match name.or_else(|| route_name.map(str::to_string)) {
@@ -463,11 +470,20 @@ fn describe(action: &Action, actions: &[Action], warnings: &mut Vec<String>) -> 
                     approval_when(rule)
                 ),
             };
+            // DESIGN §6, "Client keys are for programs": where the route takes programs' keys too, the
+            // agent is told never to make one up (the article's §2).
+            let keys = if p.client_keys {
+                " Never send an `Idempotency-Key` of your own: a key you make up is new on every attempt and \
+                 protects nothing; this route takes keys from programs only, and the fingerprint is what makes \
+                 your retries safe."
+            } else {
+                ""
+            };
             format!(
                 "Executes exactly once per fingerprint. Pass `fingerprint` exactly {from_preview}; never invent or \
-                 edit one. If the answer is `in_progress`, {poll}; `already_completed` means it was done earlier: \
-                 report it, do not call again.{approval} Every answer has a `status` and an `instruction`: follow \
-                 the instruction."
+                 edit one.{keys} If the answer is `in_progress`, {poll}; `already_completed` means it was done \
+                 earlier: report it, do not call again.{approval} Every answer has a `status` and an `instruction`: \
+                 follow the instruction."
             )
         }
         _ => String::from(

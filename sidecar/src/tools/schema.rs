@@ -6,7 +6,7 @@
 //! gets the empty schema `{}` and a warning: a guess here would teach agents
 //! a type the gateway does not check.
 
-use idem_core::canonical::FieldType;
+use idem_core::canonical::{BoundField, FieldType, Source};
 use idem_core::policy::{Role, RoutePolicy};
 use serde_json::{json, Map, Value};
 
@@ -20,6 +20,10 @@ pub fn arguments(policy: &RoutePolicy, origin: &str, warnings: &mut Vec<String>)
     let props = take_properties(&mut schema);
     restore(&mut schema, props);
     for field in &policy.bound {
+        if field.source != Source::Body {
+            outside(&mut schema, policy, field, origin, warnings);
+            continue;
+        }
         let tokens = pointer_tokens(&field.pointer);
         let mut at = Field { origin, pointer: &field.pointer, ty: field.ty, warnings: &mut *warnings };
         at.bind(&mut schema, &tokens);
@@ -36,6 +40,43 @@ pub fn arguments(policy: &RoutePolicy, origin: &str, warnings: &mut Vec<String>)
         require(&mut schema, "fingerprint");
     }
     Value::Object(schema)
+}
+
+/// A bound value outside the body (`path:account`, `query:currency`, `header:x-tenant-id`): an
+/// argument of its own name, required, whose description says where the call sends it and that
+/// the confirm must send what the preview sent (it is in the fingerprint).
+fn outside(
+    schema: &mut Map<String, Value>,
+    policy: &RoutePolicy,
+    field: &BoundField,
+    origin: &str,
+    warnings: &mut Vec<String>,
+) {
+    let name = field.name();
+    let template = policy.template.as_deref().map(idem_core::policy::template::show).unwrap_or_default();
+    let where_sent = match field.source {
+        Source::Path => format!("the {{{name}}} segment of the path {template}"),
+        Source::Query => format!("the query parameter `{name}`"),
+        Source::Header => format!("the `{name}` header"),
+        Source::Body => return,
+    };
+    let description = format!(
+        "Sent as {where_sent}, not in the body. Bound into the fingerprint: send exactly what the preview was \
+         sent, or the call is refused as params_changed."
+    );
+    let mut props = take_properties(schema);
+    if props.contains_key(name) {
+        warnings.push(format!(
+            "{origin}: bind {}: an argument {name:?} is described already (a body field?); left as described",
+            field.pointer
+        ));
+        restore(schema, props);
+        return;
+    }
+    let ty = if field.ty == FieldType::Decimal { json!(["string", "number"]) } else { json!("string") };
+    props.insert(name.to_owned(), json!({"type": ty, "description": description, "x-agent-idempotency-in": field.source.prefix().trim_end_matches(':')}));
+    restore(schema, props);
+    require(schema, name);
 }
 
 /// `/payee/id` → `["payee", "id"]`, with `~1` and `~0` decoded.

@@ -216,7 +216,7 @@ fn config_seeds(c: &mut Corpus) {
         ("twice", "role=preview\nscope=pay\nbind=/amount, /amount:decimal\n"),
         ("ttl-nan", "role=preview\nscope=pay\nbind=/a\nfingerprint_ttl_s#=NaN\n"),
         ("ttl-text", "role=preview\nscope=pay\nbind=/a\nfingerprint_ttl_s=15m\nlease_ms=120000\n"),
-        ("outcomes", "role=confirm\nscope=pay:v1\nbind=/a /b:decimal\noutcomes=409:failed, 425:release 503:unknown\n"),
+        ("outcomes", "role=confirm\nupstream_keys=honoured\nscope=pay:v1\nbind=/a /b:decimal\noutcomes=409:failed, 425:release 503:unknown\n"),
         ("bad-outcome", "role=confirm\nscope=pay\nbind=/a\noutcomes=200:failed\n"),
         ("status-ref", "role=status\nscope=pay\nresult_ref=transfer_id\nstatus_tool= get_status \n"),
     ] {
