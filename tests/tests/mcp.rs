@@ -98,6 +98,12 @@ async fn an_mcp_agent_quotes_executes_once_and_replays_json() -> TestResult {
 
 #[tokio::test]
 async fn an_mcp_agent_quotes_executes_once_and_replays_sse() -> TestResult {
+    the_agent_flow("/mcp/stream").await
+}
+
+/// The SSE-framed endpoint under its first name, kept for configurations that use it.
+#[tokio::test]
+async fn an_mcp_agent_quotes_executes_once_and_replays_sse_first_name() -> TestResult {
     the_agent_flow("/mcp/sse").await
 }
 
