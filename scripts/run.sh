@@ -81,11 +81,12 @@ step "4. Ask for the status, as an agent would after losing its context:" \
 step "5. A path that is not a route is the gateway's 404, never the demo's (no path around the guard):" \
 'curl -s localhost:10000/v1/transfers/ -H '"'"'x-agent-subject: alice'"'"' -d '"'"'{}'"'"'; echo'
 
-step "6. The same through MCP (Streamable HTTP, the demo's MCP server at /mcp; /mcp/sse and /mcp/session are
-   guarded alike). A helper that posts one JSON-RPC message as alice:" \
+step "6. The same through MCP (Streamable HTTP, the demo's MCP server at /mcp; /mcp/stream, /mcp/sse and
+   /mcp/session are guarded alike). A helper that posts one JSON-RPC message as alice:" \
 'mcp() { curl -s localhost:10000/mcp -H '"'"'x-agent-subject: alice'"'"' -H '"'"'content-type: application/json'"'"' \
          -H '"'"'accept: application/json, text/event-stream'"'"' -d "$1"; echo; }'
-step "   initialize, and the tools the server lists (they pass through untouched):" \
+step "   initialize, and the tools the server lists (the gateway declares its optional agent_idempotency property
+   in the confirm tool's outputSchema, where a replay carries its reply):" \
 'mcp '"'"'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}'"'"'
 mcp '"'"'{"jsonrpc":"2.0","id":2,"method":"tools/list"}'"'"' | grep -o '"'"'"name":"[a-z_]*_transfer[a-z_]*"'"'"''
 step "   quote_transfer (the preview tool): the fingerprint is in structuredContent and in a text block:" \

@@ -11,7 +11,10 @@
 //! Three endpoints, one server, so tests can pick the framing:
 //!
 //! * `/mcp`: stateless, answers `application/json` (what the gateway is meant to parse),
-//! * `/mcp/sse`: stateless, answers a `text/event-stream` carrying the one JSON-RPC response,
+//! * `/mcp/stream`: stateless, answers a `text/event-stream` carrying the one JSON-RPC response.
+//!   Also served as `/mcp/sse`, its first name, kept for configurations that use it: a client
+//!   that infers the transport from the URL (FastMCP, under pydantic-ai) takes a path ending in
+//!   `/sse` for the legacy HTTP+SSE transport and gets 405 before any call,
 //! * `/mcp/session`: the SDK's stateful mode (`Mcp-Session-Id` from `initialize` on), SSE answers.
 //!
 //! Tool results carry `structuredContent` (the JSON object the REST route
@@ -57,7 +60,11 @@ pub fn router(app: App) -> Router {
         endpoint(app.clone(), Arc::new(NeverSessionManager::default()), config)
     };
     let stateful = endpoint(app.clone(), Arc::new(LocalSessionManager::default()), config());
-    Router::new().route("/mcp", stateless(true)).route("/mcp/sse", stateless(false)).route("/mcp/session", stateful)
+    Router::new()
+        .route("/mcp", stateless(true))
+        .route("/mcp/stream", stateless(false))
+        .route("/mcp/sse", stateless(false))
+        .route("/mcp/session", stateful)
 }
 
 fn config() -> StreamableHttpServerConfig {
@@ -294,8 +301,12 @@ pub fn tools(keys: bool) -> Vec<Tool> {
             "memo": { "type": ["string", "null"] },
             "idempotency_key": { "type": "string" },
             "executed_at": { "type": "integer", "description": "Unix seconds" },
+            "client_ref": { "type": "string" },
         },
         "required": ["transfer_id", "status", "amount", "currency", "payee_id", "idempotency_key", "executed_at"],
+        // Strict, as many servers write it: a gateway that added a field the schema does not declare
+        // would make the official SDKs refuse the result (tests/tests/mcp_sdk.rs).
+        "additionalProperties": false,
     }));
     let record_output = if keys { record_output } else { without_required(record_output, "idempotency_key") };
     // What the gateway answers (DESIGN §7 reply); the service has no status of its own.

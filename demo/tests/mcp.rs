@@ -1,4 +1,4 @@
-//! The MCP server (`/mcp`, `/mcp/sse`, `/mcp/session`) against the real
+//! The MCP server (`/mcp`, `/mcp/stream` also named `/mcp/sse`, `/mcp/session`) against the real
 //! binary: through rmcp's own Streamable HTTP client, and byte for byte with
 //! plain HTTP, the way the gateway's filter will see it (demo/MCP-WIRE.md).
 
@@ -200,6 +200,12 @@ async fn executes_once_per_key_json_endpoint() {
 
 #[tokio::test]
 async fn executes_once_per_key_sse_endpoint() {
+    executes_once_per_key("/mcp/stream").await;
+}
+
+/// The SSE-framed endpoint's first name, kept for configurations that still use it.
+#[tokio::test]
+async fn executes_once_per_key_sse_endpoint_by_its_first_name() {
     executes_once_per_key("/mcp/sse").await;
 }
 
@@ -323,7 +329,7 @@ async fn off_schema_answers_leave_the_output_schema() {
 async fn no_mcp_serves_no_endpoint() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &["--no-mcp"]);
-    for path in ["/mcp", "/mcp/sse", "/mcp/session"] {
+    for path in ["/mcp", "/mcp/stream", "/mcp/sse", "/mcp/session"] {
         let (status, _, _) = post(&demo, path, &[], &tools_call(1, "quote_transfer", transfer())).await;
         assert_eq!(status, 404, "{path}");
     }
@@ -378,7 +384,7 @@ async fn wire_sse_response_is_one_data_event() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &[]);
     let request = tools_call(3, "quote_transfer", transfer());
-    let (status, head, body) = post(&demo, "/mcp/sse", &[], &request).await;
+    let (status, head, body) = post(&demo, "/mcp/stream", &[], &request).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(content_type(&head), "text/event-stream");
     assert!(head.get("mcp-session-id").is_none());
@@ -663,7 +669,7 @@ async fn fail_answers_the_http_status_before_the_tool() {
         (status, content_type(&head), json(&body)),
         (503, "application/json", json!({ "error": "injected_failure" }))
     );
-    let (status, _, _) = post(&demo, "/mcp/sse", &fail, &tools_call(1, "quote_transfer", transfer())).await;
+    let (status, _, _) = post(&demo, "/mcp/stream", &fail, &tools_call(1, "quote_transfer", transfer())).await;
     assert_eq!(status, 503);
     // Not a business call: served as usual.
     let (status, _, body) =
@@ -684,7 +690,7 @@ async fn fail_answers_the_http_status_before_the_tool() {
 async fn delay_holds_the_answer() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &["--faults"]);
-    for (path, tool) in [("/mcp", "execute_transfer"), ("/mcp/sse", "quote_transfer")] {
+    for (path, tool) in [("/mcp", "execute_transfer"), ("/mcp/stream", "quote_transfer")] {
         let started = Instant::now();
         let headers = [("Idempotency-Key", "slow"), ("x-demo-delay-ms", "400")];
         let (status, _, body) = post(&demo, path, &headers, &tools_call(1, tool, transfer())).await;
@@ -697,7 +703,7 @@ async fn delay_holds_the_answer() {
 async fn a_caller_that_hangs_up_does_not_stop_the_execution() {
     let dir = tempfile::tempdir().unwrap();
     let demo = Demo::start(dir.path(), &["--faults"]);
-    for (path, key) in [("/mcp", "late-json"), ("/mcp/sse", "late-sse")] {
+    for (path, key) in [("/mcp", "late-json"), ("/mcp/stream", "late-sse")] {
         let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
         let request = impatient
             .post(demo.url(path))
@@ -709,7 +715,7 @@ async fn a_caller_that_hangs_up_does_not_stop_the_execution() {
         // On SSE the 200 and its headers come at once, before the tool has run:
         // only the body waits.
         let head = request.send().await;
-        if path == "/mcp/sse" {
+        if path == "/mcp/stream" {
             let head = head.unwrap();
             assert_eq!((head.status().as_u16(), content_type(head.headers())), (200, "text/event-stream"));
             assert!(head.text().await.unwrap_err().is_timeout());

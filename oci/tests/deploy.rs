@@ -612,12 +612,16 @@ fn the_plugin_configuration_is_one_string_everywhere() -> TestResult {
     let roles: Vec<&str> = routes.iter().filter_map(|r| r["role"].as_str()).collect();
     assert_eq!(
         roles,
-        ["preview", "confirm", "status", "mcp", "mcp", "mcp"],
+        ["preview", "confirm", "status", "mcp", "mcp", "mcp", "mcp"],
         "the demo's three routes and MCP endpoints"
     );
     let mcp_paths: Vec<&str> =
         routes.iter().filter(|r| r["role"] == "mcp").filter_map(|r| r["match"]["path"].as_str()).collect();
-    assert_eq!(mcp_paths, ["/mcp", "/mcp/sse", "/mcp/session"], "every MCP endpoint the demo serves has its rule");
+    assert_eq!(
+        mcp_paths,
+        ["/mcp", "/mcp/stream", "/mcp/sse", "/mcp/session"],
+        "every MCP endpoint the demo serves has its rule"
+    );
 
     let envoy_filter = documents(&read("deploy/istio/envoyfilter.yaml")?)?;
     let ecds = envoy_filter

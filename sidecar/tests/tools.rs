@@ -81,6 +81,10 @@ fn envoy_yaml_gives_its_rest_and_mcp_tools_whose_schemas_accept_a_transfer_and_r
     let run = tools(&["--envoy", "envoy/envoy.yaml"])?;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(!run.stderr.contains("warning"), "every bound field of envoy.yaml is typed or described: {}", run.stderr);
+    // The agent builder hears, once per money-moving MCP tool, which framework settings it needs.
+    let needs = format!("tool execute_transfer: {}", idemd::tools::MONEY_MOVING_MCP_TOOL);
+    assert!(run.stderr.contains(&needs), "{}", run.stderr);
+    assert!(run.stderr.contains("tool_error_behavior='failed'"), "{}", run.stderr);
     check_formats(&run.stdout)?;
     let mcp = &run.stdout["mcp"];
     // The REST routes, then the MCP route's tools (its status tool is the REST one's namesake and agrees with it).

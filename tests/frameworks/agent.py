@@ -34,15 +34,16 @@ def emit(framework, step, **fields):
 
 
 class PydanticAi:
-    """pydantic-ai's Agent with its MCPToolset (FastMCP client, Streamable HTTP named explicitly so a
-    URL ending in /sse is not taken for the legacy transport) and a FunctionModel that plays the model."""
+    """pydantic-ai's Agent with its MCPToolset built from the URL, as its docs show: FastMCP picks the
+    transport from the URL itself (Streamable HTTP, unless the path ends in /sse: the legacy HTTP+SSE
+    transport, which is why the SSE-framed endpoint is /mcp/stream), and a FunctionModel that plays
+    the model."""
 
     def __init__(self, url, headers, error_behavior):
-        from fastmcp.client.transports import StreamableHttpTransport
         from pydantic_ai.mcp import MCPToolset
 
         kwargs = {} if error_behavior is None else {"tool_error_behavior": error_behavior}
-        self.toolset = MCPToolset(StreamableHttpTransport(url=url, headers=headers), **kwargs)
+        self.toolset = MCPToolset(url, headers=headers, **kwargs)
 
     async def __aenter__(self):
         await self.toolset.__aenter__()

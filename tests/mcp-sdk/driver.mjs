@@ -126,7 +126,8 @@ async function main(url) {
   try {
     const listed = await alice.client.listTools();
     const tools = Object.fromEntries(listed.tools.map((t) => [t.name, t.outputSchema !== undefined]));
-    emit('list_tools', { ok: true, error: null, tools });
+    const schemas = Object.fromEntries(listed.tools.map((t) => [t.name, t.outputSchema ?? null]));
+    emit('list_tools', { ok: true, error: null, tools, schemas });
   } catch (e) {
     emit('list_tools', failure(e));
     return;

@@ -155,7 +155,8 @@ async def main(url):
         try:
             listed = await alice.session.list_tools()
             tools = {t.name: t.output_schema is not None for t in listed.tools}
-            emit("list_tools", ok=True, error=None, tools=tools)
+            schemas = {t.name: t.output_schema for t in listed.tools}
+            emit("list_tools", ok=True, error=None, tools=tools, schemas=schemas)
         except Exception as e:  # noqa: BLE001
             emit("list_tools", **failure(e))
             return

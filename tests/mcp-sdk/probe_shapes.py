@@ -9,7 +9,8 @@ whose tools/call answers one of the SHAPES below, picked by the argument `shape`
 SDK (ClientSession, with protocol 2025-11-25's initialize and with 2026-07-28's server/discover) and
 the TypeScript SDK (Client, via node; 1.x speaks 2025-11-25) each list the tools (arming their
 output validation) and call every shape; it prints one line per shape and SDK: accepted, or the
-SDK's error. Edit SHAPES to try a candidate answer.
+SDK's error, for each listed outputSchema in SCHEMAS (the record's own, strict, strict as the gateway
+rewrites it); `probe_shapes.py strict` runs one. Edit SHAPES to try a candidate answer.
 """
 
 import json
@@ -38,6 +39,19 @@ RECORD_SCHEMA = {
         "executed_at": {"type": "integer"},
     },
     "required": ["transfer_id", "status", "amount", "currency", "payee_id", "idempotency_key", "executed_at"],
+}
+# The record's schema as a strict server writes it, and as the gateway lists it for a guarded confirm
+# tool (an optional `agent_idempotency` property for its reply on a replay). A client whose cached
+# listing was not rewritten (it listed elsewhere, or before the gateway) still holds the strict one.
+STRICT_SCHEMA = {**RECORD_SCHEMA, "additionalProperties": False}
+ENVELOPE_PROPERTY = {"type": "object", "description": "the gateway's reply"}
+SCHEMAS = {
+    "open": RECORD_SCHEMA,
+    "strict": STRICT_SCHEMA,
+    "strict, rewritten": {
+        **STRICT_SCHEMA,
+        "properties": {**STRICT_SCHEMA["properties"], "agent_idempotency": ENVELOPE_PROPERTY},
+    },
 }
 RECORD = {
     "transfer_id": "t_1",
@@ -78,6 +92,13 @@ SHAPES = {
         "content": TEXT[:1],
         "isError": False,
         "structuredContent": {**RECORD, "gateway": "extra"},
+    },
+    "replay: record + the envelope as property agent_idempotency": {
+        "resultType": "complete",
+        "content": [{"type": "text", "text": json.dumps(RECORD)}, TEXT[0]],
+        "isError": False,
+        "structuredContent": {**RECORD, "agent_idempotency": {**ENVELOPE, "status": "already_completed"}},
+        "_meta": {"agent-idempotency/reply": {**ENVELOPE, "status": "already_completed"}},
     },
     "replay: envelope as structuredContent (today)": {
         "content": TEXT[:1],
@@ -150,7 +171,7 @@ class Handler(BaseHTTPRequestHandler):
                     {
                         "name": "execute_transfer",
                         "inputSchema": {"type": "object", "properties": {"shape": {"type": "string"}}},
-                        "outputSchema": RECORD_SCHEMA,
+                        "outputSchema": SCHEMAS[self.path.rsplit("/", 1)[-1].replace("_", " ")],
                     }
                 ]
             }
@@ -212,23 +233,26 @@ async def python_verdicts(url, lifecycle):
 def main():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
-    py = anyio.run(python_verdicts, url, "initialize")
-    py_modern = anyio.run(python_verdicts, url, "discover")
-    out = subprocess.run(
-        ["node", "--input-type=module", "-e", NODE, url, *SHAPES],
-        cwd=HERE,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        sys.exit(f"node failed: {out.stderr}")
-    node = {v["shape"]: v["verdict"] for v in map(json.loads, out.stdout.splitlines())}
-    for shape in SHAPES:
-        print(f"{shape}\n    python 2025-11-25 (initialize): {py[shape]}")
-        print(f"    python 2026-07-28 (discover):   {py_modern[shape]}")
-        print(f"    node   2025-11-25 (initialize): {node[shape]}")
+    only = sys.argv[1:] or list(SCHEMAS)
+    for schema in only:
+        url = f"http://127.0.0.1:{server.server_address[1]}/mcp/{schema.replace(' ', '_')}"
+        py = anyio.run(python_verdicts, url, "initialize")
+        py_modern = anyio.run(python_verdicts, url, "discover")
+        out = subprocess.run(
+            ["node", "--input-type=module", "-e", NODE, url, *SHAPES],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            sys.exit(f"node failed: {out.stderr}")
+        node = {v["shape"]: v["verdict"] for v in map(json.loads, out.stdout.splitlines())}
+        print(f"=== the listed outputSchema: {schema}")
+        for shape in SHAPES:
+            print(f"{shape}\n    python 2025-11-25 (initialize): {py[shape]}")
+            print(f"    python 2026-07-28 (discover):   {py_modern[shape]}")
+            print(f"    node   2025-11-25 (initialize): {node[shape]}")
     server.shutdown()
 
 

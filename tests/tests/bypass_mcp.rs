@@ -255,12 +255,12 @@ async fn execute_on(stack: &Stack, path: &str, session: bool) -> Result<Answer, 
     mcp_raw(stack, path, &h, evil_execute(20).to_string()).await
 }
 
-/// Every MCP endpoint the demo serves (/mcp, /mcp/sse, /mcp/session, the SDK's stateful mode), through
+/// Every MCP endpoint the demo serves (/mcp, /mcp/stream, /mcp/sse, /mcp/session, the SDK's stateful mode), through
 /// `config`: an execute without a fingerprint is refused and nothing runs.
 async fn every_mcp_endpoint_is_guarded(config: &'static str) -> TestResult {
     let stack = Stack::start(StackOpts { envoy_config: config, ..sqlite_only(false) }).await?;
     let mut unguarded = Vec::new();
-    for path in ["/mcp", "/mcp/sse", "/mcp/session"] {
+    for path in ["/mcp", "/mcp/stream", "/mcp/sse", "/mcp/session"] {
         let before = counts(&stack).await?;
         let a = execute_on(&stack, path, path.ends_with("session")).await?;
         let refusal = &message(&a)["result"]["_meta"][idem_core::machine::META_KEY]["status"];
@@ -277,7 +277,7 @@ async fn every_mcp_endpoint_is_guarded(config: &'static str) -> TestResult {
 }
 
 /// DESIGN §6: no route reaches a cluster that serves guarded routes around the guard. e2e.yaml annotates
-/// /mcp and /mcp/sse; its catch-all takes /mcp/session to the demo unguarded.
+/// /mcp, /mcp/stream and /mcp/sse; its catch-all takes /mcp/session to the demo unguarded.
 #[tokio::test]
 async fn e2e_yaml_guards_every_mcp_endpoint_the_demo_serves() -> TestResult {
     every_mcp_endpoint_is_guarded("e2e.yaml").await

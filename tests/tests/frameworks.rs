@@ -2,11 +2,14 @@
 //! wire: it reads what its framework hands the model. tests/frameworks/agent.py drives pydantic-ai
 //! (`pydantic-ai-slim`, a `FunctionModel`, its default and `tool_error_behavior='failed'`) and the
 //! OpenAI Agents SDK (`openai-agents`, a scripted `Model`, `use_structured_content` off and on)
-//! through their own MCP clients against the guarded demo, on `/mcp` and `/mcp/sse`, and prints
-//! what each framework put in front of the model for every call. This file judges it: every gateway
-//! answer's status and instruction reach the model, a replay never reads as a fresh execution, the
-//! run goes on, and the demo's ledger shows one execution per fingerprint. Pinned in
-//! tests/mcp-sdk/requirements.txt; `make mcp-sdk` installs them into `.venv`.
+//! through their own MCP clients against the guarded demo, on `/mcp` (JSON answers) and
+//! `/mcp/stream` (SSE-framed answers), each client choosing its transport as it does for a user
+//! (pydantic-ai infers it from the URL), and prints what each framework put in front of the model
+//! for every call. This file judges it: every gateway answer's status and instruction reach the
+//! model, a replay never reads as a fresh execution (with `use_structured_content=True` the
+//! envelope rides in the `agent_idempotency` property the gateway declared in the tool's
+//! `outputSchema`), the run goes on, and the demo's ledger shows one execution per fingerprint.
+//! Pinned in tests/mcp-sdk/requirements.txt; `make mcp-sdk` installs them into `.venv`.
 
 use idem_e2e::*;
 use serde_json::Value;
@@ -181,19 +184,11 @@ macro_rules! frameworks {
 
 frameworks! {
     pydantic_ai_failed_json: "pydantic-ai-failed" on "/mcp";
-    pydantic_ai_failed_sse: "pydantic-ai-failed" on "/mcp/sse";
+    pydantic_ai_failed_stream: "pydantic-ai-failed" on "/mcp/stream";
     pydantic_ai_default_json: "pydantic-ai" on "/mcp";
-    pydantic_ai_default_sse: "pydantic-ai" on "/mcp/sse";
+    pydantic_ai_default_stream: "pydantic-ai" on "/mcp/stream";
     openai_agents_json: "openai-agents" on "/mcp";
-    openai_agents_sse: "openai-agents" on "/mcp/sse";
-}
-
-/// The OpenAI Agents SDK with `use_structured_content=True` hands the model `structuredContent` alone
-/// for a non-error result, and a replay's is the tool's own (its `outputSchema` must still validate):
-/// the model reads a replay as the first execution. Open (issue 38); docs/agents.md says to leave the
-/// setting off for money-moving tools. Run it with `--run-ignored only` to see where it stands.
-#[tokio::test]
-#[ignore = "issue 38: use_structured_content=True shows a replay as a fresh execution"]
-async fn openai_agents_structured_json() -> TestResult {
-    framework_against_the_gateway("openai-agents-structured", "/mcp").await
+    openai_agents_stream: "openai-agents" on "/mcp/stream";
+    openai_agents_structured_json: "openai-agents-structured" on "/mcp";
+    openai_agents_structured_stream: "openai-agents-structured" on "/mcp/stream";
 }

@@ -2,13 +2,15 @@
 //! pinned in tests/mcp-sdk/requirements.txt, from `.venv`) and the TypeScript SDK (npm
 //! `@modelcontextprotocol/sdk`, pinned in tests/mcp-sdk/package-lock.json, from
 //! tests/mcp-sdk/node_modules), each on the JSON endpoint (`/mcp`) and the event-stream one
-//! (`/mcp/sse`). `make mcp-sdk` installs both.
+//! (`/mcp/stream`). `make mcp-sdk` installs both.
 //!
 //! Each driver (tests/mcp-sdk/driver.py, driver.mjs) runs the scenarios with the SDK's own
 //! output-schema validation on, as an agent would, and prints one JSON line per step; this file
 //! judges them against DESIGN §7's MCP contract: every answer is accepted by the SDK (no
-//! exception), a non-error result conforms to the tool's `outputSchema` (a replay's
-//! `structuredContent` is the original's), every other gateway answer is `isError: true` with no
+//! exception), a non-error result conforms to the tool's `outputSchema` as the gateway listed it (the
+//! demo's record schema is strict, `additionalProperties: false`; the gateway declares its optional
+//! `agent_idempotency` property in it, and a replay's `structuredContent` is the original's plus the
+//! envelope there), every other gateway answer is `isError: true` with no
 //! `structuredContent`, its envelope in `_meta["agent-idempotency/reply"]` and in a text block;
 //! and the demo's ledger shows exactly one execution per fingerprint.
 
@@ -20,6 +22,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 const REPLY_META: &str = "agent-idempotency/reply";
+/// The property of a replay's `structuredContent` the gateway declares in a confirm tool's `outputSchema`.
+const REPLAY_PROPERTY: &str = "agent_idempotency";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Sdk {
@@ -242,8 +246,19 @@ impl<'a> Judge<'a> {
         }
         let Some(envelope) = self.envelope(step, line, "already_completed") else { return };
         let Some(original) = original else { return };
-        if line["structuredContent"] != original["structuredContent"] {
-            self.fail(step, "structuredContent should be the original result's, unchanged".into());
+        let mut said = envelope.clone();
+        if let Some(e) = said.as_object_mut() {
+            e.remove("result");
+        }
+        let mut structured = original["structuredContent"].clone();
+        structured[REPLAY_PROPERTY] = said;
+        if line["structuredContent"] != structured {
+            self.fail(
+                step,
+                format!(
+                    "structuredContent should be the original's plus the envelope (less `result`) as {REPLAY_PROPERTY}"
+                ),
+            );
         }
         if envelope["result_ref"] != original["structuredContent"]["transfer_id"] {
             self.fail(step, "the envelope's result_ref should be the original transfer_id".into());
@@ -354,6 +369,19 @@ async fn sdk_against_the_gateway(sdk: Sdk, path: &str) -> TestResult {
                 j.fail("list_tools", format!("{tool} should be listed with its outputSchema"));
             }
         }
+        // The confirm tool's schema as the client cached it: the demo's strict record, plus the
+        // gateway's optional property; the other tools' as the demo wrote them.
+        let execute = &list["schemas"]["execute_transfer"];
+        let strict = execute["additionalProperties"] == false
+            && execute["required"].as_array().is_some_and(|r| !r.iter().any(|f| f == REPLAY_PROPERTY));
+        if !strict || execute["properties"][REPLAY_PROPERTY]["type"] != "object" {
+            j.fail("list_tools", format!("execute_transfer's outputSchema should be strict and declare an optional {REPLAY_PROPERTY}: {execute}"));
+        }
+        for tool in ["quote_transfer", "get_transfer_status"] {
+            if !list["schemas"][tool]["properties"][REPLAY_PROPERTY].is_null() {
+                j.fail("list_tools", format!("{tool} is not a confirm tool: its schema is the demo's"));
+            }
+        }
     }
 
     let fp = j.preview("quote");
@@ -453,7 +481,7 @@ async fn the_python_sdk_accepts_every_answer_json() -> TestResult {
 
 #[tokio::test]
 async fn the_python_sdk_accepts_every_answer_sse() -> TestResult {
-    sdk_against_the_gateway(Sdk::Python, "/mcp/sse").await
+    sdk_against_the_gateway(Sdk::Python, "/mcp/stream").await
 }
 
 #[tokio::test]
@@ -463,7 +491,7 @@ async fn the_typescript_sdk_accepts_every_answer_json() -> TestResult {
 
 #[tokio::test]
 async fn the_typescript_sdk_accepts_every_answer_sse() -> TestResult {
-    sdk_against_the_gateway(Sdk::Node, "/mcp/sse").await
+    sdk_against_the_gateway(Sdk::Node, "/mcp/stream").await
 }
 
 #[tokio::test]
@@ -473,5 +501,5 @@ async fn the_python_sdk_accepts_every_answer_discover_json() -> TestResult {
 
 #[tokio::test]
 async fn the_python_sdk_accepts_every_answer_discover_sse() -> TestResult {
-    sdk_against_the_gateway(Sdk::PythonDiscover, "/mcp/sse").await
+    sdk_against_the_gateway(Sdk::PythonDiscover, "/mcp/stream").await
 }

@@ -12,7 +12,7 @@
 //! Two shapes: envoy/e2e.yaml (route metadata on explicit routes, a 404
 //! last) and envoy/istio-like.yaml (a mesh catch-all to the app, the guarded
 //! endpoints as route rules of the plugin configuration), on both builds.
-//! The MCP endpoints the demo serves (/mcp, /mcp/sse, /mcp/session) are
+//! The MCP endpoints the demo serves (/mcp, /mcp/stream, /mcp/sse, /mcp/session) are
 //! guarded in both.
 
 use idem_e2e::*;
@@ -339,7 +339,7 @@ const MCP_HEADERS_WITH_CLIENT_KEY: [(&str, &str); 2] =
 /// `tools/call execute_transfer` without a fingerprint on every MCP endpoint the demo serves, the stateful
 /// one after its `initialize`: refused as a tool error, nothing reaches the MCP server's execute.
 async fn every_mcp_endpoint_is_guarded(stack: &Stack) -> TestResult {
-    for path in ["/mcp", "/mcp/sse", "/mcp/session"] {
+    for path in ["/mcp", "/mcp/stream", "/mcp/sse", "/mcp/session"] {
         let mut headers = MCP_HEADERS_WITH_CLIENT_KEY.to_vec();
         let session;
         if path == "/mcp/session" {

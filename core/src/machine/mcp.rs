@@ -39,6 +39,9 @@ pub const MCP_NAME_HEADER: &str = "mcp-name";
 pub const META_KEY: &str = "agent-idempotency/reply";
 /// The embedded resource a replay carries its envelope in (`tool_result`).
 pub const REPLY_URI: &str = "agent-idempotency://reply";
+/// The property of a replay's `structuredContent` that carries its envelope, which the gateway
+/// declares (optional) in every guarded confirm tool's `outputSchema` as `tools/list` passes.
+pub const REPLAY_PROPERTY: &str = "agent_idempotency";
 /// JSON-RPC error of MCP 2026-07-28 for a request whose `Mcp-*` headers and body disagree.
 pub const HEADER_MISMATCH: i64 = -32020;
 
@@ -61,6 +64,12 @@ enum Phase {
         held: Option<Box<ResponseHead>>,
         framing: Framing,
         message: Value,
+    },
+    /// `tools/list` on a route with a guarded confirm tool: the answer is held whole, and each
+    /// such tool's `outputSchema` declares [`REPLAY_PROPERTY`] before the client caches it.
+    List {
+        /// Set once the answer's head is held: how the answer is framed.
+        held: Option<Framing>,
     },
     Finished,
 }
@@ -88,7 +97,7 @@ impl Mcp {
             Phase::Finished => true,
             // The tool's machine is done and nothing is held: the rest passes.
             Phase::Tool { inner, held, .. } => matches!(**inner, Machine::Pass) && held.is_none(),
-            Phase::AwaitBody => false,
+            Phase::AwaitBody | Phase::List { .. } => false,
         }
     }
 
@@ -123,6 +132,11 @@ impl Mcp {
             // No method: a client's answer to a request of the server's (sampling, elicitation).
             return Ok(self.finish(Step::go_on()));
         };
+        if method == "tools/list" && self.guards_results() {
+            // Its answer is rewritten: ask for it unencoded, so it can be read.
+            self.phase = Phase::List { held: None };
+            return Ok(Step::go_on().with(Effect::RemoveRequestHeader("accept-encoding")));
+        }
         if method != "tools/call" {
             if spelled_like(method, "tools/call") {
                 // A server may be lenient where the gateway is exact: never let one through unjudged.
@@ -205,6 +219,22 @@ impl Mcp {
 
     /// Hold the upstream's head while its tool machine waits for the answer.
     pub(super) fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool, env: &mut dyn Env) -> Outcome {
+        if let Phase::List { held } = &mut self.phase {
+            let media = head.content_type.as_deref().map(str::to_ascii_lowercase).unwrap_or_default();
+            let framing = if media.contains("text/event-stream") {
+                Framing::EventStream
+            } else if media.contains("application/json") {
+                Framing::Json
+            } else {
+                return Ok(self.finish(Step::go_on()));
+            };
+            if end_of_stream || !(200..300).contains(&head.status) {
+                return Ok(self.finish(Step::go_on()));
+            }
+            *held = Some(framing);
+            // The listing grows: its old length is wrong (the new one is set with the body).
+            return Ok(Step::pause().with(Effect::RemoveResponseHeader("content-length")));
+        }
         let Phase::Tool { inner, held, .. } = &mut self.phase else { return Ok(Step::go_on()) };
         if matches!(**inner, Machine::Pass) {
             return Ok(Step::go_on());
@@ -218,8 +248,10 @@ impl Mcp {
 
     pub(super) fn on_response_data(&mut self, end_of_stream: bool) -> Step {
         match &self.phase {
-            Phase::Tool { held: Some(_), .. } if end_of_stream => Step { effects: Vec::new(), flow: Flow::NeedBody },
-            Phase::Tool { held: Some(_), .. } => Step::pause(),
+            Phase::Tool { held: Some(_), .. } | Phase::List { held: Some(_) } if end_of_stream => {
+                Step { effects: Vec::new(), flow: Flow::NeedBody }
+            }
+            Phase::Tool { held: Some(_), .. } | Phase::List { held: Some(_) } => Step::pause(),
             _ => Step::go_on(),
         }
     }
@@ -227,6 +259,10 @@ impl Mcp {
     /// The whole answer: read the JSON-RPC message, then run the tool machine's
     /// response events with the message's verdict and payload.
     pub(super) fn on_response_body(&mut self, body: &[u8], env: &mut dyn Env) -> Outcome {
+        if let Phase::List { held: Some(framing) } = self.phase {
+            let step = self.declare_replay_property(body, framing);
+            return Ok(self.finish(step));
+        }
         let Phase::Tool { inner, held, framing, message, role, .. } = &mut self.phase else {
             return Err(Unexpected { event: "response_body", phase: "mcp.await_body" });
         };
@@ -258,6 +294,58 @@ impl Mcp {
     fn finish(&mut self, step: Step) -> Step {
         self.phase = Phase::Finished;
         step
+    }
+
+    /// Whether a tool of this route replays recorded results (confirm, idempotent).
+    fn guards_results(&self) -> bool {
+        self.ctx.policy.tool_names().any(|name| self.replays(name))
+    }
+
+    fn replays(&self, name: &str) -> bool {
+        self.ctx.policy.tool(name).is_some_and(|p| matches!(p.role, Role::Confirm | Role::Idempotent))
+    }
+
+    /// The `tools/list` answer with [`REPLAY_PROPERTY`] declared in each guarded confirm tool's
+    /// `outputSchema` (DESIGN §11): a replay's `structuredContent` carries the envelope there, and
+    /// a client validates it against the schema it cached from this listing, strict or not. An
+    /// answer that is not a listing (an error, bytes that do not parse) goes on as sent.
+    fn declare_replay_property(&self, body: &[u8], framing: Framing) -> Step {
+        let content_type = match framing {
+            Framing::Json => "application/json",
+            Framing::EventStream => "text/event-stream",
+        };
+        let (_, message) = read_message(body, Some(content_type));
+        let Some(mut message) = message else {
+            let why = "an MCP tools/list answer is not a JSON-RPC message: passed as sent, so a replay's \
+                       agent_idempotency property may fail a strict outputSchema the client cached from it";
+            return Step::go_on()
+                .with(Effect::SetResponseHeader("content-length".into(), body.len().to_string()))
+                .with(Effect::Warn(why.into()));
+        };
+        let description = crate::reply::replay_property_description(self.ctx.config.language);
+        let mut changed = false;
+        let tools = message.pointer_mut("/result/tools").and_then(Value::as_array_mut);
+        for tool in tools.into_iter().flatten() {
+            let guarded = tool.get("name").and_then(Value::as_str).is_some_and(|n| self.replays(n));
+            let Some(schema) = tool.get_mut("outputSchema").and_then(Value::as_object_mut).filter(|_| guarded) else {
+                continue;
+            };
+            let properties = schema.entry("properties").or_insert_with(|| json!({}));
+            if let Some(properties) = properties.as_object_mut() {
+                // A tool that declares the name itself keeps its own (and its replays keep its value).
+                if !properties.contains_key(REPLAY_PROPERTY) {
+                    properties.insert(REPLAY_PROPERTY.into(), json!({"type": "object", "description": description}));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Step::go_on().with(Effect::SetResponseHeader("content-length".into(), body.len().to_string()));
+        }
+        let out = frame(&message, framing);
+        Step::go_on()
+            .with(Effect::SetResponseHeader("content-length".into(), out.len().to_string()))
+            .with(Effect::ReplaceResponseBody(out))
     }
 
     /// The `Mcp-Method`/`Mcp-Name` headers, where sent, must say what the body says (MCP
@@ -422,6 +510,16 @@ fn tool_result(facts: &Facts, role: Role) -> Value {
             let mut result = original.clone();
             if result.get("isError").and_then(Value::as_bool).unwrap_or(false) {
                 result.remove("structuredContent");
+            } else if let Some(structured) = result.get_mut("structuredContent").and_then(Value::as_object_mut) {
+                // For frameworks that hand the model `structuredContent` alone (the OpenAI Agents
+                // SDK's `use_structured_content`): the envelope beside the original fields, under
+                // the name `tools/list` declared optional in the tool's `outputSchema`, so a strict
+                // schema still validates. Its `result` is the rest of this object: left out.
+                if !structured.contains_key(REPLAY_PROPERTY) {
+                    let mut said = facts.envelope.clone();
+                    said.remove("result");
+                    structured.insert(REPLAY_PROPERTY.into(), Value::Object(said));
+                }
             }
             // The envelope as an embedded resource beside the words: a client that shows the model
             // only `structuredContent` while every block is text (pydantic-ai, and others mapping
@@ -518,7 +616,12 @@ fn splice_preview(message: &Value, spliced_structured: &[u8], framing: Framing) 
             }
         }
     }
-    let text = serde_json::to_string(&message).unwrap_or_default();
+    frame(&message, framing)
+}
+
+/// A JSON-RPC message in the upstream's framing (an event stream keeps only its one message).
+fn frame(message: &Value, framing: Framing) -> Vec<u8> {
+    let text = serde_json::to_string(message).unwrap_or_default();
     match framing {
         Framing::Json => text.into_bytes(),
         Framing::EventStream => format!("data: {text}\n\n").into_bytes(),

@@ -1,5 +1,6 @@
 //! Every transition of the machine, including the impossible ones.
 
+use super::mcp::REPLAY_PROPERTY;
 use super::*;
 use crate::fingerprint::{mint, subject_hash, Key, Keyring};
 use crate::policy::{parse_route_policy, LeafValue, RouteDefaults};
@@ -1280,11 +1281,7 @@ fn mcp_passes_what_is_not_a_guarded_tool_call() -> TestResult {
         let (m, step) = Machine::start(mcp_ctx()?, &h, false, &mut env);
         assert!(matches!(m, Machine::Mcp(_)) && step.flow == Flow::Pause, "{h:?}");
     }
-    for body in [
-        rpc(json!(0), "initialize", json!({})),
-        rpc(json!(1), "tools/list", json!({})),
-        call_tool(json!(2), "other", json!({})),
-    ] {
+    for body in [rpc(json!(0), "initialize", json!({})), call_tool(json!(2), "other", json!({}))] {
         let (m, step) = mcp_start(&body, &mut env)?;
         assert_eq!(step, Step::go_on());
         assert!(matches!(m, Machine::Pass));
@@ -1392,13 +1389,88 @@ fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestRes
     let v = rpc_result(&m.on_callout(&answer(200, done), &mut env)?)?;
     assert_eq!(v["id"], "retry-9");
     assert_eq!(v["result"]["isError"], false);
-    assert_eq!(v["result"]["structuredContent"], result["structuredContent"]);
     let envelope = &v["result"]["_meta"][META_KEY];
     assert_eq!(envelope["status"], "already_completed");
     assert_eq!(envelope["result"], result);
+    // The tool's own fields, and the envelope (less its `result`, which is the rest) under the
+    // property tools/list declared: what a framework showing only structuredContent shows.
+    let mut said = envelope.clone();
+    said.as_object_mut().ok_or("no envelope")?.remove("result");
+    let mut structured = result["structuredContent"].clone();
+    structured[REPLAY_PROPERTY] = said;
+    assert_eq!(v["result"]["structuredContent"], structured);
     let said = v["result"]["content"].to_string();
     assert!(said.contains("Do not call this tool again"), "the gateway's words ride in a text block: {said}");
     assert_replay_resource(&v["result"], "already_completed")
+}
+
+/// `tools/list` is held and every guarded confirm tool's `outputSchema` declares the optional
+/// property a replay carries its envelope in, strict or not, in the upstream's framing; other
+/// tools, a schema that already names it and an answer that is not a listing are left alone.
+#[test]
+fn mcp_tools_list_declares_the_replay_property_in_confirm_schemas() -> TestResult {
+    let strict = json!({"type": "object", "properties": {"id": {"type": "string"}}, "additionalProperties": false});
+    let own = json!({"type": "object", "properties": {REPLAY_PROPERTY: {"type": "string"}}});
+    let listing = json!({"jsonrpc": "2.0", "id": 4, "result": {"tools": [
+        {"name": "quote_transfer", "inputSchema": {"type": "object"}, "outputSchema": strict},
+        {"name": "execute_transfer", "inputSchema": {"type": "object"}, "outputSchema": strict},
+        {"name": "get_transfer_status", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
+        {"name": "unlisted", "inputSchema": {"type": "object"}, "outputSchema": strict},
+    ]}});
+    for sse in [false, true] {
+        let mut env = FixedEnv::at(999, NONCE);
+        let (mut m, step) = mcp_start(&rpc(json!(4), "tools/list", json!({})), &mut env)?;
+        assert_eq!(step, Step::go_on().with(Effect::RemoveRequestHeader("accept-encoding")), "read unencoded");
+        let (ct, body) = if sse {
+            ("text/event-stream", format!("id: 0\ndata: \n\ndata: {listing}\n\n").into_bytes())
+        } else {
+            ("application/json", listing.to_string().into_bytes())
+        };
+        let h = ResponseHead { status: 200, content_type: Some(ct.into()), ..Default::default() };
+        let step = m.on_response_head(&h, false, &mut env)?;
+        assert_eq!(step, Step::pause().with(Effect::RemoveResponseHeader("content-length")));
+        assert_eq!(m.on_response_data(body.len(), true)?.flow, Flow::NeedBody);
+        let step = m.on_response_body(&body, &mut env)?;
+        assert!(matches!(m, Machine::Pass) && step.flow == Flow::Continue);
+        let out = String::from_utf8(replaced_body(&step).ok_or("not rewritten")?)?;
+        assert!(step.effects.contains(&Effect::SetResponseHeader("content-length".into(), out.len().to_string())));
+        let text = if sse { out.strip_prefix("data: ").ok_or("not sse")?.trim_end().to_string() } else { out };
+        let v: Value = serde_json::from_str(&text)?;
+        let tools = &v["result"]["tools"];
+        let declared = &tools[1]["outputSchema"]["properties"][REPLAY_PROPERTY];
+        assert_eq!(declared["type"], "object", "{v}");
+        assert!(declared["description"].as_str().unwrap_or_default().contains("executed nothing"), "{v}");
+        assert_eq!(tools[1]["outputSchema"]["additionalProperties"], false, "strict stays strict");
+        for (i, schema) in [(0, &strict), (2, &json!({"type": "object"})), (3, &strict)] {
+            assert_eq!(&tools[i]["outputSchema"], schema, "only guarded confirm tools: {v}");
+        }
+    }
+    // A schema that already names the property keeps its own; an error or no JSON passes as sent.
+    let mut env = FixedEnv::at(999, NONCE);
+    for answer in [
+        json!({"jsonrpc": "2.0", "id": 4, "result": {"tools": [{"name": "execute_transfer", "outputSchema": own}]}})
+            .to_string(),
+        json!({"jsonrpc": "2.0", "id": 4, "error": {"code": -32603, "message": "no"}}).to_string(),
+        "not json".to_string(),
+    ] {
+        let (mut m, _) = mcp_start(&rpc(json!(4), "tools/list", json!({})), &mut env)?;
+        let h = ResponseHead { status: 200, content_type: Some("application/json".into()), ..Default::default() };
+        m.on_response_head(&h, false, &mut env)?;
+        m.on_response_data(answer.len(), true)?;
+        let step = m.on_response_body(answer.as_bytes(), &mut env)?;
+        assert!(replaced_body(&step).is_none(), "{answer}");
+        assert!(step.effects.contains(&Effect::SetResponseHeader("content-length".into(), answer.len().to_string())));
+    }
+    // An error status or another media type is not held at all.
+    for h in [
+        ResponseHead { status: 500, content_type: Some("application/json".into()), ..Default::default() },
+        ResponseHead { status: 200, content_type: Some("text/plain".into()), ..Default::default() },
+    ] {
+        let (mut m, _) = mcp_start(&rpc(json!(4), "tools/list", json!({})), &mut env)?;
+        assert_eq!(m.on_response_head(&h, false, &mut env)?, Step::go_on(), "{h:?}");
+        assert!(matches!(m, Machine::Pass));
+    }
+    Ok(())
 }
 
 /// A replay's last content block is the envelope as an embedded JSON resource: a framework

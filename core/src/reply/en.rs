@@ -148,3 +148,6 @@ fn wait(ms: u64) -> String {
         ms => format!("{ms} ms"),
     }
 }
+
+/// The gateway's property in a guarded confirm tool's `outputSchema` (MCP): a model reads it there.
+pub(super) const REPLAY_PROPERTY: &str = "Set only by the idempotency gateway, on an answer that is NOT this call's own execution: the result above is an earlier call's, and this call executed nothing. Holds status (such as already_completed), meaning and instruction: follow the instruction, do not call this tool again for it, and never report it as a second execution. Absent when this call executed the operation.";

@@ -250,6 +250,15 @@ impl Reply {
     }
 }
 
+/// The description of the property a guarded MCP confirm tool's replay carries its envelope in
+/// (DESIGN §11): the gateway adds it to the tool's listed `outputSchema`, where the model reads it.
+pub fn replay_property_description(lang: Language) -> &'static str {
+    match lang {
+        Language::En => en::REPLAY_PROPERTY,
+        Language::Zh => zh::REPLAY_PROPERTY,
+    }
+}
+
 pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     let replayed = matches!(kind, ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed);
     let (original, is_json) = match ctx.result.filter(|_| replayed) {

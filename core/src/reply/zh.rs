@@ -142,3 +142,6 @@ fn wait(ms: u64) -> String {
         format!("{ms} 毫秒")
     }
 }
+
+/// 网关在受保护的确认工具 `outputSchema` 中声明的属性（MCP）：模型会读到它。
+pub(super) const REPLAY_PROPERTY: &str = "仅由幂等网关设置，出现在并非本次调用自身执行结果的回答中：上面的结果来自之前的一次调用，本次调用没有执行任何操作。包含 status（例如 already_completed）、meaning 和 instruction：请按 instruction 行事，不要为此再次调用该工具，也绝不要把它报告为第二次执行。本次调用确实执行了操作时，此属性不存在。";

@@ -45,6 +45,16 @@ struct Group {
     mcp: Option<usize>,
 }
 
+/// What an agent framework needs to call a money-moving MCP tool through the gateway: measured by
+/// tests/tests/frameworks.rs, explained in docs/agents.md ("What agent frameworks hand the model").
+pub const MONEY_MOVING_MCP_TOOL: &str = "moves money through MCP; per agent framework: \
+pydantic-ai needs MCPToolset(..., tool_error_behavior='failed') (its default 'retry' ends the run at the second \
+refusal in one run, e.g. not_executed twice as instructed); the OpenAI Agents SDK needs nothing (with \
+use_structured_content=True a replay's reply rides in structuredContent.agent_idempotency, which the gateway \
+declares in the tool's outputSchema as tools/list passes: clients must list tools through the gateway); \
+give clients a URL that does not end in /sse (FastMCP takes one for the legacy HTTP+SSE transport) or name \
+Streamable HTTP explicitly";
+
 /// What the inputs hold, and what the reader should hear about on stderr.
 #[derive(Debug, Default)]
 pub struct Collected {
@@ -258,6 +268,12 @@ impl Collected {
                         _ => tool.clone(),
                     };
                     let origin = format!("{origin}: tool {tool}");
+                    if p.role == Role::Confirm {
+                        let note = format!("{origin}: {MONEY_MOVING_MCP_TOOL}");
+                        if !self.notes.contains(&note) {
+                            self.notes.push(note);
+                        }
+                    }
                     self.actions.push(Action { origin, name, policy: Rc::clone(p), group });
                 }
                 return;

@@ -32,12 +32,13 @@ use crate::{BoxError, SUBJECT};
 const CONFIRM_PATHS: &[(&str, &str)] = &[
     ("transfer", "/v1/transfers"),
     ("tools-call", "/mcp"),
+    ("tools-call", "/mcp/stream"),
     ("tools-call", "/mcp/sse"),
     ("tools-call", "/mcp/session"),
 ];
 
 /// Paths probed besides the routes' own.
-const PROBE_PATHS: &[&str] = &["/v1/transfers", "/v1/transfers/", "/V1/Transfers", "/mcp", "/mcp/sse"];
+const PROBE_PATHS: &[&str] = &["/v1/transfers", "/v1/transfers/", "/V1/Transfers", "/mcp", "/mcp/stream", "/mcp/sse"];
 
 const METHODS: &[&str] = &["POST", "PUT", "PATCH", "DELETE"];
 
