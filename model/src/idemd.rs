@@ -683,7 +683,9 @@ pub fn reap_approval(st: &mut Stores, now_s: u64) -> bool {
 /// One reaper pass: `true` when it deleted the row.
 pub fn reap(st: &mut Stores, now_s: u64, cfg: &Config) -> bool {
     let Some(rec) = st.sql.as_ref().map(Row::record) else { return false };
-    let reapable = rules::reapable_skewed(&rec, ms(now_s), world::RETENTION_MS, cfg.skew_ms, cfg.broken());
+    let approval = st.approval.as_ref().map(Approval::row);
+    let reapable =
+        rules::reapable_skewed(&rec, approval.as_ref(), ms(now_s), world::RETENTION_MS, cfg.skew_ms, cfg.broken());
     if st.sql_down || !reapable {
         return false;
     }

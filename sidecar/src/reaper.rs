@@ -55,6 +55,12 @@ impl Reaper {
         let before = now_ms().saturating_sub(i64::try_from(self.retention_ms).unwrap_or(i64::MAX));
         let sql = self.store.sql();
         let mut reaped = Reaped::default();
+        // Decided approvals go once their fingerprint's exp plus the retention has passed
+        // (`rules::approval_reapable`): a rejection replays until then. They go first: a record
+        // stays while its approval row says APPROVED (`rules::reapable`), so the lapse sweep never
+        // sees an approval that ran without the record that shows it ran.
+        let approvals_before = before.saturating_sub(crate::store::retention::CLOCK_SKEW_MS);
+        reaped.rows += sql.reap_approvals(approvals_before).await?;
         for _ in 0..MAX_BATCHES {
             let n = sql.reap_terminal(before, self.batch).await?;
             reaped.rows += n;
@@ -63,10 +69,6 @@ impl Reaper {
                 break;
             }
         }
-        // Decided approvals go once their fingerprint's exp plus the retention has passed
-        // (`rules::approval_reapable`): a rejection replays until then.
-        let approvals_before = before.saturating_sub(crate::store::retention::CLOCK_SKEW_MS);
-        reaped.rows += sql.reap_approvals(approvals_before).await?;
         for _ in 0..MAX_BATCHES {
             let n = sql.prune_audit(before, self.batch).await?;
             reaped.audit_lines += n;

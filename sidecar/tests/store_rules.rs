@@ -199,7 +199,7 @@ async fn reaping_matches_its_rule(sql: SqlStore) {
     sql.reap_terminal(now - i64::try_from(retention).expect("ms"), 1_000).await.expect("reap");
     for p in &rows {
         let model = p.model.as_ref().expect("completed");
-        let reaped = rules::reapable(model, now, retention, Broken::None);
+        let reaped = rules::reapable(model, None, now, retention, Broken::None);
         assert_eq!(p.real().await.is_none(), reaped, "row changed {} fp {:?}", model.updated_at_ms, model.fp_exp_ms);
     }
 }
@@ -319,11 +319,52 @@ async fn server(name: &str, url: &str) -> Option<SqlStore> {
     Some(SqlStore::connect(url, &common::sql_opts()).await.expect("connect"))
 }
 
+/// A record whose approval row still says APPROVED is not reaped (`rules::reapable`); once the
+/// approval row goes, it is. Times far in the past, so the reaper's statements touch only these rows
+/// of a database other tests share.
+async fn an_approved_record_outlives_its_approval_row(sql: SqlStore) {
+    use idem_core::protocol::{ApprovalState, Decision};
+    use idemd::store::record::ApprovalRow;
+    let t0 = idemd::store::now_ms() - 1_000_000_000;
+    let mut p = pair(&sql).await;
+    let new = ApprovalRow {
+        key: p.key.clone(),
+        state: ApprovalState::AwaitingApproval,
+        param_hash: "p".into(),
+        subject_hash: "u".into(),
+        scope: "s".into(),
+        fields: r#"{"/amount":5000}"#.into(),
+        fp_exp_ms: t0 + 60_000,
+        created_at_ms: t0,
+        updated_at_ms: t0,
+        decided_by: None,
+        reason: None,
+    };
+    assert!(sql.insert_awaiting(&new, &AUDIT).await.expect("insert_awaiting"));
+    let approved = rules::decide(Some(&new), Decision::Approve, ("ann", "h-ann"), "ok", false, t0).expect("decide");
+    assert!(sql.decide(&approved, t0, &AUDIT).await.expect("decide"));
+    let a = new_owner();
+    assert!(p.insert(&a, t0, Some(t0 + 60_000)).await, "approved: the insert wins");
+    assert!(matches!(p.complete(&a, TerminalState::Done, &result(201), t0).await, Completion::Applied(_)));
+    let record = p.model.clone().expect("completed");
+    let (retention, now) = (10_000u64, t0 + 200_000);
+    let before = now - i64::try_from(retention).expect("ms");
+    sql.reap_terminal(before, 1_000).await.expect("reap");
+    assert!(!rules::reapable(&record, Some(&approved), now, retention, Broken::None));
+    assert!(p.real().await.is_some(), "kept while its approval row says APPROVED");
+    assert!(sql.reap_approvals(before - 5_000).await.expect("reap approvals") >= 1);
+    assert!(sql.approval(&p.key).await.expect("get").is_none());
+    sql.reap_terminal(before, 1_000).await.expect("reap");
+    assert!(rules::reapable(&record, None, now, retention, Broken::None));
+    assert!(p.real().await.is_none(), "reaped once the approval row went");
+}
+
 #[tokio::test]
 async fn sqlite_statements_follow_the_rules() {
     let (_dir, sql) = sqlite().await;
     every_rule_matches_its_statement(sql.clone()).await;
     approval_rules_match_their_statements(sql.clone()).await;
+    an_approved_record_outlives_its_approval_row(sql.clone()).await;
     reaping_matches_its_rule(sql).await;
 }
 
@@ -331,14 +372,16 @@ async fn sqlite_statements_follow_the_rules() {
 async fn postgres_statements_follow_the_rules() {
     let Some(sql) = server("postgres", &common::postgres_test_url()).await else { return };
     every_rule_matches_its_statement(sql.clone()).await;
-    approval_rules_match_their_statements(sql).await;
+    approval_rules_match_their_statements(sql.clone()).await;
+    an_approved_record_outlives_its_approval_row(sql).await;
 }
 
 #[tokio::test]
 async fn mariadb_statements_follow_the_rules() {
     let Some(sql) = server("mariadb", &common::mysql_test_url()).await else { return };
     every_rule_matches_its_statement(sql.clone()).await;
-    approval_rules_match_their_statements(sql).await;
+    approval_rules_match_their_statements(sql.clone()).await;
+    an_approved_record_outlives_its_approval_row(sql).await;
 }
 
 // ---- Redis: the Lua scripts against the rules' mirror of them ----------------------------------

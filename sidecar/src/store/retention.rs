@@ -50,7 +50,10 @@ impl SqlStore {
     /// `before_ms` minus the skew. How many went.
     pub async fn reap_terminal(&self, before_ms: i64, batch: u32) -> Result<u64, SqlError> {
         let fp_before_ms = before_ms.saturating_sub(CLOCK_SKEW_MS);
-        let terminal = "state IN ('DONE', 'FAILED') AND updated_at < ? AND (fp_exp_ms IS NULL OR fp_exp_ms < ?)";
+        // A record whose approval row still says APPROVED stays until that row goes (`rules::reapable`).
+        let terminal = "state IN ('DONE', 'FAILED') AND updated_at < ? AND (fp_exp_ms IS NULL OR fp_exp_ms < ?) \
+                        AND NOT EXISTS (SELECT 1 FROM idem_approval WHERE idem_approval.idem_key = idem_record.idem_key \
+                        AND idem_approval.state = 'APPROVED')";
         let (sql, binds) = match self.backend() {
             // MySQL refuses LIMIT inside IN (…); its DELETE takes ORDER BY … LIMIT.
             Backend::MySql => (

@@ -158,12 +158,25 @@ pub fn mark_needs_review(row: Option<&Record>, as_read: &Record, token: &str, no
 }
 
 /// The reaper may delete `rec` at `now_ms` (the `DELETE … WHERE` of `retention::reap_terminal`).
-pub fn reapable(rec: &Record, now_ms: i64, retention_ms: u64, broken: Broken) -> bool {
-    reapable_skewed(rec, now_ms, retention_ms, retention::CLOCK_SKEW_MS, broken)
+/// `approval`: the operation's `idem_approval` row, if it still has one. While that row says
+/// APPROVED the record stays: the lapse sweep reads "APPROVED and no record" as "approved but never
+/// run", so a record reaped first would have its executed approval marked LAPSED.
+pub fn reapable(rec: &Record, approval: Option<&ApprovalRow>, now_ms: i64, retention_ms: u64, broken: Broken) -> bool {
+    reapable_skewed(rec, approval, now_ms, retention_ms, retention::CLOCK_SKEW_MS, broken)
 }
 
 /// [`reapable`] with the clock-skew allowance given (`retention::kept_until_skewed_ms`).
-pub fn reapable_skewed(rec: &Record, now_ms: i64, retention_ms: u64, skew_ms: i64, broken: Broken) -> bool {
+pub fn reapable_skewed(
+    rec: &Record,
+    approval: Option<&ApprovalRow>,
+    now_ms: i64,
+    retention_ms: u64,
+    skew_ms: i64,
+    broken: Broken,
+) -> bool {
+    if approval.is_some_and(|a| a.state == ApprovalState::Approved) {
+        return false;
+    }
     let terminal = matches!(rec.state, OpState::Done | OpState::Failed);
     let kept_until = if broken == Broken::ReapBeforeExp {
         let unbounded = Record { fp_exp_ms: None, ..rec.clone() };
@@ -482,9 +495,9 @@ mod tests {
     #[test]
     fn reaping_waits_for_the_fingerprint_unless_broken() {
         let done = Record { fp_exp_ms: Some(100_000), updated_at_ms: 1_000, ..rec(OpState::Done) };
-        assert!(!reapable(&done, 50_000, 10_000, Broken::None));
-        assert!(reapable(&done, 50_000, 10_000, Broken::ReapBeforeExp));
-        assert!(reapable(&done, 100_000 + retention::CLOCK_SKEW_MS + 10_001, 10_000, Broken::None));
-        assert!(!reapable(&rec(OpState::InFlight), i64::MAX, 0, Broken::None));
+        assert!(!reapable(&done, None, 50_000, 10_000, Broken::None));
+        assert!(reapable(&done, None, 50_000, 10_000, Broken::ReapBeforeExp));
+        assert!(reapable(&done, None, 100_000 + retention::CLOCK_SKEW_MS + 10_001, 10_000, Broken::None));
+        assert!(!reapable(&rec(OpState::InFlight), None, i64::MAX, 0, Broken::None));
     }
 }
