@@ -7,7 +7,6 @@
 //! (`native/`); every decision lives in `core/`, tested natively.
 
 #![deny(unsafe_code)]
-
 // Natively (workspace builds and tests) there is nothing to run: the entry points exist on wasm32.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, unused_imports))]
 

@@ -345,6 +345,11 @@ impl Driver {
     }
 
     /// Send a local reply if the adapter asked for one; `true` if the stream is answered.
+    /// Whether the adapter asked for a reset: the stream must end with an error, never cleanly.
+    pub fn reset_asked(&mut self) -> bool {
+        self.stream.host_mut().pending.reset
+    }
+
     fn reply_sent(&mut self) -> bool {
         if self.done {
             return true;

@@ -58,6 +58,9 @@ pub struct Pending {
     /// The response body (held, plus the chunk in hand) becomes this.
     pub response_body: Option<Vec<u8>>,
     pub reply: Option<LocalReply>,
+    /// The adapter refused a stream whose answer had begun: the driver ends the gRPC stream with an
+    /// error, which Envoy (`failure_mode_allow: false`) turns into a reset of the HTTP stream.
+    pub reset: bool,
     pub resume_request: bool,
     pub resume_response: bool,
 }
@@ -201,6 +204,10 @@ impl Host for ExtProcHost {
 
     fn send_reply(&mut self, status: u16, headers: &[(String, String)], body: &[u8]) {
         self.pending.reply = Some(LocalReply { status, headers: headers.to_vec(), body: body.to_vec() });
+    }
+
+    fn reset(&mut self) {
+        self.pending.reset = true;
     }
 
     fn resume_request(&mut self) {

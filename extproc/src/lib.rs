@@ -18,6 +18,8 @@
 //!
 //! It runs inside idemd (`idemd serve --ext-proc ADDR --ext-proc-config FILE`).
 
+#![forbid(unsafe_code)]
+
 mod attributes;
 mod driver;
 mod host;

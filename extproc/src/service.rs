@@ -129,6 +129,11 @@ async fn drive(shared: Rc<Shared>, process: Arc<Process>, job: Job) {
                 (token, answer)
             });
         }
+        if driver.reset_asked() {
+            // Dropping `out` unclean ends the gRPC stream with an error: Envoy resets the HTTP stream.
+            tracing::warn!(target: "ext_proc", "the machine refused a stream whose answer had begun: reset");
+            return;
+        }
         for reply in driver.take_out() {
             if out.tx.send(Ok(reply)).await.is_err() {
                 out.clean = true;

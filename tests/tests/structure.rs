@@ -67,7 +67,7 @@ fn segments(mut text: &str) -> Vec<String> {
 fn refs(code: &str, here: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut rest = code;
-    while let Some(i) = rest.find(|c| c == 'c' || c == 's') {
+    while let Some(i) = rest.find(['c', 's']) {
         let after_boundary = i == 0 || !rest[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_');
         rest = &rest[i..];
         let (base, tail) = if let (true, Some(tail)) = (after_boundary, rest.strip_prefix("crate::")) {
