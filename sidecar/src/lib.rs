@@ -20,6 +20,7 @@ pub mod auth;
 pub mod check;
 pub mod config;
 pub mod console;
+pub mod evidence;
 pub mod metrics;
 pub mod ops;
 pub mod probe;

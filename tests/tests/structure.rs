@@ -14,8 +14,7 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 /// is seen as well as one between top-level modules.
 const KNOWN: &[(&str, &str, &[&str])] = &[
     ("core/src", "policy", &["approval", "route"]),
-    ("sidecar/src", "check", &["guard", "model"]),
-    ("sidecar/src", "check", &["retries", "rules", "ttl", "ways"]),
+    ("sidecar/src", "check", &["failure", "guard", "model", "retries", "rules", "ttl", "ways"]),
     ("sidecar/src", "store", &["audit", "group_commit", "replication", "sql"]),
 ];
 

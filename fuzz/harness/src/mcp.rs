@@ -215,6 +215,10 @@ enum Want {
     Pass,
     /// A JSON-RPC error with this id (and this code, for the standard ones).
     Error { id: Value, code: Option<i64> },
+    /// `tools/list` on a route with a guarded confirm tool: forwarded without `accept-encoding`, its
+    /// answer held for the rewrite that declares the replay's property (core's machine tests and the
+    /// MCP e2e suites check the rewrite itself).
+    List,
     /// Over max_body_bytes: a JSON-RPC error with a null id (the id is unread), HTTP 413
     /// (fuzz/regressions/mcp/body-too-large-is-not-json-rpc).
     TooLarge,
@@ -259,6 +263,7 @@ fn want(req: &Request) -> Want {
     match method {
         Some("tools/call") => {}
         Some(m) if near(m, "tools/call") => return Want::Error { id, code: Some(-32601) },
+        Some("tools/list") if tool(CONFIRM_TOOL).is_some_and(|p| p.role == Role::Confirm) => return Want::List,
         _ => return Want::Pass,
     }
     let Some(params) = params else { return Want::Error { id, code: None } };
@@ -382,6 +387,13 @@ fn check_request(req: &Request, machine: &Machine, trace: &Trace) -> (Want, Sent
             assert!(matches!(machine, Machine::Pass), "{what}: not a guarded call, yet held");
             // The start held the headers until the body was read; the body step lets it go.
             assert!(trace.effects.is_empty() && trace.flow == Some(Flow::Continue), "{what}: {trace:?}");
+            Sent::Replied
+        }
+        Want::List => {
+            assert!(!matches!(machine, Machine::Pass), "{what}: a listing to rewrite, yet not held");
+            assert!(trace.calls().is_empty() && trace.replies().is_empty(), "{what}: {trace:?}");
+            assert_eq!(trace.flow, Some(Flow::Continue), "{what}: {trace:?}");
+            assert!(trace.has(&Effect::RemoveRequestHeader("accept-encoding")), "{what}: {trace:?}");
             Sent::Replied
         }
         Want::TooLarge => {
@@ -1163,7 +1175,7 @@ mod tests {
             ("seed-mcp-name-mismatch", "Error"),
             ("seed-batch", "Error"),
             ("seed-initialize", "Pass"),
-            ("seed-tools-list", "Pass"),
+            ("seed-tools-list", "List"),
         ] {
             assert_eq!(stage(seed), want, "{seed}");
         }

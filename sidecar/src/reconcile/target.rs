@@ -23,12 +23,7 @@ pub type StatusEndpoints = BTreeMap<String, String>;
 pub const KEY_PLACEHOLDER: &str = "{key}";
 pub const REF_PLACEHOLDER: &str = "{ref}";
 
-/// What a lookup is keyed by, for the evidence in the audit line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum By {
-    Key,
-    Ref,
-}
+pub use crate::evidence::By;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {

@@ -59,7 +59,7 @@ use idem_core::protocol::{
 use tokio::sync::Semaphore;
 use tracing::{debug, warn, Instrument};
 
-use crate::reconcile::decide::Asked;
+use crate::evidence::Asked;
 
 use self::audit::{Audit, SecurityEvent};
 use self::flow::{Call, Flow, Next, Note, Reply, Said, SqlAnswer, SqlFail};

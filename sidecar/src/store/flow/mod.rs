@@ -24,7 +24,7 @@ use idem_core::protocol::TerminalState;
 
 use super::record::{ApprovalRow, Record};
 use super::redis::{AcquireReply, WriteReply};
-use crate::reconcile::decide::Asked;
+use crate::evidence::Asked;
 
 /// An audit line's words, owned (the flow decides them; the SQL driver writes them).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
