@@ -85,9 +85,11 @@ async fn a_list_of_idempotency_keys_in_one_line_is_a_problem() -> TestResult {
     Ok(())
 }
 
-/// A confirm route that takes client keys from agents (`callers: agents`): the envelope's status.
+/// Agents never make their own keys (article §2): a client-key route edited to `callers: agents` is
+/// a configuration the filter refuses, so a confirm on it, with one key or two, is answered as a
+/// misconfigured route (503 `status_unavailable`) and nothing reaches the upstream.
 #[tokio::test]
-async fn two_idempotency_keys_are_invalid_for_agents() -> TestResult {
+async fn idempotency_keys_on_a_route_agents_call_execute_nothing() -> TestResult {
     let edits = vec![("callers: programs".to_owned(), "callers: agents".to_owned())];
     let stack = Stack::start(StackOpts { envoy_edits: edits, ..sqlite_only(false) }).await?;
     for proto in BOTH {
@@ -96,9 +98,14 @@ async fn two_idempotency_keys_are_invalid_for_agents() -> TestResult {
             let before = seen(&stack).await?;
             let h = [("x-agent-subject", SUBJECT), ("idempotency-key", pair[0]), ("idempotency-key", pair[1])];
             let r = post(&stack, proto, "/both/v1/transfers", &h, &transfer(json!("33.00"), "m")).await?;
-            assert_envelope(&r, 400, "idempotency_key_invalid");
+            assert_envelope(&r, 503, "status_unavailable");
             seen(&stack).await?.assert_same(before, &format!("two Idempotency-Key {pair:?} over {proto:?}"));
         }
+        let before = seen(&stack).await?;
+        let h = [("x-agent-subject", SUBJECT), ("idempotency-key", a.as_str())];
+        let r = post(&stack, proto, "/both/v1/transfers", &h, &transfer(json!("33.00"), "m")).await?;
+        assert_envelope(&r, 503, "status_unavailable");
+        seen(&stack).await?.assert_same(before, &format!("one agent-made Idempotency-Key over {proto:?}"));
     }
     Ok(())
 }
