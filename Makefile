@@ -147,8 +147,9 @@ SECONDS ?= 60
 SEED ?=
 CONFIGS ?= 200
 WORLD ?= mixed
+FAILOVER ?=
 soak: build
-	cargo run -p idem-soak --bin soak -- --seconds $(SECONDS) --world $(WORLD) $(if $(SEED),--seed $(SEED))
+	cargo run -p idem-soak --bin soak -- --seconds $(SECONDS) $(if $(FAILOVER),--world demo --failover $(FAILOVER),--world $(WORLD)) $(if $(SEED),--seed $(SEED))
 	cargo run -p idem-e2e --bin config-soak -- --count $(CONFIGS) $(if $(SEED),--seed $(SEED))
 
 clean:
