@@ -203,7 +203,7 @@ pub struct ApprovalAsk {
 }
 
 /// Where an operation that needs a person stands (`idem_approval.state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ApprovalState {
     /// Recorded, nothing forwarded: a person has to decide before the fingerprint's `exp`.
@@ -375,7 +375,7 @@ pub struct AcquireResponse {
 
 /// What a replay needs: the upstream's status, a safe subset of its headers,
 /// and its body (base64 so any bytes survive JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct StoredResult {
     pub status: u16,
     #[serde(default)]
@@ -523,7 +523,7 @@ pub struct AckResponse {
     pub outcome: Ack,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OpState {
     InFlight,

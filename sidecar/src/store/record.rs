@@ -9,8 +9,8 @@ use idem_core::protocol::{OpState, StoredResult};
 /// limit is the same bound.
 pub const MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
 
-/// One row of `idem_record`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One row of `idem_record`. `Hash` for the model checker, which keeps records in its states.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Record {
     pub key: String,
     pub state: OpState,
@@ -41,7 +41,7 @@ pub struct Record {
 
 /// One row of `idem_approval` (DESIGN §4, "Approval"): an operation a person must approve before
 /// it runs. Nothing of it is in `idem_record` until it is APPROVED and a confirm acquires it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ApprovalRow {
     pub key: String,
     pub state: idem_core::protocol::ApprovalState,
@@ -99,43 +99,5 @@ impl ApprovalRow {
             reason: self.reason.clone(),
             console: console.map(str::to_string),
         })
-    }
-}
-
-/// By every field, as `Eq` compares: the model checker keeps records in its states (the replies a
-/// flow got so far), and the protocol's types it holds (`OpState`, `StoredResult`, …) are not `Hash`.
-impl std::hash::Hash for Record {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.key.hash(h);
-        self.state.as_str().hash(h);
-        self.param_hash.hash(h);
-        self.subject_hash.hash(h);
-        self.scope.hash(h);
-        self.owner.hash(h);
-        self.result.as_ref().map(|r| (r.status, &r.headers, &r.body_b64)).hash(h);
-        self.lease_until_ms.hash(h);
-        self.created_at_ms.hash(h);
-        self.updated_at_ms.hash(h);
-        self.reconcile_attempts.hash(h);
-        self.fp_exp_ms.hash(h);
-        self.upstream_ignores_keys.hash(h);
-        self.business_ref.hash(h);
-        self.bound_fields.hash(h);
-    }
-}
-
-impl std::hash::Hash for ApprovalRow {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.key.hash(h);
-        self.state.as_str().hash(h);
-        self.param_hash.hash(h);
-        self.subject_hash.hash(h);
-        self.scope.hash(h);
-        self.fields.hash(h);
-        self.fp_exp_ms.hash(h);
-        self.created_at_ms.hash(h);
-        self.updated_at_ms.hash(h);
-        self.decided_by.hash(h);
-        self.reason.hash(h);
     }
 }
