@@ -9,7 +9,7 @@
 //! service, and a config whose plugin configuration differs from idemd's is an error, never a
 //! silent mismatch.
 
-use crate::filter_host::{block_end, plugin_configuration};
+use crate::filter_host::{block_end, plugin_configuration, replace_wasm_filters};
 use crate::BoxError;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -135,76 +135,57 @@ pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError>
             None => 9191,
         }
     };
-    let lines: Vec<&str> = yaml.lines().collect();
-    let mut out: Vec<String> = Vec::with_capacity(lines.len());
-    let mut converted = 0;
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        let indent = line.len() - line.trim_start().len();
-        if line.trim_start() == "clusters:" {
-            out.push(line.to_owned());
-            let pad = " ".repeat(indent);
-            out.extend(
-                [
-                    format!("{pad}- name: {EXT_PROC_CLUSTER}"),
-                    format!("{pad}  type: STATIC"),
-                    format!("{pad}  connect_timeout: 0.5s"),
-                    format!("{pad}  typed_extension_protocol_options:"),
-                    format!("{pad}    envoy.extensions.upstreams.http.v3.HttpProtocolOptions:"),
-                    format!("{pad}      \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
-                    format!("{pad}      explicit_http_config: {{ http2_protocol_options: {{}} }}"),
-                    format!("{pad}  load_assignment:"),
-                    format!("{pad}    cluster_name: {EXT_PROC_CLUSTER}"),
-                    format!("{pad}    endpoints:"),
-                    format!("{pad}    - lb_endpoints:"),
-                    format!(
-                        "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ext_proc} }} }} }}"
-                    ),
-                ],
-            );
-            i += 1;
-            continue;
-        }
-        if line.trim_start() != format!("- name: {WASM_FILTER}") {
-            out.push(line.replace(&format!("{WASM_FILTER}:"), &format!("{EXT_PROC_FILTER}:")));
-            i += 1;
-            continue;
-        }
-        let end = block_end(&lines, i);
-        let pad = " ".repeat(indent);
-        out.extend([
-            format!("{pad}- name: {EXT_PROC_FILTER}"),
-            format!("{pad}  typed_config:"),
-            format!(
-                "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
-            ),
-            format!("{pad}    grpc_service:"),
-            format!("{pad}      envoy_grpc: {{ cluster_name: {EXT_PROC_CLUSTER} }}"),
-            format!("{pad}    failure_mode_allow: false"),
-            format!("{pad}    message_timeout: {MESSAGE_TIMEOUT}"),
-            format!("{pad}    allow_mode_override: true"),
-            format!("{pad}    processing_mode:"),
-            format!("{pad}      request_header_mode: SEND"),
-            format!("{pad}      response_header_mode: SEND"),
-            format!("{pad}      request_body_mode: {body_mode}"),
-            format!("{pad}      response_body_mode: {body_mode}"),
-            format!("{pad}      request_trailer_mode: SEND"),
-            format!("{pad}      response_trailer_mode: SEND"),
-            format!("{pad}    request_attributes: [xds.route_metadata, xds.route_name]"),
-            format!("{pad}    response_attributes: [response.code_details]"),
-            format!("{pad}    metadata_options:"),
-            format!("{pad}      forwarding_namespaces: {{ untyped: [envoy.filters.http.jwt_authn] }}"),
-        ]);
-        converted += 1;
-        i = end;
-    }
-    if converted == 0 {
-        return Err("no proxy-wasm filter to convert".into());
-    }
-    let mut text = out.join("\n");
-    text.push('\n');
-    Ok(text)
+    replace_wasm_filters(
+        yaml,
+        EXT_PROC_FILTER,
+        |line| {
+            // The processor's cluster, first among the clusters.
+            let pad = " ".repeat(line.len() - line.trim_start().len());
+            (line.trim_start() == "clusters:").then(|| {
+                vec![
+                        format!("{pad}- name: {EXT_PROC_CLUSTER}"),
+                        format!("{pad}  type: STATIC"),
+                        format!("{pad}  connect_timeout: 0.5s"),
+                        format!("{pad}  typed_extension_protocol_options:"),
+                        format!("{pad}    envoy.extensions.upstreams.http.v3.HttpProtocolOptions:"),
+                        format!("{pad}      \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+                        format!("{pad}      explicit_http_config: {{ http2_protocol_options: {{}} }}"),
+                        format!("{pad}  load_assignment:"),
+                        format!("{pad}    cluster_name: {EXT_PROC_CLUSTER}"),
+                        format!("{pad}    endpoints:"),
+                        format!("{pad}    - lb_endpoints:"),
+                        format!(
+                            "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ext_proc} }} }} }}"
+                        ),
+                ]
+            })
+        },
+        |pad, _block| {
+            Ok(vec![
+                format!("{pad}- name: {EXT_PROC_FILTER}"),
+                format!("{pad}  typed_config:"),
+                format!(
+                    "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+                ),
+                format!("{pad}    grpc_service:"),
+                format!("{pad}      envoy_grpc: {{ cluster_name: {EXT_PROC_CLUSTER} }}"),
+                format!("{pad}    failure_mode_allow: false"),
+                format!("{pad}    message_timeout: {MESSAGE_TIMEOUT}"),
+                format!("{pad}    allow_mode_override: true"),
+                format!("{pad}    processing_mode:"),
+                format!("{pad}      request_header_mode: SEND"),
+                format!("{pad}      response_header_mode: SEND"),
+                format!("{pad}      request_body_mode: {body_mode}"),
+                format!("{pad}      response_body_mode: {body_mode}"),
+                format!("{pad}      request_trailer_mode: SEND"),
+                format!("{pad}      response_trailer_mode: SEND"),
+                format!("{pad}    request_attributes: [xds.route_metadata, xds.route_name]"),
+                format!("{pad}    response_attributes: [response.code_details]"),
+                format!("{pad}    metadata_options:"),
+                format!("{pad}      forwarding_namespaces: {{ untyped: [envoy.filters.http.jwt_authn] }}"),
+            ])
+        },
+    )
 }
 
 #[cfg(test)]

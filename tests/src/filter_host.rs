@@ -74,35 +74,55 @@ pub fn native_module_dir() -> Result<PathBuf, BoxError> {
 /// the per-route filter configs that name it. An Envoy config without a wasm
 /// filter, or one whose filter has no inline configuration, is an error.
 pub fn to_native(yaml: &str) -> Result<String, BoxError> {
+    replace_wasm_filters(
+        yaml,
+        NATIVE_FILTER,
+        |_| None,
+        |pad, block| {
+            let config = plugin_configuration(block).ok_or("a wasm filter without an inline `configuration.value`")?;
+            let mut out = vec![
+                format!("{pad}- name: {NATIVE_FILTER}"),
+                format!("{pad}  typed_config:"),
+                format!(
+                    "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"
+                ),
+                format!("{pad}    dynamic_module_config: {{ name: {NATIVE_MODULE} }}"),
+                format!("{pad}    filter_name: agent_idempotency"),
+                format!("{pad}    filter_config:"),
+                format!("{pad}      \"@type\": type.googleapis.com/google.protobuf.StringValue"),
+                format!("{pad}      value: |"),
+            ];
+            out.extend(config.iter().map(|c| format!("{pad}        {c}")));
+            Ok(out)
+        },
+    )
+}
+
+/// The walk every host's conversion shares: each proxy-wasm filter's list item becomes what `filter`
+/// makes of its block (given the item's indentation), the per-route configs that name the wasm
+/// filter name `new_name` instead, and `extra` may put lines after any other line (`None`: none).
+/// A config without a wasm filter is an error.
+pub(crate) fn replace_wasm_filters(
+    yaml: &str,
+    new_name: &str,
+    mut extra: impl FnMut(&str) -> Option<Vec<String>>,
+    mut filter: impl FnMut(&str, &[&str]) -> Result<Vec<String>, BoxError>,
+) -> Result<String, BoxError> {
     let lines: Vec<&str> = yaml.lines().collect();
     let mut out: Vec<String> = Vec::with_capacity(lines.len());
     let mut converted = 0;
     let mut i = 0;
     while i < lines.len() {
         let line = lines[i];
-        let indent = line.len() - line.trim_start().len();
         if line.trim_start() != format!("- name: {WASM_FILTER}") {
-            out.push(line.replace(&format!("{WASM_FILTER}:"), &format!("{NATIVE_FILTER}:")));
+            out.push(line.replace(&format!("{WASM_FILTER}:"), &format!("{new_name}:")));
+            out.extend(extra(line).into_iter().flatten());
             i += 1;
             continue;
         }
         let end = block_end(&lines, i);
-        let block = &lines[i + 1..end];
-        let config = plugin_configuration(block).ok_or("a wasm filter without an inline `configuration.value`")?;
-        let pad = " ".repeat(indent);
-        out.push(format!("{pad}- name: {NATIVE_FILTER}"));
-        out.push(format!("{pad}  typed_config:"));
-        out.push(format!(
-            "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter"
-        ));
-        out.push(format!("{pad}    dynamic_module_config: {{ name: {NATIVE_MODULE} }}"));
-        out.push(format!("{pad}    filter_name: agent_idempotency"));
-        out.push(format!("{pad}    filter_config:"));
-        out.push(format!("{pad}      \"@type\": type.googleapis.com/google.protobuf.StringValue"));
-        out.push(format!("{pad}      value: |"));
-        for c in config {
-            out.push(format!("{pad}        {c}"));
-        }
+        let pad = " ".repeat(line.len() - line.trim_start().len());
+        out.extend(filter(&pad, &lines[i + 1..end])?);
         converted += 1;
         i = end;
     }
