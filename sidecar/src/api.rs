@@ -281,7 +281,7 @@ async fn healthz(State(store): State<Arc<Store>>) -> Response {
         _ => (StatusCode::SERVICE_UNAVAILABLE, "down"),
     };
     let refuses = match replication.mode {
-        Mode::Single | Mode::Sync => "nothing",
+        Mode::Single | Mode::Sync | Mode::IdemdWaits => "nothing",
         Mode::Standby => "every acquire",
         Mode::Async | Mode::Unknown if store.accepts_async_failover_risk() => "nothing (risk accepted)",
         Mode::Async | Mode::Unknown => "acquires for upstreams that ignore keys",

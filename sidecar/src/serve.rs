@@ -47,7 +47,11 @@ pub async fn open_store(stores: &StoreArgs, ttl: &TtlArgs) -> Result<Store, Fail
     if let Err(broken) = ttl.validate() {
         return Err(Failure::Config(broken.join("\n")));
     }
-    let sql_opts = SqlOptions { max_connections: stores.sql_max_connections, timeout: stores.sql_timeout() };
+    let sql_opts = SqlOptions {
+        max_connections: stores.sql_max_connections,
+        timeout: stores.sql_timeout(),
+        wait_for_standbys: !stores.accept_async_failover_risk,
+    };
     let sql = SqlStore::connect(&stores.database_url, &sql_opts).await.map_err(|e| match e {
         crate::store::sql::SqlError::Config(m) => Failure::Config(m),
         other => Failure::Runtime(format!("SQL store {}: {other}", redact_url(&stores.database_url))),
@@ -82,6 +86,9 @@ pub fn replication_line(store: &Store) -> String {
     let r = store.sql().replication();
     let accepts = match (r.mode, store.accepts_async_failover_risk()) {
         (Mode::Single | Mode::Sync, _) => "every route".to_string(),
+        (Mode::IdemdWaits, _) => {
+            "every route (each write is acknowledged once its standbys have flushed it)".to_string()
+        }
         (Mode::Standby, _) => "nothing (a standby takes no writes)".to_string(),
         (Mode::Async | Mode::Unknown, false) => {
             "routes whose upstream honours keys; acquires for upstreams that ignore keys are refused (a failover \

@@ -6,10 +6,11 @@
 //! SIGKILLed, the standby promoted, and the one address idemd was given moves to it (as a Service does).
 //!
 //! - synchronous standby: the acquire survives, the retry is IN_FLIGHT with the first owner;
-//! - asynchronous standby, upstream ignores keys: refused before anything ran (STORE_UNAVAILABLE, no row),
-//!   so nothing can run twice; upstream honours keys: served (the failover loses the acquire and the retry
-//!   is ACQUIRED again, with the same key, which such an upstream deduplicates);
-//! - asynchronous with `--accept-async-failover-risk`: the measured cost, a second ACQUIRED with a new owner;
+//! - asynchronous standby: idemd waits after each write until the standby has flushed it (`idemd_waits`), so
+//!   the acquire survives as on a synchronous one; cut off, the standby never confirms and nothing is
+//!   acknowledged (STORE_UNAVAILABLE: nothing ran);
+//! - asynchronous with `--accept-async-failover-risk` (no wait): the measured cost, a second ACQUIRED with a new
+//!   owner;
 //! - pointed at a standby, idemd refuses to start.
 //!
 //! And the same for MariaDB (`idem_testkit::mariadb_server::MariaReplicated`: a private primary writing a binary
@@ -185,51 +186,88 @@ fn sync_without_its_standby_acknowledges_nothing_it_could_lose() {
     assert_eq!(retry["outcome"], "ACQUIRED", "the first attempt ran nothing: {retry}");
 }
 
-/// Asynchronous standby that lags: an acquire for an upstream that ignores keys is refused before anything
-/// ran, one for an upstream that honours keys is served (and after the failover that lost it, ACQUIRED again
-/// under the same key: the upstream's deduplication is what protects it).
+/// Asynchronous standby, idemd waiting for it (the default where the primary shows its standbys' positions): the
+/// acquire is on the standby before idemd answers ACQUIRED, as with a synchronous standby, so after the failover
+/// the retry is IN_FLIGHT with the first owner, even for an upstream that ignores keys.
 #[test]
-fn async_standby_refuses_keyless_acquires_and_serves_honoured_keys() {
+fn async_standby_is_waited_for_and_keeps_the_acquire_through_failover() {
     let dir = tempfile::tempdir().expect("dir");
     let Some(mut db) = replicated(dir.path(), Replication::Async) else { return };
     let idemd = Idemd::start(dir.path(), &db.url(), &[]);
-    // idemd's schema reaches the standby, then the standby is cut off: it lags from here on.
+    idemd.sees("idemd_waits");
+    let log = idemd.proc.log_text();
+    assert!(log.contains("idemd database replication: idemd_waits") && log.contains("accepting every route"), "{log}");
+    let h = idemd.healthz();
+    assert_eq!(
+        (h["replication"]["mode"].as_str(), h["replication"]["refuses"].as_str()),
+        (Some("idemd_waits"), Some("nothing")),
+        "{h}"
+    );
+
+    // The standby's WAL receiver is stopped (SIGSTOP: connected, streaming, flushing nothing): the acquire is
+    // committed on the primary and held there, unanswered, until the standby has it.
+    let receiver = db.standby().psql("SELECT pid FROM pg_stat_wal_receiver").expect("wal receiver pid");
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &receiver]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {receiver}");
+    };
+    let k = key();
+    signal("-STOP");
+    let (first, lookup) = std::thread::scope(|s| {
+        let acquire = s.spawn(|| idemd.acquire(&k, true));
+        std::thread::sleep(Duration::from_millis(400));
+        // A read sees the row committed on the primary alone: it is held as well, not answered from it.
+        let lookup = s.spawn(|| idemd.get(&format!("/v1/operations/{k}")));
+        std::thread::sleep(Duration::from_millis(300));
+        let held = (!acquire.is_finished(), !lookup.is_finished());
+        signal("-CONT");
+        assert_eq!(held, (true, true), "idemd answered (acquire, lookup) before the standby had flushed the row");
+        (acquire.join().expect("acquire thread"), lookup.join().expect("lookup thread"))
+    });
+    assert_eq!(lookup.0, 200, "{}", lookup.1);
+    assert!(lookup.1.contains("IN_FLIGHT"), "{}", lookup.1);
+    let (status, first) = first;
+    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
+    // No waiting here: idemd waited for the standby's flush before it answered.
+    db.fail_over().expect("fail over");
+    assert_eq!(rows(db.standby(), &k), "1", "the promoted standby has the acquire");
+    let retry = idemd.acquire_after_failover(&k, true);
+    assert_eq!(retry["outcome"], "IN_FLIGHT", "{retry}");
+    assert_eq!(retry["owner"], first["owner"], "the first owner still holds it");
+    let m = idemd.metrics();
+    assert_eq!(metric(&m, r#"idem_replication_refused_total{mode="async"}"#), Some(0.0), "{m}");
+}
+
+/// Asynchronous standby cut off (the worst window: it lags from here on, and its slot still names it): idemd
+/// waits for it and it never answers, so the acquire is never acknowledged (STORE_UNAVAILABLE at the SQL timeout:
+/// nothing ran). The failover to it finds no row, and the retry is the operation's first execution.
+#[test]
+fn async_standby_cut_off_acknowledges_nothing_it_could_lose() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = replicated(dir.path(), Replication::Async) else { return };
+    let idemd = Idemd::start(dir.path(), &db.url(), &[]);
     db.caught_up().expect("caught up");
     db.cut_replication().expect("cut");
+    // Cut off, the standby is still known by its replication slot: waited for, not forgotten.
+    idemd.sees("idemd_waits");
 
-    let keyless = key();
-    let (status, refused) = idemd.acquire(&keyless, true);
-    assert_eq!((status, refused["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{refused}");
-    assert_eq!(rows(db.primary(), &keyless), "0", "refused before anything was recorded");
-    let log = idemd.proc.log_text();
-    assert!(log.contains("acquire refused") && log.contains("ignores Idempotency-Key"), "{log}");
-    assert!(log.contains("idemd database replication: async"), "{log}");
-
-    let keyed = key();
-    let (status, first) = idemd.acquire(&keyed, false);
-    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
-    assert_eq!(rows(db.primary(), &keyed), "1");
-    assert_eq!(rows(db.standby(), &keyed), "0", "the standby lags: the worst window");
-
-    let m = idemd.metrics();
-    // Cut off, the standby is still known by its replication slot: async, not single.
-    assert_eq!(metric(&m, r#"idem_sql_replication_info{mode="async"}"#), Some(1.0), "{m}");
-    assert_eq!(metric(&m, r#"idem_replication_refused_total{mode="async"}"#), Some(1.0), "{m}");
-    assert_eq!(metric(&m, "idem_async_failover_risk_accepted"), Some(0.0), "{m}");
-    let h = idemd.healthz();
-    assert_eq!(h["replication"]["refuses"], "acquires for upstreams that ignore keys", "{h}");
-
+    for ignores_keys in [true, false] {
+        let k = key();
+        let (status, first) = idemd.acquire(&k, ignores_keys);
+        assert_eq!((status, first["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{first}");
+        assert_eq!(rows(db.standby(), &k), "0", "the standby lags: the worst window");
+    }
+    let k = key();
+    let (status, _) = idemd.acquire(&k, true);
+    assert_eq!(status, 503);
+    // Reads wait for the standby too (what they see may be committed on the primary alone), so while it is cut
+    // off a status lookup answers nothing either.
+    let (status, lookup) = idemd.get(&format!("/v1/operations/{k}"));
+    assert_eq!(status, 503, "a lookup answered while no standby confirms: {lookup}");
     db.fail_over().expect("fail over");
-    // The failover lost the acquire: the retry, carrying the same key to an upstream that deduplicates by it,
-    // is ACQUIRED again. Served, as the topology promises for such a route.
-    let retry = idemd.acquire_after_failover(&keyed, false);
-    assert_eq!(retry["outcome"], "ACQUIRED", "{retry}");
-    assert_ne!(retry["owner"], first["owner"]);
-
-    // The promoted standby has no standby: single, and the refused operation may run now, for the first time.
+    let retry = idemd.acquire_after_failover(&k, true);
+    assert_eq!(retry["outcome"], "ACQUIRED", "the first attempt was never acknowledged: {retry}");
     idemd.sees("single");
-    let now = idemd.acquire_after_failover(&keyless, true);
-    assert_eq!(now["outcome"], "ACQUIRED", "{now}");
 }
 
 /// The operator accepted the risk: what issue 37 measured without idemd knowing, now chosen and flagged.
@@ -242,6 +280,8 @@ fn async_with_the_risk_accepted_executes_twice_after_failover() {
     let idemd = Idemd::start(dir.path(), &db.url(), &["--accept-async-failover-risk"]);
     db.caught_up().expect("caught up");
     db.cut_replication().expect("cut");
+    // Accepting the risk is not waiting for the standby: the database's own `async`.
+    idemd.sees("async");
     let log = idemd.proc.log_text();
     assert!(log.contains("--accept-async-failover-risk"), "logged at start: {log}");
     assert_eq!(metric(&idemd.metrics(), "idem_async_failover_risk_accepted"), Some(1.0));
@@ -392,7 +432,17 @@ fn idemd_check_reports_the_topology_and_refuses_what_idemd_would() {
             .expect("idemd check");
         (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
+    // As a superuser it sees the standby's position: idemd would wait for it, and refuses nothing.
     let (stdout, stderr) = check(&db.url(), "");
+    assert!(stdout.contains("idemd check: database replication: idemd_waits ("), "{stdout}");
+    assert!(stdout.contains("accepting every route"), "{stdout}");
+    assert!(!stderr.contains("[replication]"), "{stderr}");
+
+    // A role without pg_read_all_stats sees a standby but not where it is: nothing to wait for, so `async`, and
+    // every route whose upstream ignores keys is refused.
+    db.primary().psql("CREATE ROLE idem_plain LOGIN").expect("role");
+    let plain = db.url().replacen("postgres@", "idem_plain@", 1);
+    let (stdout, stderr) = check(&plain, "");
     assert!(stdout.contains("idemd check: database replication: async ("), "{stdout}");
     assert!(stdout.contains("accepting routes whose upstream honours Idempotency-Key"), "{stdout}");
     assert!(stdout.contains("REFUSED"), "{stdout}\n{stderr}");
@@ -400,7 +450,7 @@ fn idemd_check_reports_the_topology_and_refuses_what_idemd_would() {
     assert!(refused.iter().any(|l| l.contains("route hostile_nokey_confirm")), "{stderr}");
     assert!(refused.iter().all(|l| l.contains("upstream_keys: ignored")), "{stderr}");
 
-    let (stdout, stderr) = check(&db.url(), "true");
+    let (stdout, stderr) = check(&plain, "true");
     assert!(stdout.contains("risk accepted"), "{stdout}");
     assert!(!stderr.contains("[replication]"), "{stderr}");
 

@@ -75,8 +75,8 @@ pub enum Failover {
     /// `synchronous_standby_names = '*'`: a commit returns once the standby has it. The demo executes every
     /// request that reaches it, as in the single-node soak.
     Sync,
-    /// The standby lags; idemd reads `async` and serves the demo's routes because their upstream honours keys,
-    /// so the demo deduplicates on `Idempotency-Key` here (what such a route promises).
+    /// Commits do not wait for the standby; idemd reads its position and waits for it after each of its own
+    /// writes (`idemd_waits`). The demo executes every request that reaches it, as on `Sync`.
     Async,
 }
 
@@ -119,8 +119,8 @@ impl Config {
         Config { world, ..self }
     }
 
-    /// Replicated stores with failover faults. The demo world only: a failover on an asynchronous standby
-    /// loses acquires, which only an upstream that deduplicates on keys absorbs (the hostile one never does).
+    /// Replicated stores with failover faults. The demo world only (the failover faults are written for its
+    /// one Postgres and one Redis).
     pub fn failing_over(self, failover: Failover) -> Config {
         Config { failover: Some(failover), world: World::Demo, ..self }
     }

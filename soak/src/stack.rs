@@ -196,11 +196,9 @@ impl SoakStack {
             }
             Db::Replicated(r) => (None, r.redis.url()),
         };
-        // On an asynchronous standby the demo's routes are served because their upstream honours keys (the
-        // retry after a failover that lost an acquire carries the same key): so the demo must honour them
-        // here. Everywhere else it executes every request that reaches it, so a second forward shows.
-        let honours_keys = matches!(&db, Db::Replicated(r) if r.pg.mode() == Replication::Async);
-        let demo_opts = DemoOpts { no_dedup: !honours_keys, faults: true, ..Default::default() };
+        // The demo executes every request that reaches it, so a second forward shows as a second execution,
+        // on every topology: on an asynchronous standby too, which idemd waits for (`idemd_waits`).
+        let demo_opts = DemoOpts { no_dedup: true, faults: true, ..Default::default() };
         let mut demo = start_demo(&demo_opts, ports.demo, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
         let sidecar_opts = ["soak-a", "soak-b"].map(|id| {

@@ -55,7 +55,10 @@ impl MariaDbServer {
         install
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
-            .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            // Its bootstrap server's temporary tables go to $TMPDIR under fixed names: two installs at once in
+            // the shared /tmp delete each other's ("Error on delete of '/tmp/#sql-temptable-…'").
+            .env("TMPDIR", dir);
         if as_root() {
             install.arg("--user=root");
         }
@@ -70,6 +73,7 @@ impl MariaDbServer {
             .arg(format!("--socket={}", dir.join("mariadb.sock").display()))
             .arg(format!("--pid-file={}", dir.join("mariadb.pid").display()))
             .arg(format!("--port={port}"))
+            .arg(format!("--tmpdir={}", dir.display()))
             .args(["--bind-address=127.0.0.1", "--skip-name-resolve", "--innodb-buffer-pool-size=16M"])
             // A test's data need not survive a crash of the machine (a SIGKILL of the server keeps it).
             .args(["--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0"])

@@ -174,7 +174,11 @@ async fn raw_redis(args: &Args, keys: Arc<Keys>) -> Option<Measured> {
 async fn raw_sql(label: &str, url: &str, args: &Args, keys: Arc<Keys>) -> Option<Measured> {
     let backend = Backend::from_url(url)?;
     // Make sure the table exists (migrations) before the raw run.
-    let opts = SqlOptions { max_connections: args.concurrency as u32, timeout: Duration::from_secs(5) };
+    let opts = SqlOptions {
+        max_connections: args.concurrency as u32,
+        timeout: Duration::from_secs(5),
+        ..SqlOptions::default()
+    };
     if let Err(e) = SqlStore::connect(url, &opts).await {
         eprintln!("SKIPPED BACKEND {label}: {e}");
         return None;
@@ -250,7 +254,7 @@ async fn raw_sql(label: &str, url: &str, args: &Args, keys: Arc<Keys>) -> Option
 
 async fn open_store(args: &Args, sql_url: &str, redis: bool) -> Option<Arc<Store>> {
     let max_connections = args.pool.unwrap_or(args.concurrency as u32);
-    let opts = SqlOptions { max_connections, timeout: Duration::from_secs(5) };
+    let opts = SqlOptions { max_connections, timeout: Duration::from_secs(5), ..SqlOptions::default() };
     let sql = SqlStore::connect(sql_url, &opts).await.ok()?;
     let redis = if redis {
         Some(

@@ -17,7 +17,7 @@ use idem_core::policy::UpstreamKeys;
 use super::guard::acquiring;
 use super::model::EnvoyConfig;
 use super::Finding;
-use crate::store::replication::{read_url, refusal, Mode, Replication};
+use crate::store::replication::{read_url, refusal, waited, Mode, Replication};
 
 /// The rule name the findings carry.
 pub const RULE: &str = "replication";
@@ -39,7 +39,7 @@ pub fn read_from_env() -> Option<Topology> {
         !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false" | "no" | "off" | "n" | "f")
     });
     let replication = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt.block_on(read_url(&url, READ_WITHIN)),
+        Ok(rt) => waited(rt.block_on(read_url(&url, READ_WITHIN)), !accept),
         Err(e) => Replication::unknown(format!("cannot start a runtime to read it: {e}")),
     };
     Some(Topology { replication, accept_async_failover_risk: accept })
@@ -49,6 +49,7 @@ pub fn read_from_env() -> Option<Topology> {
 pub fn describe(t: &Topology) -> String {
     let accepts = match t.replication.mode {
         Mode::Single | Mode::Sync => "every route",
+        Mode::IdemdWaits => "every route (idemd waits for the standbys' flush after each write)",
         Mode::Standby => "nothing (idemd refuses to start on a standby)",
         Mode::Async | Mode::Unknown if t.accept_async_failover_risk => {
             "every route, with the asynchronous failover risk accepted (IDEM_ACCEPT_ASYNC_FAILOVER_RISK)"
@@ -135,7 +136,7 @@ mod tests {
     }
 
     fn topology(mode: Mode, accept: bool) -> Topology {
-        let replication = Replication { mode, standbys: 1, sync_standbys: 0, detail: "read in a test".into() };
+        let replication = Replication { mode, ..Replication::single("read in a test") };
         Topology { replication, accept_async_failover_risk: accept }
     }
 
@@ -149,7 +150,7 @@ mod tests {
             assert!(found.iter().all(|f| f.rule == RULE && f.message.contains("upstream_keys: ignored")), "{found:?}");
             assert!(findings(&config, &topology(mode, true)).is_empty(), "the risk accepted: {mode:?}");
         }
-        for mode in [Mode::Single, Mode::Sync] {
+        for mode in [Mode::Single, Mode::Sync, Mode::IdemdWaits] {
             assert!(findings(&config, &topology(mode, false)).is_empty(), "{mode:?}");
         }
         let standby = findings(&config, &topology(Mode::Standby, true));
@@ -162,5 +163,6 @@ mod tests {
         assert!(describe(&topology(Mode::Sync, false)).starts_with("database replication: sync (read in a test)"));
         assert!(describe(&topology(Mode::Async, false)).ends_with("routes whose upstream honours Idempotency-Key"));
         assert!(describe(&topology(Mode::Async, true)).contains("risk accepted"));
+        assert!(describe(&topology(Mode::IdemdWaits, false)).contains("accepting every route (idemd waits"));
     }
 }

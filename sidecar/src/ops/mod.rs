@@ -249,7 +249,11 @@ async fn evict(url: &str, cluster: bool, key: &str) -> String {
 }
 
 async fn connect(args: &OpsArgs) -> Result<SqlStore, OpsError> {
-    let opts = SqlOptions { max_connections: 2, timeout: Duration::from_millis(args.sql_timeout_ms.max(1)) };
+    let opts = SqlOptions {
+        max_connections: 2,
+        timeout: Duration::from_millis(args.sql_timeout_ms.max(1)),
+        ..SqlOptions::default()
+    };
     SqlStore::connect(&args.database_url, &opts)
         .await
         .map_err(|e| OpsError::Unreachable(format!("database {}: {e}", redact_url(&args.database_url))))

@@ -97,7 +97,9 @@ impl SqlStore {
         let text = render(self.backend(), &format!("SELECT {APPROVAL_COLUMNS} FROM idem_approval WHERE idem_key = ?k"));
         self.bounded(async {
             on_pool!(&self.pool, p => {
-                match sqlx::query(&text).bind(key).fetch_optional(p).await? {
+                let row = sqlx::query(&text).bind(key).fetch_optional(p).await?;
+                self.standbys_flushed().await?;
+                match row {
                     None => Ok(None),
                     Some(row) => Ok(Some(read_approval!(row)?)),
                 }
@@ -189,6 +191,7 @@ impl SqlStore {
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 let rows = super::sql::bind_all!(sqlx::query(text), binds).fetch_all(p).await?;
+                self.standbys_flushed().await?;
                 let mut out = Vec::with_capacity(rows.len());
                 for row in rows {
                     out.push(read_approval!(row)?);

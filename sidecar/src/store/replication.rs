@@ -47,6 +47,10 @@ pub enum Mode {
     Sync,
     /// Replicas exist but a commit does not wait for them: a failover can lose it.
     Async,
+    /// Postgres replicates asynchronously, and idemd waits after each of its own writes until every standby
+    /// the primary knows (streaming, or holding a physical slot) has flushed it ([`SqlStore::standbys_flushed`]):
+    /// what a synchronous standby gives, for idemd's rows only. A failover to any of them keeps the write.
+    IdemdWaits,
     /// The connection reaches a read-only standby (in recovery, or a replica): nothing may be written.
     Standby,
     /// The state could not be read (no privilege, an error): treated as `Async`.
@@ -54,13 +58,14 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [Mode::Single, Mode::Sync, Mode::Async, Mode::Standby, Mode::Unknown];
+    pub const ALL: [Mode; 6] = [Mode::Single, Mode::Sync, Mode::IdemdWaits, Mode::Async, Mode::Standby, Mode::Unknown];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Single => "single",
             Mode::Sync => "sync",
             Mode::Async => "async",
+            Mode::IdemdWaits => "idemd_waits",
             Mode::Standby => "standby",
             Mode::Unknown => "unknown",
         }
@@ -85,15 +90,44 @@ pub struct Replication {
     pub sync_standbys: i64,
     /// What was read, in words (the start-up line, `/healthz`).
     pub detail: String,
+    /// Every standby's replicated position is readable here (Postgres, with `pg_read_all_stats` or as a
+    /// superuser): idemd can wait for them ([`waited`]).
+    #[serde(skip)]
+    pub positions_visible: bool,
 }
 
 impl Replication {
     pub fn single(detail: &str) -> Self {
-        Replication { mode: Mode::Single, standbys: 0, sync_standbys: 0, detail: detail.to_string() }
+        Replication {
+            mode: Mode::Single,
+            standbys: 0,
+            sync_standbys: 0,
+            detail: detail.to_string(),
+            positions_visible: false,
+        }
     }
 
     pub fn unknown(why: String) -> Self {
-        Replication { mode: Mode::Unknown, standbys: 0, sync_standbys: 0, detail: why }
+        Replication { mode: Mode::Unknown, standbys: 0, sync_standbys: 0, detail: why, positions_visible: false }
+    }
+}
+
+/// What idemd makes of `read` when it may wait for standbys (`wait`: no `--accept-async-failover-risk`): an
+/// asynchronous Postgres whose standbys' positions it can read becomes [`Mode::IdemdWaits`]. Everything else
+/// is as read: a MariaDB replica's position cannot be read from its primary, nor a Postgres standby's without
+/// `pg_read_all_stats`.
+pub fn waited(read: Replication, wait: bool) -> Replication {
+    if read.mode != Mode::Async || !read.positions_visible || !wait {
+        return read;
+    }
+    Replication {
+        mode: Mode::IdemdWaits,
+        detail: format!(
+            "{}; idemd waits after each of its writes until every standby streaming or holding a physical slot has \
+             flushed it",
+            read.detail
+        ),
+        ..read
     }
 }
 
@@ -102,7 +136,7 @@ impl Replication {
 /// execution; on a route whose upstream honours keys the retry carries the same key, which protects it.
 pub fn refusal(mode: Mode, accept_async_failover_risk: bool, upstream_ignores_keys: bool) -> Option<&'static str> {
     match mode {
-        Mode::Single | Mode::Sync => None,
+        Mode::Single | Mode::Sync | Mode::IdemdWaits => None,
         Mode::Standby => Some(
             "the database idemd reaches is a read-only standby: operations are recorded on the primary only \
              (point --database-url at the primary's read-write address)",
@@ -164,7 +198,9 @@ pub fn classify_postgres(f: &PgFacts) -> Replication {
             (Mode::Single, "postgres, no standby streaming and no replication slot")
         }
     };
-    Replication { mode, standbys, sync_standbys, detail: format!("{words}: {facts}") }
+    // A standby's state is NULL for a role without `pg_read_all_stats`: then its flush position is too.
+    let positions_visible = f.standbys.iter().all(|s| s.state.is_some());
+    Replication { mode, standbys, sync_standbys, detail: format!("{words}: {facts}"), positions_visible }
 }
 
 /// What a MariaDB/MySQL session can read about replication.
@@ -211,7 +247,14 @@ pub fn classify_mysql(f: &MyFacts) -> Replication {
     } else {
         (Mode::Single, "mariadb, no binary log: no replica can follow it")
     };
-    Replication { mode, standbys: f.replicas_connected, sync_standbys, detail: format!("{words}: {facts}") }
+    // A replica's position is not readable from its primary: idemd cannot wait for it.
+    Replication {
+        mode,
+        standbys: f.replicas_connected,
+        sync_standbys,
+        detail: format!("{words}: {facts}"),
+        positions_visible: false,
+    }
 }
 
 impl SqlStore {
@@ -359,6 +402,32 @@ mod tests {
         assert!(r.detail.contains("synchronous_standby_names='*'"), "{}", r.detail);
     }
 
+    /// idemd waits for the standbys on an asynchronous Postgres whose standbys' positions it can read, unless the
+    /// operator accepted the risk; nothing else changes.
+    #[test]
+    fn idemd_waits_where_it_can_see_the_standbys() {
+        let waits = |f: &PgFacts, wait: bool| waited(classify_postgres(f), wait).mode;
+        assert_eq!(waits(&pg("", "on", &[Some("async")], 1), true), Mode::IdemdWaits);
+        assert_eq!(waits(&pg("", "on", &[], 1), true), Mode::IdemdWaits, "a cut-off standby's slot is waited for");
+        assert_eq!(waits(&pg("*", "local", &[Some("sync")], 1), true), Mode::IdemdWaits);
+        assert_eq!(waits(&pg("", "on", &[Some("async")], 1), false), Mode::Async, "the risk accepted: no wait");
+        // A role without pg_read_all_stats sees no standby's state nor position: nothing to wait for.
+        let hidden = PgFacts {
+            standbys: vec![PgStandby { name: String::new(), state: None, sync_state: None }],
+            ..pg("", "on", &[], 0)
+        };
+        assert_eq!(waits(&hidden, true), Mode::Async);
+        for f in [
+            pg("", "on", &[], 0),
+            pg("*", "on", &[Some("sync")], 1),
+            PgFacts { in_recovery: true, ..pg("", "on", &[], 0) },
+        ] {
+            assert_eq!(waits(&f, true), classify_postgres(&f).mode, "only async changes");
+        }
+        assert_eq!(waited(classify_mysql(&MyFacts { log_bin: true, ..MyFacts::default() }), true).mode, Mode::Async);
+        assert!(waited(classify_postgres(&pg("", "on", &[], 1)), true).detail.contains("idemd waits"));
+    }
+
     #[test]
     fn mariadb_topologies() {
         let mode = |f: MyFacts| classify_mysql(&f).mode;
@@ -384,6 +453,7 @@ mod tests {
             for accept in [false, true] {
                 assert_eq!(refusal(Mode::Single, accept, ignores), None);
                 assert_eq!(refusal(Mode::Sync, accept, ignores), None);
+                assert_eq!(refusal(Mode::IdemdWaits, accept, ignores), None, "every write is on the standbys");
                 assert!(refusal(Mode::Standby, accept, ignores).is_some(), "a standby takes no write");
                 for mode in [Mode::Async, Mode::Unknown] {
                     // Only an upstream that ignores keys pays for a lost acquire, unless the operator accepted it.

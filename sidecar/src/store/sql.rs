@@ -56,13 +56,16 @@ impl Backend {
 #[derive(Clone, Debug)]
 pub struct SqlOptions {
     pub max_connections: u32,
-    /// Budget for one call, connection wait included.
+    /// Budget for one call, connection wait included (and, on [`Mode::IdemdWaits`], the wait for the standbys).
     pub timeout: Duration,
+    /// On an asynchronously replicated Postgres whose standbys idemd can see, wait after each write until they
+    /// have flushed it ([`Mode::IdemdWaits`]). Off only with `--accept-async-failover-risk`.
+    pub wait_for_standbys: bool,
 }
 
 impl Default for SqlOptions {
     fn default() -> Self {
-        Self { max_connections: 16, timeout: Duration::from_secs(2) }
+        Self { max_connections: 16, timeout: Duration::from_secs(2), wait_for_standbys: true }
     }
 }
 
@@ -408,6 +411,8 @@ pub struct SqlStore {
     /// What the database promised when last read (`replication`): read at connect, refreshed by the
     /// store probe; every clone shares it.
     replication: std::sync::Arc<std::sync::RwLock<Replication>>,
+    /// [`SqlOptions::wait_for_standbys`].
+    wait_for_standbys: bool,
 }
 
 impl SqlStore {
@@ -462,6 +467,7 @@ impl SqlStore {
             timeout: opts.timeout,
             group: None,
             replication: std::sync::Arc::new(std::sync::RwLock::new(Replication::unknown("not read yet".into()))),
+            wait_for_standbys: opts.wait_for_standbys,
         };
         // Before the migrations, which would fail on a read-only standby with a less useful error: writes go
         // to the primary only (DESIGN §4, "The truth never goes back in time").
@@ -498,7 +504,7 @@ impl SqlStore {
 
     /// Read the replication state now and keep it for [`replication`](Self::replication).
     pub async fn refresh_replication(&self) -> Replication {
-        let now = self.read_replication().await;
+        let now = super::replication::waited(self.read_replication().await, self.wait_for_standbys);
         *self.replication.write().unwrap_or_else(std::sync::PoisonError::into_inner) = now.clone();
         now
     }
@@ -546,6 +552,7 @@ impl SqlStore {
             on_pool!(&self.pool, p => {
                 let key: Option<String> =
                     sqlx::query_scalar(&text).bind(scope).bind(reference).fetch_optional(p).await?;
+                self.standbys_flushed().await?;
                 Ok(key.map(|k| k.trim_end().to_string()))
             })
         })
@@ -556,7 +563,9 @@ impl SqlStore {
         let sql = self.q.select.as_str();
         self.bounded(async {
             on_pool!(&self.pool, p => {
-                match sqlx::query(sql).bind(key).fetch_optional(p).await? {
+                let row = sqlx::query(sql).bind(key).fetch_optional(p).await?;
+                self.standbys_flushed().await?;
+                match row {
                     None => Ok(None),
                     Some(row) => Ok(Some(read_record!(row)?)),
                 }
@@ -624,6 +633,7 @@ impl SqlStore {
                 if self.backend == Backend::Postgres {
                     let all: Vec<Bind<'_>> = binds.iter().chain(trail.iter()).copied().collect();
                     let n = bind_all!(sqlx::query(text), all).execute(p).await?.rows_affected();
+                    self.standbys_flushed().await?;
                     return Ok(n == 1);
                 }
                 let mut tx = p.begin().await?;
@@ -644,9 +654,51 @@ impl SqlStore {
             return self.bounded(group.write(Write { first: Statement::new(text, binds), if_one_row: None })).await;
         }
         self.bounded(async {
-            on_pool!(&self.pool, p => Ok(bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected()))
+            let n = on_pool!(&self.pool, p => bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected());
+            self.standbys_flushed().await?;
+            Ok(n)
         })
         .await
+    }
+
+    /// On [`Mode::IdemdWaits`], return once every standby the primary knows has flushed everything committed
+    /// so far (a no-op elsewhere): a write idemd answers is then on every standby a failover could promote, as
+    /// on a synchronous standby. Reads wait too: a commit is visible on the primary before its standbys have it
+    /// (on a synchronous standby as well), and an answer read from one (an approver's decision, a DONE row, a
+    /// released key's absence) must not be undone by the failover. "Knows": streaming now (`pg_stat_replication`, logical subscribers aside), or
+    /// cut off with a physical slot that has been used (`pg_replication_slots`: the standby that lags is
+    /// exactly the one whose connection is gone). A standby still catching up is not waited for, as Postgres'
+    /// own synchronous replication does not. Runs inside the caller's [`bounded`](Self::bounded) budget: a
+    /// standby that does not confirm in time makes the write [`SqlError::Timeout`], which already means "may
+    /// have committed, and nothing was acknowledged" (the commit is on the primary, not promised to survive).
+    pub(super) async fn standbys_flushed(&self) -> Result<(), SqlError> {
+        // The first pass reads the position to wait for (the WAL inserted so far: at or past this
+        // session's commit, which has returned) and how many standbys are behind it; later passes ask
+        // again about that position. One round trip when the standbys are already there.
+        const BEHIND: &str = "WITH at AS (SELECT COALESCE($1::text::pg_lsn, pg_current_wal_insert_lsn()) AS lsn) \
+             SELECT at.lsn::text, \
+               (SELECT count(*) FROM pg_stat_replication r WHERE r.state = 'streaming' \
+                  AND (r.flush_lsn IS NULL OR r.flush_lsn < at.lsn) \
+                  AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s \
+                                  WHERE s.active_pid = r.pid AND s.slot_type = 'logical')) \
+             + (SELECT count(*) FROM pg_replication_slots s WHERE s.slot_type = 'physical' AND NOT s.active \
+                  AND s.restart_lsn IS NOT NULL AND s.restart_lsn < at.lsn) \
+             FROM at";
+        let Pool::Pg(p) = &self.pool else { return Ok(()) };
+        if self.replication_mode() != Mode::IdemdWaits {
+            return Ok(());
+        }
+        let mut at: Option<String> = None;
+        let mut pause = Duration::from_micros(250);
+        loop {
+            let (lsn, behind): (String, i64) = sqlx::query_as(BEHIND).bind(at.as_deref()).fetch_one(p).await?;
+            if behind == 0 {
+                return Ok(());
+            }
+            at = Some(lsn);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
     }
 
     /// Rows of `idem_record` selected with [`COLUMNS`].
@@ -654,6 +706,7 @@ impl SqlStore {
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 let rows = bind_all!(sqlx::query(text), binds).fetch_all(p).await?;
+                self.standbys_flushed().await?;
                 let mut out = Vec::with_capacity(rows.len());
                 for row in rows {
                     out.push(read_record!(row)?);

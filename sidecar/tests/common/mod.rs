@@ -58,7 +58,7 @@ pub fn skip(backend: &str, why: impl std::fmt::Display) {
 }
 
 pub fn sql_opts() -> SqlOptions {
-    SqlOptions { max_connections: 8, timeout: Duration::from_millis(1500) }
+    SqlOptions { max_connections: 8, timeout: Duration::from_millis(1500), ..SqlOptions::default() }
 }
 
 pub fn settings() -> StoreSettings {
