@@ -270,6 +270,54 @@ fn async_standby_cut_off_acknowledges_nothing_it_could_lose() {
     idemd.sees("single");
 }
 
+/// Asynchronous standby that idemd cannot see (its role lacks `pg_read_all_stats`: the standby's state and
+/// position read as NULL), so it cannot wait for it: `async`. An acquire for an upstream that ignores keys is
+/// refused before anything ran; one for an upstream that honours keys is served, and after the failover that lost
+/// it, ACQUIRED again under the same key: the upstream's deduplication is what protects it.
+#[test]
+fn unseen_async_standby_refuses_keyless_acquires_and_serves_honoured_keys() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(mut db) = replicated(dir.path(), Replication::Async) else { return };
+    db.primary().psql("CREATE ROLE idem_plain LOGIN; GRANT CREATE ON SCHEMA public TO idem_plain").expect("role");
+    let idemd = Idemd::start(dir.path(), &db.url().replacen("postgres@", "idem_plain@", 1), &[]);
+    // idemd's schema reaches the standby, then the standby is cut off: it lags from here on.
+    db.caught_up().expect("caught up");
+    db.cut_replication().expect("cut");
+    idemd.sees("async");
+
+    let keyless = key();
+    let (status, refused) = idemd.acquire(&keyless, true);
+    assert_eq!((status, refused["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{refused}");
+    assert_eq!(rows(db.primary(), &keyless), "0", "refused before anything was recorded");
+    let log = idemd.proc.log_text();
+    assert!(log.contains("acquire refused") && log.contains("ignores Idempotency-Key"), "{log}");
+    assert!(log.contains("idemd database replication: async"), "{log}");
+
+    let keyed = key();
+    let (status, first) = idemd.acquire(&keyed, false);
+    assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}\n{}", idemd.proc.log_text());
+    assert_eq!(rows(db.primary(), &keyed), "1");
+    assert_eq!(rows(db.standby(), &keyed), "0", "the standby lags: the worst window");
+
+    let m = idemd.metrics();
+    assert_eq!(metric(&m, r#"idem_replication_refused_total{mode="async"}"#), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "idem_async_failover_risk_accepted"), Some(0.0), "{m}");
+    let h = idemd.healthz();
+    assert_eq!(h["replication"]["refuses"], "acquires for upstreams that ignore keys", "{h}");
+
+    db.fail_over().expect("fail over");
+    // The failover lost the acquire: the retry, carrying the same key to an upstream that deduplicates by it,
+    // is ACQUIRED again. Served, as the topology promises for such a route.
+    let retry = idemd.acquire_after_failover(&keyed, false);
+    assert_eq!(retry["outcome"], "ACQUIRED", "{retry}");
+    assert_ne!(retry["owner"], first["owner"]);
+
+    // The promoted standby has no standby: single, and the refused operation may run now, for the first time.
+    idemd.sees("single");
+    let now = idemd.acquire_after_failover(&keyless, true);
+    assert_eq!(now["outcome"], "ACQUIRED", "{now}");
+}
+
 /// The operator accepted the risk: what issue 37 measured without idemd knowing, now chosen and flagged.
 /// An acquire for an upstream that ignores keys is lost by the failover, and the retry gets a new owner: a
 /// second execution.

@@ -169,6 +169,9 @@ pub struct PgFacts {
     pub synchronous_standby_names: String,
     pub standbys: Vec<PgStandby>,
     pub physical_slots: i64,
+    /// idemd's role may read every standby's position (`pg_read_all_stats`, or a superuser): without it
+    /// `pg_stat_replication` shows a standby with its state and positions NULL, and idemd cannot wait for it.
+    pub reads_positions: bool,
 }
 
 pub fn classify_postgres(f: &PgFacts) -> Replication {
@@ -198,8 +201,7 @@ pub fn classify_postgres(f: &PgFacts) -> Replication {
             (Mode::Single, "postgres, no standby streaming and no replication slot")
         }
     };
-    // A standby's state is NULL for a role without `pg_read_all_stats`: then its flush position is too.
-    let positions_visible = f.standbys.iter().all(|s| s.state.is_some());
+    let positions_visible = f.reads_positions;
     Replication { mode, standbys, sync_standbys, detail: format!("{words}: {facts}"), positions_visible }
 }
 
@@ -300,21 +302,34 @@ pub async fn read_url(url: &str, timeout: std::time::Duration) -> Replication {
 }
 
 async fn postgres_facts(p: &sqlx::PgPool) -> Result<PgFacts, SqlError> {
-    let (in_recovery, synchronous_commit, synchronous_standby_names, physical_slots): (bool, String, String, i64) =
-        sqlx::query_as(
-            "SELECT pg_is_in_recovery(), current_setting('synchronous_commit'), \
+    let (in_recovery, synchronous_commit, synchronous_standby_names, physical_slots, reads_positions): (
+        bool,
+        String,
+        String,
+        i64,
+        bool,
+    ) = sqlx::query_as(
+        "SELECT pg_is_in_recovery(), current_setting('synchronous_commit'), \
              current_setting('synchronous_standby_names'), \
-             (SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical')",
-        )
-        .fetch_one(p)
-        .await?;
+             (SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical'), \
+             pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+    )
+    .fetch_one(p)
+    .await?;
     let rows: Vec<(Option<String>, Option<String>, Option<String>)> =
         sqlx::query_as("SELECT application_name, state, sync_state FROM pg_stat_replication").fetch_all(p).await?;
     let standbys = rows
         .into_iter()
         .map(|(name, state, sync_state)| PgStandby { name: name.unwrap_or_default(), state, sync_state })
         .collect();
-    Ok(PgFacts { in_recovery, synchronous_commit, synchronous_standby_names, standbys, physical_slots })
+    Ok(PgFacts {
+        in_recovery,
+        synchronous_commit,
+        synchronous_standby_names,
+        standbys,
+        physical_slots,
+        reads_positions,
+    })
 }
 
 async fn mysql_facts(p: &sqlx::MySqlPool) -> Result<MyFacts, SqlError> {
@@ -377,6 +392,7 @@ mod tests {
                 })
                 .collect(),
             physical_slots: slots,
+            reads_positions: true,
         }
     }
 
@@ -411,12 +427,15 @@ mod tests {
         assert_eq!(waits(&pg("", "on", &[], 1), true), Mode::IdemdWaits, "a cut-off standby's slot is waited for");
         assert_eq!(waits(&pg("*", "local", &[Some("sync")], 1), true), Mode::IdemdWaits);
         assert_eq!(waits(&pg("", "on", &[Some("async")], 1), false), Mode::Async, "the risk accepted: no wait");
-        // A role without pg_read_all_stats sees no standby's state nor position: nothing to wait for.
+        // A role without pg_read_all_stats sees no standby's state nor position: nothing to wait for, whether
+        // the standby is streaming or cut off (then only its slot shows, and still no position to wait for).
         let hidden = PgFacts {
             standbys: vec![PgStandby { name: String::new(), state: None, sync_state: None }],
-            ..pg("", "on", &[], 0)
+            reads_positions: false,
+            ..pg("", "on", &[], 1)
         };
         assert_eq!(waits(&hidden, true), Mode::Async);
+        assert_eq!(waits(&PgFacts { reads_positions: false, ..pg("", "on", &[], 1) }, true), Mode::Async);
         for f in [
             pg("", "on", &[], 0),
             pg("*", "on", &[Some("sync")], 1),
