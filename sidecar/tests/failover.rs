@@ -139,6 +139,32 @@ fn replicated(dir: &Path, mode: Replication) -> Option<Replicated> {
     Replicated::start(dir, mode).expect("replicated postgres")
 }
 
+/// An acquire (upstream ignores keys) while the standby's WAL receiver is stopped (SIGSTOP: connected, streaming,
+/// flushing nothing), and a status lookup of it meanwhile: both are held, unanswered, until the standby has
+/// flushed what the primary holds. The acquire waits for the standby's flush (the synchronous commit, or idemd's
+/// own wait); the lookup because what it read may be on the primary alone (on `async` the row is committed and
+/// visible there; on `sync` a commit is visible once its wait ends, or is cancelled), and an answer read from it
+/// must not be one the failover undoes. Returns the acquire's answer and the lookup's.
+fn acquire_held_until_the_standby_flushes(idemd: &Idemd, db: &Replicated, k: &str) -> ((u16, Value), (u16, String)) {
+    let receiver = db.standby().psql("SELECT pid FROM pg_stat_wal_receiver").expect("wal receiver pid");
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &receiver]).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {receiver}");
+    };
+    signal("-STOP");
+    let (first, lookup) = std::thread::scope(|s| {
+        let acquire = s.spawn(|| idemd.acquire(k, true));
+        std::thread::sleep(Duration::from_millis(400));
+        let lookup = s.spawn(|| idemd.get(&format!("/v1/operations/{k}")));
+        std::thread::sleep(Duration::from_millis(300));
+        let held = (!acquire.is_finished(), !lookup.is_finished());
+        signal("-CONT");
+        assert_eq!(held, (true, true), "idemd answered (acquire, lookup) before the standby had flushed the row");
+        (acquire.join().expect("acquire thread"), lookup.join().expect("lookup thread"))
+    });
+    (first, lookup)
+}
+
 /// Synchronous standby: the acquire was on the standby before idemd answered ACQUIRED, so after the failover
 /// the retry is IN_FLIGHT with the first owner, whatever the upstream does with keys.
 #[test]
@@ -153,8 +179,10 @@ fn sync_standby_keeps_the_acquire_through_failover() {
     assert_eq!(h["replication"]["sync_standbys"], 1, "{h}");
 
     let k = key();
-    let (status, first) = idemd.acquire(&k, true);
+    let ((status, first), lookup) = acquire_held_until_the_standby_flushes(&idemd, &db, &k);
     assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
+    // The lookup read while the commit waited for the standby, before the row was visible anywhere.
+    assert_eq!(lookup.0, 404, "{}", lookup.1);
     // No waiting for the standby: the commit already did.
     db.fail_over().expect("fail over");
     assert_eq!(rows(db.standby(), &k), "1", "the promoted standby has the acquire");
@@ -181,6 +209,10 @@ fn sync_without_its_standby_acknowledges_nothing_it_could_lose() {
     let k = key();
     let (status, first) = idemd.acquire(&k, true);
     assert_eq!((status, first["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{first}");
+    // The commit whose wait idemd gave up on is committed on the primary alone, and visible there: a lookup
+    // must not answer from it (nor from its release, as uncertain), so it waits for the standby too, and times out.
+    let (status, lookup) = idemd.get(&format!("/v1/operations/{k}"));
+    assert_eq!(status, 503, "a lookup answered while no standby confirms: {lookup}");
     db.fail_over().expect("fail over");
     let retry = idemd.acquire_after_failover(&k, true);
     assert_eq!(retry["outcome"], "ACQUIRED", "the first attempt ran nothing: {retry}");
@@ -204,29 +236,11 @@ fn async_standby_is_waited_for_and_keeps_the_acquire_through_failover() {
         "{h}"
     );
 
-    // The standby's WAL receiver is stopped (SIGSTOP: connected, streaming, flushing nothing): the acquire is
-    // committed on the primary and held there, unanswered, until the standby has it.
-    let receiver = db.standby().psql("SELECT pid FROM pg_stat_wal_receiver").expect("wal receiver pid");
-    let signal = |sig: &str| {
-        let ok = Command::new("kill").args([sig, &receiver]).status().is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} {receiver}");
-    };
     let k = key();
-    signal("-STOP");
-    let (first, lookup) = std::thread::scope(|s| {
-        let acquire = s.spawn(|| idemd.acquire(&k, true));
-        std::thread::sleep(Duration::from_millis(400));
-        // A read sees the row committed on the primary alone: it is held as well, not answered from it.
-        let lookup = s.spawn(|| idemd.get(&format!("/v1/operations/{k}")));
-        std::thread::sleep(Duration::from_millis(300));
-        let held = (!acquire.is_finished(), !lookup.is_finished());
-        signal("-CONT");
-        assert_eq!(held, (true, true), "idemd answered (acquire, lookup) before the standby had flushed the row");
-        (acquire.join().expect("acquire thread"), lookup.join().expect("lookup thread"))
-    });
+    let ((status, first), lookup) = acquire_held_until_the_standby_flushes(&idemd, &db, &k);
+    // The lookup read the row committed on the primary alone, and answered once the standby had it.
     assert_eq!(lookup.0, 200, "{}", lookup.1);
     assert!(lookup.1.contains("IN_FLIGHT"), "{}", lookup.1);
-    let (status, first) = first;
     assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
     // No waiting here: idemd waited for the standby's flush before it answered.
     db.fail_over().expect("fail over");

@@ -98,7 +98,7 @@ impl SqlStore {
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 let row = sqlx::query(&text).bind(key).fetch_optional(p).await?;
-                self.standbys_flushed().await?;
+                self.standbys_flushed(true).await?;
                 match row {
                     None => Ok(None),
                     Some(row) => Ok(Some(read_approval!(row)?)),
@@ -191,7 +191,7 @@ impl SqlStore {
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 let rows = super::sql::bind_all!(sqlx::query(text), binds).fetch_all(p).await?;
-                self.standbys_flushed().await?;
+                self.standbys_flushed(true).await?;
                 let mut out = Vec::with_capacity(rows.len());
                 for row in rows {
                     out.push(read_approval!(row)?);

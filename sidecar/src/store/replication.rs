@@ -112,6 +112,20 @@ impl Replication {
     }
 }
 
+/// Whether a call must wait, before idemd answers from it, until every standby has flushed what the primary
+/// holds ([`SqlStore::standbys_flushed`]). On [`Mode::IdemdWaits`] every call: a write to put it on the standbys,
+/// a read because a commit is visible on the primary before any standby has it. On [`Mode::Sync`] reads only,
+/// where the positions are readable: the commit already waited for the synchronous standby, but another session
+/// sees it before then (a row whose commit is still waiting, or timed out waiting for a standby that is gone).
+/// Nowhere else: nothing to wait for, or nothing idemd can see.
+pub fn waits_for_standbys(r: &Replication, read: bool) -> bool {
+    match r.mode {
+        Mode::IdemdWaits => true,
+        Mode::Sync => read && r.positions_visible,
+        Mode::Single | Mode::Async | Mode::Standby | Mode::Unknown => false,
+    }
+}
+
 /// What idemd makes of `read` when it may wait for standbys (`wait`: no `--accept-async-failover-risk`): an
 /// asynchronous Postgres whose standbys' positions it can read becomes [`Mode::IdemdWaits`]. Everything else
 /// is as read: a MariaDB replica's position cannot be read from its primary, nor a Postgres standby's without
@@ -445,6 +459,21 @@ mod tests {
         }
         assert_eq!(waited(classify_mysql(&MyFacts { log_bin: true, ..MyFacts::default() }), true).mode, Mode::Async);
         assert!(waited(classify_postgres(&pg("", "on", &[], 1)), true).detail.contains("idemd waits"));
+    }
+
+    /// Writes wait only where idemd waits for the standbys; reads also on a synchronous standby it can see.
+    #[test]
+    fn which_calls_wait_for_the_standbys() {
+        let r =
+            |mode: Mode, positions_visible: bool| Replication { mode, positions_visible, ..Replication::single("") };
+        for read in [false, true] {
+            assert!(waits_for_standbys(&r(Mode::IdemdWaits, true), read));
+            assert_eq!(waits_for_standbys(&r(Mode::Sync, true), read), read, "a sync commit waited already");
+            assert!(!waits_for_standbys(&r(Mode::Sync, false), read), "no position to wait for");
+            for mode in [Mode::Single, Mode::Async, Mode::Standby, Mode::Unknown] {
+                assert!(!waits_for_standbys(&r(mode, true), read), "{mode:?}");
+            }
+        }
     }
 
     #[test]

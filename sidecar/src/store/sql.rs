@@ -552,7 +552,7 @@ impl SqlStore {
             on_pool!(&self.pool, p => {
                 let key: Option<String> =
                     sqlx::query_scalar(&text).bind(scope).bind(reference).fetch_optional(p).await?;
-                self.standbys_flushed().await?;
+                self.standbys_flushed(true).await?;
                 Ok(key.map(|k| k.trim_end().to_string()))
             })
         })
@@ -564,7 +564,7 @@ impl SqlStore {
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 let row = sqlx::query(sql).bind(key).fetch_optional(p).await?;
-                self.standbys_flushed().await?;
+                self.standbys_flushed(true).await?;
                 match row {
                     None => Ok(None),
                     Some(row) => Ok(Some(read_record!(row)?)),
@@ -633,7 +633,7 @@ impl SqlStore {
                 if self.backend == Backend::Postgres {
                     let all: Vec<Bind<'_>> = binds.iter().chain(trail.iter()).copied().collect();
                     let n = bind_all!(sqlx::query(text), all).execute(p).await?.rows_affected();
-                    self.standbys_flushed().await?;
+                    self.standbys_flushed(false).await?;
                     return Ok(n == 1);
                 }
                 let mut tx = p.begin().await?;
@@ -655,23 +655,23 @@ impl SqlStore {
         }
         self.bounded(async {
             let n = on_pool!(&self.pool, p => bind_all!(sqlx::query(text), binds).execute(p).await?.rows_affected());
-            self.standbys_flushed().await?;
+            self.standbys_flushed(false).await?;
             Ok(n)
         })
         .await
     }
 
-    /// On [`Mode::IdemdWaits`], return once every standby the primary knows has flushed everything committed
-    /// so far (a no-op elsewhere): a write idemd answers is then on every standby a failover could promote, as
-    /// on a synchronous standby. Reads wait too: a commit is visible on the primary before its standbys have it
-    /// (on a synchronous standby as well), and an answer read from one (an approver's decision, a DONE row, a
-    /// released key's absence) must not be undone by the failover. "Knows": streaming now (`pg_stat_replication`, logical subscribers aside), or
+    /// Where [`waits_for_standbys`](super::replication::waits_for_standbys) says so (`read`: the call read what
+    /// idemd will answer from), return once every standby the primary knows has flushed everything committed so
+    /// far: a write idemd answers is then on every standby a failover could promote, as on a synchronous standby,
+    /// and so is whatever a read saw (an approver's decision, a DONE row, a released key's absence), which a
+    /// failover must not undo. "Knows": streaming now (`pg_stat_replication`, logical subscribers aside), or
     /// cut off with a physical slot that has been used (`pg_replication_slots`: the standby that lags is
     /// exactly the one whose connection is gone). A standby still catching up is not waited for, as Postgres'
     /// own synchronous replication does not. Runs inside the caller's [`bounded`](Self::bounded) budget: a
     /// standby that does not confirm in time makes the write [`SqlError::Timeout`], which already means "may
     /// have committed, and nothing was acknowledged" (the commit is on the primary, not promised to survive).
-    pub(super) async fn standbys_flushed(&self) -> Result<(), SqlError> {
+    pub(super) async fn standbys_flushed(&self, read: bool) -> Result<(), SqlError> {
         // The first pass reads the position to wait for (the WAL inserted so far: at or past this
         // session's commit, which has returned) and how many standbys are behind it; later passes ask
         // again about that position. One round trip when the standbys are already there.
@@ -685,7 +685,11 @@ impl SqlStore {
                   AND s.restart_lsn IS NOT NULL AND s.restart_lsn < at.lsn) \
              FROM at";
         let Pool::Pg(p) = &self.pool else { return Ok(()) };
-        if self.replication_mode() != Mode::IdemdWaits {
+        let waits = super::replication::waits_for_standbys(
+            &self.replication.read().unwrap_or_else(std::sync::PoisonError::into_inner),
+            read,
+        );
+        if !waits {
             return Ok(());
         }
         let mut at: Option<String> = None;
@@ -706,7 +710,7 @@ impl SqlStore {
         self.bounded(async {
             on_pool!(&self.pool, p => {
                 let rows = bind_all!(sqlx::query(text), binds).fetch_all(p).await?;
-                self.standbys_flushed().await?;
+                self.standbys_flushed(true).await?;
                 let mut out = Vec::with_capacity(rows.len());
                 for row in rows {
                     out.push(read_record!(row)?);
