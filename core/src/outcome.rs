@@ -17,6 +17,10 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    pub const ALL: [Verdict; 4] = [Verdict::Done, Verdict::Failed, Verdict::Release, Verdict::Unknown];
+
+    /// The word for it in a route's `outcomes` annotation (and in logs): one spelling, read back by
+    /// [`parse_overrides`].
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Done => "done",
@@ -76,12 +80,8 @@ pub fn parse_overrides(text: &str) -> Result<Vec<(u16, Verdict)>, String> {
         if !(300..=599).contains(&status) {
             return Err(format!("{status}: only statuses 300-599 can be re-read (2xx is always done)"));
         }
-        let outcome = match outcome {
-            "done" => Verdict::Done,
-            "failed" => Verdict::Failed,
-            "release" => Verdict::Release,
-            "unknown" => Verdict::Unknown,
-            other => return Err(format!("{other:?} is not one of done, failed, release, unknown")),
+        let Some(outcome) = Verdict::ALL.into_iter().find(|v| v.as_str() == outcome) else {
+            return Err(format!("{outcome:?} is not one of done, failed, release, unknown"));
         };
         if out.iter().any(|(s, _)| *s == status) {
             return Err(format!("{status} is listed twice"));
@@ -212,6 +212,17 @@ mod tests {
         assert_eq!(parse_overrides("")?, vec![]);
         for bad in ["409", "201:failed", "409:maybe", "409:failed,409:done", "x:failed"] {
             assert!(parse_overrides(bad).is_err(), "{bad}");
+        }
+        Ok(())
+    }
+
+    /// Each verdict's documented word reads back as that verdict (the annotation's grammar is its words).
+    #[test]
+    fn every_verdict_is_read_by_its_word() -> Result<(), String> {
+        let words = ["done", "failed", "release", "unknown"];
+        assert_eq!(Verdict::ALL.map(Verdict::as_str), words);
+        for (v, word) in Verdict::ALL.into_iter().zip(words) {
+            assert_eq!(parse_overrides(&format!("409:{word}"))?, vec![(409, v)]);
         }
         Ok(())
     }
