@@ -1074,6 +1074,75 @@ fn status_reports_what_exists_and_what_never_ran() -> TestResult {
     Ok(())
 }
 
+/// What each status answer carries for the agent to act on, beyond its status word: the operation it is
+/// about, when the fingerprint runs out, when to retry (surviving mutants of `status.rs` showed none of it
+/// was checked).
+#[test]
+fn status_answers_carry_what_the_agent_acts_on() -> TestResult {
+    let fp = token(1000)?;
+    let view = |state: &str| {
+        json!({"key": KEY, "state": state, "scope": "pay", "subject_hash": "x", "param_hash": "y",
+            "created_at_ms": 1, "updated_at_ms": 2})
+    };
+    let gone = json!({"error": "not_found", "reaped_possible": true});
+    let retry_after_ms = ctx("status")?.config.defaults.retry_after_ms;
+    assert_ne!(retry_after_ms, 0, "a default that tells the agent when to retry");
+    let cases = [
+        (answer(404, gone), "record_expired", json!({"operation": KEY})),
+        (answer(404, json!({})), "not_executed", json!({"fingerprint_expires_at": 1000})),
+        (answer(200, view("IN_FLIGHT")), "in_progress", json!({"operation": KEY})),
+        (answer(200, view("NEEDS_REVIEW")), "needs_review", json!({"operation": KEY})),
+        (CalloutAnswer::failed(), "status_unavailable", json!({"operation": KEY, "retry_after_ms": retry_after_ms})),
+    ];
+    for (a, status, fields) in cases {
+        let mut env = FixedEnv::at(999, NONCE);
+        let h = RequestHead { path: format!("/status?fingerprint={fp}"), ..head(None) };
+        let (mut m, _) = Machine::start(ctx("status")?, &h, true, &mut env);
+        let reply = reply_json(&m.on_callout(&a, &mut env)?)?;
+        assert_eq!(reply["status"], status, "{reply}");
+        for (name, value) in fields.as_object().ok_or("fields")? {
+            assert_eq!(&reply[name], value, "{status}: {name} in {reply}");
+        }
+    }
+    // Two fingerprints: the refusal says why.
+    let h = RequestHead { path: format!("/status?fingerprint={}", token(2000)?), ..head(Some(fp.clone())) };
+    let (_, step) = Machine::start(ctx("status")?, &h, true, &mut FixedEnv::at(999, NONCE));
+    let reply = reply_json(&step)?;
+    assert!(reply["detail"].as_str().is_some_and(|d| d.contains("more than one fingerprint")), "{reply}");
+    // A POST body that is not JSON names nothing: the header's fingerprint is looked up.
+    let mut env = FixedEnv::at(999, NONCE);
+    let h = RequestHead { path: "/status".into(), method: "POST".into(), ..head(Some(fp.clone())) };
+    let (mut m, _) = Machine::start(ctx("status")?, &h, false, &mut env);
+    let step = m.on_request_body(b"fingerprint please", &mut env)?;
+    assert_eq!(call(&step).map(|c| c.path.clone()), Some(format!("/v1/operations/{KEY}?exp=1000")));
+    // Answered, the stream is done with: the machine passes whatever comes next.
+    let step = m.on_callout(&answer(404, json!({})), &mut env)?;
+    assert!(step.reply().is_some() && matches!(m, Machine::Pass), "{m:?}");
+    // A body past the limit is refused before it is read.
+    let (mut m, _) = Machine::start(ctx("status")?, &h, false, &mut env);
+    let limit = ctx("status")?.config.max_body_bytes;
+    let step = m.on_request_data(limit + 1, false);
+    assert!(step.reply().is_some() && call(&step).is_none(), "{step:?}");
+    Ok(())
+}
+
+/// On a status route, a caller's own Idempotency-Key names its operation only where the route takes client keys
+/// (for programs); elsewhere it names nothing, and a lookup without a fingerprint is refused.
+#[test]
+fn a_client_key_names_a_status_lookup_only_where_client_keys_are_on() -> TestResult {
+    let key = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+    let h = RequestHead { path: "/status".into(), idempotency_key: Some(key.into()), ..head(None) };
+    let programs = policy_with("status", "envelope", &[("client_keys", "true"), ("callers", "programs")])?;
+    let keyed = Ctx { policy: programs, ..ctx("status")? };
+    let (_, step) = Machine::start(keyed, &h, true, &mut FixedEnv::at(999, NONCE));
+    let derived = crate::client_key::operation_key(&subject_hash("alice"), "pay", key);
+    assert_eq!(call(&step).map(|c| c.path.clone()), Some(format!("/v1/operations/{derived}")));
+    let (_, step) = Machine::start(ctx("status")?, &h, true, &mut FixedEnv::at(999, NONCE));
+    assert!(call(&step).is_none(), "a key is not a fingerprint here");
+    assert!(step.reply().is_some());
+    Ok(())
+}
+
 /// A lookup naming two fingerprints (header and query string, the query twice, header and body, the
 /// body's key twice) names two operations: refused, never answered about one, nothing asked of idemd.
 /// The same fingerprint twice is one.
