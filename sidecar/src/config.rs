@@ -183,8 +183,8 @@ pub struct StoreArgs {
     /// On a database that replicates asynchronously (or whose replication idemd cannot read), neither wait
     /// for the standbys nor refuse: acquire for routes whose upstream ignores Idempotency-Key too. The cost:
     /// a failover to a standby that had not caught up loses the acquire and the record, and the retry
-    /// executes the operation a second time. Without it, idemd waits after each write until the standbys it
-    /// can see (Postgres, with their positions readable) have flushed it, and where it cannot see them it
+    /// executes the operation a second time. Without it, idemd waits after each write and read until the
+    /// standbys it can see (Postgres, with their positions readable) have flushed it, and where it cannot see them it
     /// refuses those acquires (status_unavailable, nothing runs). See docs/operations.md, "Topologies".
     #[arg(long, env = "IDEM_ACCEPT_ASYNC_FAILOVER_RISK")]
     pub accept_async_failover_risk: bool,

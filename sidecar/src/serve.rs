@@ -87,7 +87,7 @@ pub fn replication_line(store: &Store) -> String {
     let accepts = match (r.mode, store.accepts_async_failover_risk()) {
         (Mode::Single | Mode::Sync, _) => "every route".to_string(),
         (Mode::IdemdWaits, _) => {
-            "every route (each write is acknowledged once its standbys have flushed it)".to_string()
+            "every route (each write and each read is answered once its standbys have flushed it)".to_string()
         }
         (Mode::Standby, _) => "nothing (a standby takes no writes)".to_string(),
         (Mode::Async | Mode::Unknown, false) => {

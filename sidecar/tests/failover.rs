@@ -122,6 +122,14 @@ impl Idemd {
     }
 }
 
+/// After the failover, the retry of `k` is IN_FLIGHT under the owner of the first acquire (`first`): the
+/// acquire survived it.
+fn retry_finds_the_first_owner(idemd: &Idemd, k: &str, first: &Value) {
+    let retry = idemd.acquire_after_failover(k, true);
+    assert_eq!(retry["outcome"], "IN_FLIGHT", "{retry}");
+    assert_eq!(retry["owner"], first["owner"], "the first owner still holds it");
+}
+
 /// One sample's value from the exposition (`name{labels}` exactly as written there).
 fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
@@ -187,9 +195,7 @@ fn sync_standby_keeps_the_acquire_through_failover() {
     db.fail_over().expect("fail over");
     assert_eq!(rows(db.standby(), &k), "1", "the promoted standby has the acquire");
 
-    let retry = idemd.acquire_after_failover(&k, true);
-    assert_eq!(retry["outcome"], "IN_FLIGHT", "{retry}");
-    assert_eq!(retry["owner"], first["owner"], "the first owner still holds it");
+    retry_finds_the_first_owner(&idemd, &k, &first);
     // The new primary has no standby of its own: a single node, as idemd now reads.
     idemd.sees("single");
 }
@@ -245,9 +251,7 @@ fn async_standby_is_waited_for_and_keeps_the_acquire_through_failover() {
     // No waiting here: idemd waited for the standby's flush before it answered.
     db.fail_over().expect("fail over");
     assert_eq!(rows(db.standby(), &k), "1", "the promoted standby has the acquire");
-    let retry = idemd.acquire_after_failover(&k, true);
-    assert_eq!(retry["outcome"], "IN_FLIGHT", "{retry}");
-    assert_eq!(retry["owner"], first["owner"], "the first owner still holds it");
+    retry_finds_the_first_owner(&idemd, &k, &first);
     let m = idemd.metrics();
     assert_eq!(metric(&m, r#"idem_replication_refused_total{mode="async"}"#), Some(0.0), "{m}");
 }
@@ -422,9 +426,7 @@ fn mariadb_semi_sync_keeps_the_acquire_through_failover() {
     assert_eq!((status, first["outcome"].as_str()), (200, Some("ACQUIRED")), "{first}");
     db.fail_over().expect("fail over");
     assert_eq!(maria_rows(db.replica(), &k), "1", "the promoted replica has the acquire");
-    let retry = idemd.acquire_after_failover(&k, true);
-    assert_eq!(retry["outcome"], "IN_FLIGHT", "{retry}");
-    assert_eq!(retry["owner"], first["owner"], "the first owner still holds it");
+    retry_finds_the_first_owner(&idemd, &k, &first);
     // The promoted replica writes no binary log: nothing can follow it.
     idemd.sees("single");
 }

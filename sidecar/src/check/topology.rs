@@ -49,7 +49,7 @@ pub fn read_from_env() -> Option<Topology> {
 pub fn describe(t: &Topology) -> String {
     let accepts = match t.replication.mode {
         Mode::Single | Mode::Sync => "every route",
-        Mode::IdemdWaits => "every route (idemd waits for the standbys' flush after each write)",
+        Mode::IdemdWaits => "every route (idemd waits for the standbys' flush after each write and read)",
         Mode::Standby => "nothing (idemd refuses to start on a standby)",
         Mode::Async | Mode::Unknown if t.accept_async_failover_risk => {
             "every route, with the asynchronous failover risk accepted (IDEM_ACCEPT_ASYNC_FAILOVER_RISK)"

@@ -47,9 +47,10 @@ pub enum Mode {
     Sync,
     /// Replicas exist but a commit does not wait for them: a failover can lose it.
     Async,
-    /// Postgres replicates asynchronously, and idemd waits after each of its own writes until every standby
-    /// the primary knows (streaming, or holding a physical slot) has flushed it ([`SqlStore::standbys_flushed`]):
-    /// what a synchronous standby gives, for idemd's rows only. A failover to any of them keeps the write.
+    /// Postgres replicates asynchronously, and idemd waits after each of its own writes, and each read it answers
+    /// from, until every standby the primary knows (streaming, or holding a physical slot) has flushed it
+    /// ([`SqlStore::standbys_flushed`]): what a synchronous standby gives, for idemd's rows only. A failover to any
+    /// of them keeps what idemd answered.
     IdemdWaits,
     /// The connection reaches a read-only standby (in recovery, or a replica): nothing may be written.
     Standby,
@@ -137,8 +138,8 @@ pub fn waited(read: Replication, wait: bool) -> Replication {
     Replication {
         mode: Mode::IdemdWaits,
         detail: format!(
-            "{}; idemd waits after each of its writes until every standby streaming or holding a physical slot has \
-             flushed it",
+            "{}; idemd waits after each of its writes and reads until every standby streaming or holding a \
+             physical slot has flushed it",
             read.detail
         ),
         ..read

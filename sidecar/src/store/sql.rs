@@ -58,8 +58,9 @@ pub struct SqlOptions {
     pub max_connections: u32,
     /// Budget for one call, connection wait included (and, on [`Mode::IdemdWaits`], the wait for the standbys).
     pub timeout: Duration,
-    /// On an asynchronously replicated Postgres whose standbys idemd can see, wait after each write until they
-    /// have flushed it ([`Mode::IdemdWaits`]). Off only with `--accept-async-failover-risk`.
+    /// On an asynchronously replicated Postgres whose standbys idemd can see, wait after each write and read
+    /// until they have flushed what it answers from ([`Mode::IdemdWaits`]). Off only with
+    /// `--accept-async-failover-risk`.
     pub wait_for_standbys: bool,
 }
 
