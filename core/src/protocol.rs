@@ -345,6 +345,11 @@ pub enum AcquireOutcome {
     ReferenceInUse,
     /// Nobody approved before the fingerprint's `exp`: nothing executed.
     Lapsed,
+    /// idemd refused to start the operation where its database's replication could lose the record in a
+    /// failover (an asynchronous standby it cannot wait for, on a route whose upstream ignores keys; or a
+    /// read-only standby): nothing recorded, nothing may run. Not a passing outage: it lasts until an
+    /// operator changes the database or accepts the risk (docs/operations.md, "Topologies").
+    ReplicationRefused,
 }
 
 wire_names!(AcquireOutcome {
@@ -359,6 +364,7 @@ wire_names!(AcquireOutcome {
     Rejected => "REJECTED",
     Lapsed => "LAPSED",
     ReferenceInUse => "REFERENCE_IN_USE",
+    ReplicationRefused => "REPLICATION_REFUSED",
 });
 
 /// Answer to `POST /v1/acquire`.

@@ -135,7 +135,7 @@ async fn acquire(State(store): State<Arc<Store>>, body: Bytes) -> Response {
     }
     let answer = store.acquire_answer(&req).await;
     let status = match answer.answer.outcome {
-        AcquireOutcome::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        AcquireOutcome::StoreUnavailable | AcquireOutcome::ReplicationRefused => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
     };
     (status, Json(answer)).into_response()

@@ -305,7 +305,9 @@ fn unseen_async_standby_refuses_keyless_acquires_and_serves_honoured_keys() {
 
     let keyless = key();
     let (status, refused) = idemd.acquire(&keyless, true);
-    assert_eq!((status, refused["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{refused}");
+    // Its own outcome, not an outage's: the filter tells the agent why and not to retry (core's
+    // `a_replication_refusal_says_why_and_is_not_retried`).
+    assert_eq!((status, refused["outcome"].as_str()), (503, Some("REPLICATION_REFUSED")), "{refused}");
     assert_eq!(rows(db.primary(), &keyless), "0", "refused before anything was recorded");
     let log = idemd.proc.log_text();
     assert!(log.contains("acquire refused") && log.contains("ignores Idempotency-Key"), "{log}");
@@ -445,7 +447,9 @@ fn mariadb_async_replica_refuses_keyless_acquires_and_serves_honoured_keys() {
 
     let keyless = key();
     let (status, refused) = idemd.acquire(&keyless, true);
-    assert_eq!((status, refused["outcome"].as_str()), (503, Some("STORE_UNAVAILABLE")), "{refused}");
+    // Its own outcome, not an outage's: the filter tells the agent why and not to retry (core's
+    // `a_replication_refusal_says_why_and_is_not_retried`).
+    assert_eq!((status, refused["outcome"].as_str()), (503, Some("REPLICATION_REFUSED")), "{refused}");
     assert_eq!(maria_rows(db.primary(), &keyless), "0", "refused before anything was recorded");
 
     let keyed = key();

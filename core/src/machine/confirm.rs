@@ -415,6 +415,7 @@ impl Confirm {
             AcquireOutcome::NeedsReview => self.needs_review(&key),
             AcquireOutcome::ParamMismatch => self.tampered(&key, false),
             AcquireOutcome::StoreUnavailable => self.unchecked(&key),
+            AcquireOutcome::ReplicationRefused => self.replication_refused(&key),
             // Another operation holds this business reference: nothing recorded, nothing forwarded.
             AcquireOutcome::ReferenceInUse => {
                 let ctx = ReplyContext { detail: self.ctx.policy.business_ref.as_deref(), ..Default::default() };
@@ -494,6 +495,13 @@ impl Confirm {
             operation: Some(key),
             ..Default::default()
         };
+        self.reply(ReplyKind::StatusUnavailable, ctx).with(Effect::Count(Counter::SidecarErrors))
+    }
+
+    /// idemd would not start the operation where its database could lose the record in a failover: the
+    /// agent hears `status_unavailable` with that reason, not retryable (only an operator changes it).
+    fn replication_refused(&self, key: &OpKey) -> Step {
+        let ctx = ReplyContext { operation: Some(key), replication_refused: true, ..Default::default() };
         self.reply(ReplyKind::StatusUnavailable, ctx).with(Effect::Count(Counter::SidecarErrors))
     }
 

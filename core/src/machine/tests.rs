@@ -376,6 +376,7 @@ fn confirm_acquire_answers_become_replies() -> TestResult {
         (json!({"outcome": "NEEDS_REVIEW"}), 202, "needs_review", Counter::NeedsReview),
         (json!({"outcome": "PARAM_MISMATCH"}), 422, "params_changed", Counter::SecurityEvents),
         (json!({"outcome": "STORE_UNAVAILABLE"}), 503, "status_unavailable", Counter::SidecarErrors),
+        (json!({"outcome": "REPLICATION_REFUSED"}), 503, "status_unavailable", Counter::SidecarErrors),
         (json!({"outcome": "ACQUIRED"}), 503, "status_unavailable", Counter::SidecarErrors),
     ];
     for (body, http, status, counter) in cases {
@@ -404,6 +405,41 @@ fn replays_carry_the_result_and_its_reference_and_in_progress_the_operation() ->
     let v = reply_json(&m.on_callout(&answer(200, json!({"outcome": "NEEDS_REVIEW"})), &mut env)?)?;
     assert_eq!(v["operation"].as_str(), Some(KEY));
     assert!(v["instruction"].as_str().unwrap_or_default().contains(KEY));
+    Ok(())
+}
+
+#[test]
+fn a_replication_refusal_says_why_and_is_not_retried() -> TestResult {
+    // An outage is retried after a wait; a refusal by the database's topology lasts until an operator
+    // acts, so the agent is told the reason, no wait, and to stop: in both languages.
+    let mut env = FixedEnv::at(999, NONCE);
+    let (mut m, _) = acquiring(&mut env)?;
+    let outage = reply_json(&m.on_callout(&answer(503, json!({"outcome": "STORE_UNAVAILABLE"})), &mut env)?)?;
+    assert_eq!((outage["retryable"].as_bool(), outage["retry_after_ms"].is_u64()), (Some(true), true));
+    for (lang, language) in [("en", crate::policy::Language::En), ("zh", crate::policy::Language::Zh)] {
+        let c = Ctx { config: Rc::new(PluginConfig { language, ..(*config()?).clone() }), ..ctx("confirm")? };
+        let (mut m, _) = Machine::start(c, &head(Some(token(1000)?)), false, &mut env);
+        m.on_request_body(&body(json!(10)), &mut env)?;
+        let step = m.on_callout(&answer(503, json!({"outcome": "REPLICATION_REFUSED"})), &mut env)?;
+        let r = step.reply().ok_or("no reply")?;
+        assert!(!r.headers.iter().any(|(k, _)| k == "retry-after"), "{lang}: {:?}", r.headers);
+        let v = reply_json(&step)?;
+        assert_eq!(v["status"].as_str(), Some("status_unavailable"), "{lang}");
+        assert_eq!((v["retryable"].as_bool(), v.get("retry_after_ms")), (Some(false), None), "{lang}: {v}");
+        assert_eq!(v["operation"].as_str(), Some(KEY), "{lang}");
+        let (meaning, instruction) = (v["meaning"].as_str().unwrap_or(""), v["instruction"].as_str().unwrap_or(""));
+        assert!(instruction.contains(KEY), "{lang}: the operator's reference: {instruction}");
+        assert_ne!(meaning, outage["meaning"].as_str().unwrap_or(""), "{lang}: the reason is said");
+        let why = if lang == "en" {
+            ["replicates", "failover", "operator"]
+        } else {
+            ["复制", "故障切换", "运维人员"]
+        };
+        for word in why {
+            assert!(meaning.contains(word), "{lang}: {word} in {meaning}");
+        }
+        assert!(!step.effects.contains(&Effect::ResumeRequest));
+    }
     Ok(())
 }
 
@@ -1259,6 +1295,8 @@ fn programs_get_the_drafts_answers_as_problems() -> TestResult {
         (json!({"outcome": "PARAM_MISMATCH"}), 422, "idempotency-key-reused", false),
         (json!({"outcome": "NEEDS_REVIEW"}), 409, "needs-review", false),
         (json!({"outcome": "STORE_UNAVAILABLE"}), 503, "store-unavailable", true),
+        // Not a passing outage: no Retry-After invites a retry that is refused the same way.
+        (json!({"outcome": "REPLICATION_REFUSED"}), 503, "replication-refused", false),
     ];
     for (a, http, kind, retry_after) in cases {
         let (mut m, _) = program(Some("k-1"), idempotent_ctx(&[])?)?;

@@ -19,6 +19,7 @@ pub(super) fn meaning(m: Meaning) -> String {
         M::NotExecuted => "This operation was NOT executed: the service that carries it out was temporarily unavailable and did not act on it. Nothing happened.".into(),
         M::NotYetExecuted => "This operation has not been executed: this fingerprint was never used to confirm it.".into(),
         M::UnavailableAsked => "The outcome of this operation cannot be looked up right now because a service is temporarily unavailable. It may or may not have been executed.".into(),
+        M::UnavailableReplication => "This call did not execute anything: the gateway refused to start this operation, because the database that records operations replicates in a way that could lose the record in a failover, and this tool's service would then run the operation a second time. This is not a passing outage: it lasts until an operator changes the gateway's store. An earlier call with this fingerprint may or may not have executed the operation.".into(),
         M::Unavailable => "This call did not execute anything, but the gateway cannot check right now whether an earlier call with this fingerprint already executed the operation, because a service is temporarily unavailable. The operation may or may not have been executed.".into(),
         M::ParamsChanged => "The bound arguments of this call (such as amount, currency or recipient) differ from those the fingerprint was issued for in the preview. This call did not execute anything.".into(),
         M::FingerprintExpired => "The fingerprint has expired (a fingerprint from the preview is valid only for a limited time) and no operation was ever started with it: nothing was executed.".into(),
@@ -75,6 +76,9 @@ pub(super) fn instruction(i: Instruction) -> String {
         I::CallAgain { wait_ms } => format!(
             "Do not start a new preview and do not change any argument. Wait {}, then call this tool again with exactly the same arguments and the same fingerprint: it will not execute twice, it will report the outcome.",
             wait(wait_ms)
+        ),
+        I::TellOperator { reference } => format!(
+            "Do not call this tool again and do not start a new preview for the same purpose: every call is refused the same way until an operator fixes the gateway's store. Do not tell the user it was done. Tell the user that this call did not start the operation because the gateway cannot record it safely right now, and give them the reference {reference} for the operator."
         ),
         I::Review { reference } => format!(
             "Do not retry and do not start a new preview for the same purpose. Tell the user that the operation is being reviewed by a person and that they will be told the outcome; give them the reference {reference}."

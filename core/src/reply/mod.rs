@@ -208,6 +208,10 @@ pub struct ReplyContext<'a> {
     pub status_query: bool,
     /// What a person approves (or approved, or refused): for the approval replies.
     pub approval: Option<ApprovalFacts<'a>>,
+    /// `status_unavailable` because idemd refused to start the operation where its database's
+    /// replication could lose the record (`REPLICATION_REFUSED`): an operator's matter, not a passing
+    /// outage, so the reply says so and is not retryable.
+    pub replication_refused: bool,
 }
 
 /// The approval replies' facts: what awaits a decision and where it is made.
@@ -271,7 +275,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     body.insert("status".into(), kind.status().into());
     body.insert("meaning".into(), text.meaning.into());
     body.insert("instruction".into(), text.instruction.into());
-    body.insert("retryable".into(), retryable(kind).into());
+    body.insert("retryable".into(), retryable(kind, ctx).into());
     body.insert("trace_id".into(), ctx.trace_id.into());
 
     let mut headers = vec![
@@ -325,6 +329,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
         }
     }
     match kind {
+        ReplyKind::StatusUnavailable if ctx.replication_refused => {}
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => {
             body.insert("retry_after_ms".into(), ctx.retry_after_ms.into());
             headers.push(("retry-after".to_string(), ctx.retry_after_ms.div_ceil(1000).to_string()));
@@ -441,6 +446,7 @@ pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
     ];
     let wait_ms = match kind {
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown => Some(ctx.poll_after_ms),
+        ReplyKind::StatusUnavailable if ctx.replication_refused => None,
         ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => Some(ctx.retry_after_ms),
         _ => None,
     };
@@ -466,6 +472,11 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
         ReplyKind::NeedsReview => {
             (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
         }
+        ReplyKind::StatusUnavailable if ctx.replication_refused => (
+            503,
+            "replication-refused",
+            "The gateway refuses to start this request: its idempotency store's replication could lose the record in a failover; nothing was executed, and retrying is refused the same way until an operator changes the store",
+        ),
         ReplyKind::StatusUnavailable => {
             (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
         }
@@ -520,8 +531,10 @@ fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'st
 /// resolve; a URN says so plainly.
 pub const PROBLEM_BASE: &str = "urn:agent-idempotency:problem:";
 
-fn retryable(kind: ReplyKind) -> bool {
+fn retryable(kind: ReplyKind, ctx: &ReplyContext) -> bool {
     match kind {
+        // Refused by the database's topology: the same answer until an operator acts.
+        ReplyKind::StatusUnavailable if ctx.replication_refused => false,
         // A preview reads only: asking again is always safe.
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable | ReplyKind::QuoteUnusable => true,
         // The seed: in flight, like done, says "do not re-issue". Polling without a status tool is
@@ -618,6 +631,7 @@ mod tests {
                     detail: Some("/amount"),
                     operation: Some("0123456789abcdef0123456789abcdef"),
                     status_query: false,
+                    replication_refused: false,
                     approval: Some(ApprovalFacts {
                         fields: r#"{"/amount":"5000"}"#,
                         scope: "payments.transfer",

@@ -24,6 +24,8 @@ pub(super) enum Meaning<'a> {
     UnavailableAsked,
     /// A confirm that could not be checked.
     Unavailable,
+    /// A confirm idemd would not start: its database's replication could lose the record.
+    UnavailableReplication,
     ParamsChanged,
     FingerprintExpired,
     FingerprintInvalid,
@@ -95,6 +97,10 @@ pub(super) enum Instruction<'a> {
     CheckAgainOrPoll {
         wait_ms: u64,
         tool: &'a str,
+    },
+    /// Refused by the store's replication: do not retry now; tell the user, give the operator the reference.
+    TellOperator {
+        reference: &'a str,
     },
     Repreview,
     PreviewAgain,
@@ -169,6 +175,9 @@ pub(super) fn say<'a>(
         }
         ReplyKind::StatusUnavailable if ctx.status_query => {
             (M::UnavailableAsked, I::AskAgain { wait_ms: ctx.retry_after_ms })
+        }
+        ReplyKind::StatusUnavailable if ctx.replication_refused => {
+            (M::UnavailableReplication, I::TellOperator { reference })
         }
         ReplyKind::StatusUnavailable => (
             M::Unavailable,

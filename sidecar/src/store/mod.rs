@@ -233,7 +233,7 @@ impl Store {
         if let Some(why) = replication::refusal(mode, self.accept_async_failover_risk, req.upstream_ignores_keys) {
             warn!(key = %req.key, scope = %req.scope, replication = mode.as_str(), reason = why, "acquire refused");
             self.metrics.replication_refused(mode.as_str());
-            let answer = flow::acquire::unavailable();
+            let answer = AcquireResponse { outcome: AcquireOutcome::ReplicationRefused, owner: None, result: None };
             self.after_acquire(req, &answer);
             return WithApproval { answer, approval: None };
         }
