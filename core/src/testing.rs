@@ -29,6 +29,10 @@ impl Env for FixedEnv {
     fn random16(&mut self) -> Option<[u8; 16]> {
         self.random
     }
+    /// No shared data: every replay goes to idemd.
+    fn shared_get(&self, _key: &str) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// A plugin configuration calling idemd at cluster `idemd`, signing with one key `k1` of

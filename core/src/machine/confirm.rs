@@ -234,13 +234,10 @@ impl Confirm {
         let key = match client_key::parse_header(header) {
             Ok(k) => k,
             Err(e) => {
+                // Client keys are for programs only (the policy refuses them on a route agents call): they
+                // are told about the key they can send (docs/programs.md's table).
                 let (kind, detail) = match e {
-                    // Programs are told about the key they can send (docs/programs.md's table); an agent on a
-                    // route that takes both, about the fingerprint it should carry.
-                    KeyError::Missing if self.ctx.policy.role == Role::Idempotent || self.problem => {
-                        (ReplyKind::KeyMissing, None)
-                    }
-                    KeyError::Missing => (ReplyKind::FingerprintMissing, None),
+                    KeyError::Missing => (ReplyKind::KeyMissing, None),
                     KeyError::Invalid(why) => (ReplyKind::KeyInvalid, Some(why)),
                 };
                 let refusal = self.reply(kind, ReplyContext { detail, ..Default::default() });

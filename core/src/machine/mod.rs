@@ -13,6 +13,7 @@
 //! does not pay for them.
 
 mod confirm;
+mod counter;
 mod mcp;
 mod outside;
 mod preview;
@@ -32,6 +33,7 @@ use std::fmt;
 use std::rc::Rc;
 
 pub use self::confirm::Confirm;
+pub use self::counter::Counter;
 pub use self::mcp::{Mcp, HEADER_MISMATCH, MCP_METHOD_HEADER, MCP_NAME_HEADER, META_KEY};
 pub use self::preview::Preview;
 pub use self::status::Status;
@@ -50,10 +52,10 @@ pub trait Env {
     fn now_s(&self) -> u64;
     /// 16 random bytes for a nonce; `None` if the host has no randomness.
     fn random16(&mut self) -> Option<[u8; 16]>;
-    /// A value of the process-wide shared data (the replay cache), if the host has one.
-    fn shared_get(&self, _key: &str) -> Option<Vec<u8>> {
-        None
-    }
+    /// A value of the process-wide shared data (the replay cache); `None` where it has none or the host
+    /// keeps no shared data. Every host says which (no default): a host that forgot would silently run
+    /// without its replay cache.
+    fn shared_get(&self, key: &str) -> Option<Vec<u8>>;
 }
 
 /// The request facts an annotated route needs, read once by the host.
@@ -369,124 +371,6 @@ impl Callout {
     /// would be a 400 from idemd, never a guess.
     pub fn post<T: serde::Serialize>(path: &str, body: &T) -> Callout {
         Callout { method: "POST", path: path.to_string(), body: Some(serde_json::to_vec(body).unwrap_or_default()) }
-    }
-}
-
-/// The filter's Envoy counters (`wasmcustom.idem.*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counter {
-    Minted,
-    Verified,
-    RejectedMissing,
-    RejectedInvalid,
-    RejectedExpired,
-    RejectedForbidden,
-    RejectedParams,
-    RejectedBody,
-    RejectedSubject,
-    Acquired,
-    Replayed,
-    InProgress,
-    NeedsReview,
-    Completed,
-    Released,
-    UnknownOutcome,
-    SidecarErrors,
-    SecurityEvents,
-    StatusLookups,
-    ExpiredLookups,
-    ClientKeyRequests,
-    ReplayCacheHits,
-    RejectedHeader,
-    SecurityParamsChanged,
-    SecurityCrossSubject,
-    SecurityBadSignature,
-    SecurityUnknownKid,
-    LeaseRenewals,
-    LeasesLost,
-    /// A guarded route whose annotation does not parse: every call refused (503), none forwarded.
-    RejectedMisconfigured,
-    /// A confirm recorded for a person's approval (or still waiting): nothing forwarded.
-    ApprovalRequired,
-    /// A confirm of an operation a person refused.
-    ApprovalRejected,
-    /// A confirm or lookup of an approval nobody gave before `exp`.
-    ApprovalLapsed,
-}
-
-impl Counter {
-    pub const ALL: [Counter; 33] = [
-        Counter::Minted,
-        Counter::Verified,
-        Counter::RejectedMissing,
-        Counter::RejectedInvalid,
-        Counter::RejectedExpired,
-        Counter::RejectedForbidden,
-        Counter::RejectedParams,
-        Counter::RejectedBody,
-        Counter::RejectedSubject,
-        Counter::Acquired,
-        Counter::Replayed,
-        Counter::InProgress,
-        Counter::NeedsReview,
-        Counter::Completed,
-        Counter::Released,
-        Counter::UnknownOutcome,
-        Counter::SidecarErrors,
-        Counter::SecurityEvents,
-        Counter::StatusLookups,
-        Counter::ExpiredLookups,
-        Counter::ClientKeyRequests,
-        Counter::ReplayCacheHits,
-        Counter::RejectedHeader,
-        Counter::SecurityParamsChanged,
-        Counter::SecurityCrossSubject,
-        Counter::SecurityBadSignature,
-        Counter::SecurityUnknownKid,
-        Counter::LeaseRenewals,
-        Counter::LeasesLost,
-        Counter::RejectedMisconfigured,
-        Counter::ApprovalRequired,
-        Counter::ApprovalRejected,
-        Counter::ApprovalLapsed,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Counter::Minted => "idem.minted",
-            Counter::Verified => "idem.verified",
-            Counter::RejectedMissing => "idem.rejected.fingerprint_missing",
-            Counter::RejectedInvalid => "idem.rejected.fingerprint_invalid",
-            Counter::RejectedExpired => "idem.rejected.fingerprint_expired",
-            Counter::RejectedForbidden => "idem.rejected.forbidden",
-            Counter::RejectedParams => "idem.rejected.params_changed",
-            Counter::RejectedBody => "idem.rejected.bad_body",
-            Counter::RejectedSubject => "idem.rejected.unauthenticated",
-            Counter::Acquired => "idem.acquired",
-            Counter::Replayed => "idem.replayed",
-            Counter::InProgress => "idem.in_progress",
-            Counter::NeedsReview => "idem.needs_review",
-            Counter::Completed => "idem.completed",
-            Counter::Released => "idem.released",
-            Counter::UnknownOutcome => "idem.unknown_outcome",
-            Counter::SidecarErrors => "idem.sidecar_errors",
-            Counter::SecurityEvents => "idem.security_events",
-            Counter::StatusLookups => "idem.status_lookups",
-            Counter::ExpiredLookups => "idem.expired_lookups",
-            Counter::ClientKeyRequests => "idem.client_key_requests",
-            Counter::ReplayCacheHits => "idem.replay_cache_hits",
-            Counter::RejectedHeader => "idem.rejected.invalid_header",
-            Counter::SecurityParamsChanged => "idem.security.params_changed",
-            Counter::SecurityCrossSubject => "idem.security.cross_subject",
-            Counter::SecurityBadSignature => "idem.security.bad_signature",
-            Counter::SecurityUnknownKid => "idem.security.unknown_kid",
-            Counter::LeaseRenewals => "idem.lease_renewals",
-            Counter::LeasesLost => "idem.leases_lost",
-            Counter::RejectedMisconfigured => "idem.rejected.misconfigured_route",
-            Counter::ApprovalRequired => "idem.approval_required",
-            Counter::ApprovalRejected => "idem.approval_rejected",
-            Counter::ApprovalLapsed => "idem.approval_lapsed",
-        }
     }
 }
 

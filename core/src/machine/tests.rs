@@ -506,6 +506,8 @@ fn expired_confirm_answers_from_what_exists() -> TestResult {
         (answer(200, in_flight), 202, "in_progress"),
         (answer(200, review), 202, "needs_review"),
         (answer(404, json!({"error": "not_found"})), 410, "fingerprint_expired"),
+        // No row, and one may have been reaped: not "expired, never ran", but "gone, ask elsewhere".
+        (answer(404, json!({"error": "not_found", "reaped_possible": true})), 410, "record_expired"),
         (answer(503, json!({"error": "store_unavailable"})), 503, "status_unavailable"),
         (CalloutAnswer::failed(), 503, "status_unavailable"),
         (answer(200, json!({"garbled": true})), 503, "status_unavailable"),
@@ -1337,6 +1339,58 @@ fn a_confirm_route_with_client_keys_serves_both_callers() -> TestResult {
     let (mut m, _) = Machine::start(c()?, &head(None), false, &mut env);
     let (status, kind, _) = problem_of(&m.on_request_body(&body(json!(10)), &mut env)?)?;
     assert_eq!((status, kind.as_str()), (400, "urn:agent-idempotency:problem:idempotency-key-missing"));
+    Ok(())
+}
+
+#[test]
+fn an_invalid_client_key_is_refused_with_the_reason() -> TestResult {
+    let (m, step) = program(Some(&"k".repeat(300)), idempotent_ctx(&[])?)?;
+    let problem = reply_json(&step)?;
+    assert!(problem["detail"].as_str().is_some_and(|d| !d.is_empty()), "{problem}");
+    assert!(counted(&step, Counter::RejectedMissing));
+    assert!(matches!(m, Machine::Pass));
+    Ok(())
+}
+
+#[test]
+fn a_route_for_client_keys_only_never_reads_a_fingerprint() -> TestResult {
+    // Role `idempotent` takes no fingerprint: one in the header or the body is payload, the key decides.
+    let mut env = FixedEnv::at(999, NONCE);
+    let h = RequestHead {
+        idempotency_key: Some("order-77".into()),
+        path: "/v1/charges".into(),
+        ..head(Some("not-a-fingerprint".into()))
+    };
+    let (mut m, _) = Machine::start(idempotent_ctx(&[])?, &h, false, &mut env);
+    let step = m.on_request_body(br#"{"amount": 5, "fingerprint": "also-not-one"}"#, &mut env)?;
+    let req: AcquireRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).ok_or("no acquire")?)?;
+    assert_eq!(req.mode, crate::protocol::KeyMode::ClientKey);
+    Ok(())
+}
+
+#[test]
+fn two_different_fingerprints_are_refused_and_the_reply_says_why() -> TestResult {
+    let mut env = FixedEnv::at(999, NONCE);
+    let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
+    let other = token(2000)?;
+    let body = json!({"amount": 10, "currency": "EUR", "fingerprint": other}).to_string();
+    let step = m.on_request_body(body.as_bytes(), &mut env)?;
+    let v = reply_json(&step)?;
+    assert_eq!(v["status"].as_str(), Some("fingerprint_invalid"), "{v}");
+    assert!(v["detail"].as_str().is_some_and(|d| d.contains("differ")), "{v}");
+    assert!(counted(&step, Counter::RejectedInvalid));
+    Ok(())
+}
+
+#[test]
+fn only_a_forwarded_confirm_asks_for_the_answers_headers() -> TestResult {
+    // The hosts read the upstream's headers only where the machine records them (a cost on every answer).
+    let mut env = FixedEnv::at(999, NONCE);
+    let (m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
+    assert!(!m.response_needs_headers(), "waiting for the body");
+    let (m, _) = acquiring(&mut env)?;
+    assert!(!m.response_needs_headers(), "waiting for idemd");
+    assert!(forwarded(&mut env)?.response_needs_headers());
     Ok(())
 }
 
