@@ -42,10 +42,16 @@ pub fn plugin_config_of(yaml: &str) -> Option<String> {
     plugin_configuration(&lines[start + 1..end]).map(|c| c.join("\n"))
 }
 
+/// The plugin configuration file of the ext_proc host of the idemd on `sidecar_port` (`prepare` writes it
+/// into `dir`): what `idemd serve --ext-proc-config` and `idemd check --ext-proc-config` read.
+pub fn config_file(sidecar_port: u16, dir: &Path) -> PathBuf {
+    dir.join(format!("ext-proc-config-{sidecar_port}.json"))
+}
+
 /// Record that the idemd on `sidecar_port` runs the ext_proc host with `config`; returns the
 /// file to give it (`--ext-proc-config`) and the port it serves on.
 pub fn prepare(sidecar_port: u16, config: &str, dir: &Path) -> Result<(PathBuf, u16), BoxError> {
-    let path = dir.join(format!("ext-proc-config-{sidecar_port}.json"));
+    let path = config_file(sidecar_port, dir);
     std::fs::write(&path, config)?;
     let mut reg = registry();
     if let Some(r) = reg.iter_mut().find(|r| r.sidecar == sidecar_port) {

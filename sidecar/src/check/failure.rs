@@ -135,7 +135,7 @@ mod tests {
                 &format!("root_id: agent_idempotency\n{}{line}\n", " ".repeat(16)),
             );
             assert_ne!(edited, yaml);
-            let report = super::super::check_envoy("test.yaml", &edited, &flags()).map_err(|e| e.to_string());
+            let report = super::super::check_envoy("test.yaml", &edited, &flags(), None).map_err(|e| e.to_string());
             let found: Vec<String> = report
                 .map(|r| r.findings.into_iter().filter(|f| f.rule == "wasm-reload").map(|f| f.message).collect())
                 .unwrap_or_else(|e| vec![e]);

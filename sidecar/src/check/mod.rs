@@ -39,10 +39,14 @@
 //!
 //! Each rule is an entry of [`rules::RULES`] with a name every finding carries.
 //!
+//! On the ext_proc host the plugin configuration is idemd's (`--ext-proc-config`, as `idemd serve` takes
+//! it): Envoy's ext_proc filter is then the agent filter, and its own settings are checked (`ext_proc`).
+//!
 //! Given the deployment's database (`IDEM_DATABASE_URL`), the check also says the replication
 //! topology it sees and refuses what idemd would refuse on it (`topology`).
 
 pub mod clusters;
+pub mod ext_proc;
 mod failure;
 pub mod forward;
 pub mod guard;
@@ -94,9 +98,10 @@ pub struct Report {
     pub routes: usize,
 }
 
-/// Every rule over one configuration's text (`label` names it in findings) and idemd's flags.
-pub fn check_envoy(label: &str, yaml: &str, idemd: &TtlArgs) -> Result<Report, String> {
-    let config = EnvoyConfig::parse(label, yaml)?;
+/// Every rule over one configuration's text (`label` names it in findings) and idemd's flags;
+/// `ext_proc_config`: the plugin configuration idemd's ext_proc host runs with (`--ext-proc-config`).
+pub fn check_envoy(label: &str, yaml: &str, idemd: &TtlArgs, ext_proc_config: Option<&str>) -> Result<Report, String> {
+    let config = EnvoyConfig::parse(label, yaml, ext_proc_config)?;
     let mut findings = Vec::new();
     let input = Inputs { envoy: &config, idemd };
     for rule in rules::RULES {
@@ -122,6 +127,16 @@ pub fn check_envoy(label: &str, yaml: &str, idemd: &TtlArgs) -> Result<Report, S
 /// refuses one (each printed with its rule), 2 when a file cannot be read.
 pub fn main(args: CheckArgs) -> ExitCode {
     let mut refused = false;
+    let ext_proc_config = match &args.ext_proc_config {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => Some(text),
+            Err(e) => {
+                eprintln!("idemd check: --ext-proc-config {}: cannot read: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let database = topology::read_from_env();
     if let Some(t) = &database {
         println!("idemd check: {}", topology::describe(t));
@@ -129,8 +144,8 @@ pub fn main(args: CheckArgs) -> ExitCode {
     for path in &args.envoy {
         let label = path.display().to_string();
         let report = std::fs::read_to_string(path).map_err(|e| format!("{label}: cannot read: {e}")).and_then(|text| {
-            let mut report = check_envoy(&label, &text, &args.idemd)?;
-            let config = EnvoyConfig::parse(&label, &text)?;
+            let mut report = check_envoy(&label, &text, &args.idemd, ext_proc_config.as_deref())?;
+            let config = EnvoyConfig::parse(&label, &text, ext_proc_config.as_deref())?;
             match &database {
                 Some(t) => report.findings.extend(topology::findings(&config, t)),
                 None if topology::any_ignores_keys(&config) => report.notes.push(format!(

@@ -10,6 +10,7 @@ use serde_json::Value;
 use idem_core::policy::{parse_plugin_config, RouteDefaults, RoutePolicy, ROUTE_NAMESPACE};
 
 use super::clusters::Clusters;
+use super::ext_proc::{self, ExtProcEntry};
 use super::failure;
 use super::forward::{self, ManagerTimeouts, Retry, RouteTimeouts};
 use super::guard::{self, FilterSettings};
@@ -52,7 +53,8 @@ pub struct Manager {
     pub local_reply_gap: Option<String>,
 }
 
-/// The agent filter's entry (the .wasm or the native module).
+/// The agent filter's entry (the .wasm, the native module, or Envoy's ext_proc filter in front of idemd's
+/// ext_proc host).
 #[derive(Debug)]
 pub struct AgentFilter {
     /// Its name in `http_filters`: what `typed_per_filter_config` keys it by.
@@ -65,8 +67,10 @@ pub struct AgentFilter {
     pub config_error: Option<String>,
     /// What the TTL rules read of it (its timeouts, defaults, replay cache, route rules); None when refused.
     pub settings: Option<FilterSettings>,
-    /// The `.wasm`'s failure policy in effect (`failure`); None for the native module.
+    /// The `.wasm`'s failure policy in effect (`failure`); None for the native module and ext_proc.
     pub vm_failure: Option<String>,
+    /// The ext_proc filter's own settings, when the agent filter is Envoy's ext_proc filter (`ext_proc`).
+    pub ext_proc: Option<ExtProcEntry>,
 }
 
 #[derive(Debug)]
@@ -82,6 +86,8 @@ pub struct VirtualHost {
     pub routes: Vec<Route>,
     /// `typed_per_filter_config.<agent filter>.disabled: true` on the virtual host.
     pub filter_disabled: bool,
+    /// `typed_per_filter_config.<agent filter>` on the virtual host, as written.
+    pub filter_per_route: Option<Value>,
     /// `include_attempt_count_in_response: true`: the filter sees that Envoy retried.
     pub attempt_count_in_response: bool,
 }
@@ -97,6 +103,8 @@ pub struct Route {
     pub annotation: Option<Value>,
     /// `typed_per_filter_config.<agent filter>.disabled: true` on the route.
     pub filter_disabled: bool,
+    /// `typed_per_filter_config.<agent filter>` on the route, as written.
+    pub filter_per_route: Option<Value>,
     /// The annotation as the filter parses it (with the plugin's defaults), where the filter runs and accepts
     /// its configuration: `Err` says why the filter refuses the route.
     pub guard: Option<Result<RoutePolicy, String>>,
@@ -175,8 +183,9 @@ impl Target {
 
 impl EnvoyConfig {
     /// Parse `yaml` (the file `label`). An RDS `path_config_source` is read relative to the current
-    /// directory, as Envoy reads it.
-    pub fn parse(label: &str, yaml: &str) -> Result<EnvoyConfig, String> {
+    /// directory, as Envoy reads it. `ext_proc_config`: the plugin configuration idemd's ext_proc host runs
+    /// with, which an ext_proc filter in a chain without the `.wasm` or native filter is read with.
+    pub fn parse(label: &str, yaml: &str, ext_proc_config: Option<&str>) -> Result<EnvoyConfig, String> {
         let doc: Value = serde_norway::from_str(yaml).map_err(|e| format!("{label}: not valid YAML: {e}"))?;
         let Some(listeners) = doc.pointer("/static_resources/listeners").and_then(Value::as_array) else {
             return Err(format!("{label}: no static_resources.listeners"));
@@ -203,7 +212,7 @@ impl EnvoyConfig {
                         1 => format!("{label}: listener {name}"),
                         _ => format!("{label}: listener {name} (filter chain #{i})"),
                     };
-                    let manager = config.manager(at, hcm)?;
+                    let manager = config.manager(at, hcm, &Host { doc: &doc, ext_proc_config })?;
                     config.managers.push(manager);
                 }
             }
@@ -211,23 +220,10 @@ impl EnvoyConfig {
         Ok(config)
     }
 
-    fn manager(&mut self, at: String, hcm: &Value) -> Result<Manager, String> {
+    fn manager(&mut self, at: String, hcm: &Value, host: &Host) -> Result<Manager, String> {
         let http_filters: Vec<&Value> =
             hcm.get("http_filters").and_then(Value::as_array).into_iter().flatten().collect();
-        let position = http_filters.iter().position(|f| agent_filter(f).is_some());
-        let filter = position.and_then(|i| http_filters.get(i)).and_then(|f| agent_filter(f).map(|c| (*f, c))).map(
-            |(f, config)| {
-                let name = f.get("name").and_then(Value::as_str).unwrap_or(ROUTE_NAMESPACE).to_string();
-                let parsed = config.map(|c| parse_plugin_config(c.as_bytes(), &placeholder_secret));
-                let (rules, config_error, settings) = match parsed {
-                    Some(Ok(p)) => (p.routes.len(), None, Some(guard::filter_settings(&p))),
-                    Some(Err(e)) => (0, Some(e.to_string()), None),
-                    None => (0, Some("no plugin configuration string value".to_string()), None),
-                };
-                let vm_failure = failure::vm_failure(f);
-                AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings, vm_failure }
-            },
-        );
+        let (position, filter) = agent_filter_of(&http_filters, host);
         let after_filter = match position {
             Some(i) => http_filters.iter().skip(i + 1).map(|f| filter_kind(f)).collect(),
             None => Vec::new(),
@@ -327,6 +323,43 @@ impl EnvoyConfig {
     }
 }
 
+/// What the manager is parsed with beside its own entry.
+struct Host<'a> {
+    /// The whole configuration (the ext_proc filter's cluster is one of its clusters).
+    doc: &'a Value,
+    /// The plugin configuration idemd's ext_proc host runs with, when the check was given it.
+    ext_proc_config: Option<&'a str>,
+}
+
+/// The agent filter of a chain, and its place: the `.wasm` or the native module, else (where neither runs)
+/// Envoy's ext_proc filter, read with the plugin configuration idemd's ext_proc host runs with.
+fn agent_filter_of(http_filters: &[&Value], host: &Host) -> (Option<usize>, Option<AgentFilter>) {
+    let own = http_filters.iter().enumerate().find_map(|(i, f)| agent_filter(f).map(|c| (i, *f, c)));
+    if let Some((i, f, config)) = own {
+        return (Some(i), Some(agent(f, config, failure::vm_failure(f), None)));
+    }
+    let mut procs = http_filters.iter().enumerate().filter(|(_, f)| ext_proc::is_ext_proc(f));
+    let Some((i, f)) = procs.next() else { return (None, None) };
+    let entry = ExtProcEntry::read(f, host.doc, procs.count(), host.ext_proc_config.is_some());
+    let mut filter = agent(f, host.ext_proc_config, None, Some(entry));
+    if host.ext_proc_config.is_none() {
+        filter.config_error = Some(ext_proc::no_config(&filter.name));
+    }
+    (Some(i), Some(filter))
+}
+
+/// The agent filter `f`, with its plugin configuration's text as idem-core reads it.
+fn agent(f: &Value, config: Option<&str>, vm_failure: Option<String>, ext_proc: Option<ExtProcEntry>) -> AgentFilter {
+    let name = f.get("name").and_then(Value::as_str).unwrap_or(ROUTE_NAMESPACE).to_string();
+    let parsed = config.map(|c| parse_plugin_config(c.as_bytes(), &placeholder_secret));
+    let (rules, config_error, settings) = match parsed {
+        Some(Ok(p)) => (p.routes.len(), None, Some(guard::filter_settings(&p))),
+        Some(Err(e)) => (0, Some(e.to_string()), None),
+        None => (0, Some("no plugin configuration string value".to_string()), None),
+    };
+    AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings, vm_failure, ext_proc }
+}
+
 /// An HTTP filter's kind: its `@type` (without the type URL's host), else its name.
 fn filter_kind(f: &Value) -> String {
     let typed = f.pointer("/typed_config/@type").and_then(Value::as_str);
@@ -384,6 +417,7 @@ fn route_table(source: String, table: &Value, reading: &Reading) -> Result<Route
                 target: target(route),
                 annotation,
                 filter_disabled: filter.is_some_and(|f| disabled(route, f)),
+                filter_per_route: filter.and_then(|f| per_filter(route, f)),
                 label,
                 guard,
                 timeouts,
@@ -401,9 +435,16 @@ fn route_table(source: String, table: &Value, reading: &Reading) -> Result<Route
             });
         }
         let filter_disabled = filter.is_some_and(|f| disabled(host, f));
+        let filter_per_route = filter.and_then(|f| per_filter(host, f));
         let attempt_count_in_response =
             host.get("include_attempt_count_in_response").and_then(Value::as_bool) == Some(true);
-        hosts.push(VirtualHost { name: host_name, routes, filter_disabled, attempt_count_in_response });
+        hosts.push(VirtualHost {
+            name: host_name,
+            routes,
+            filter_disabled,
+            filter_per_route,
+            attempt_count_in_response,
+        });
     }
     Ok(RouteTable { source, hosts })
 }
@@ -508,10 +549,18 @@ fn target(route: &Value) -> Target {
 /// The route metadata namespace of the operator's statements to `idemd check` (never read by the filter).
 pub const CHECK_NAMESPACE: &str = "idemd_check";
 
-/// `typed_per_filter_config.<filter>.disabled: true` (Envoy's FilterConfig).
+/// `typed_per_filter_config.<filter>.disabled: true` (Envoy's FilterConfig, or ext_proc's ExtProcPerRoute).
 fn disabled(v: &Value, filter: &str) -> bool {
-    let at = format!("/typed_per_filter_config/{}/disabled", filter.replace('~', "~0").replace('/', "~1"));
-    v.pointer(&at).and_then(Value::as_bool) == Some(true)
+    let Some(config) = per_filter(v, filter) else { return false };
+    // A FilterConfig may wrap the filter's own per-route configuration, which may say it too.
+    [config.get("disabled"), config.pointer("/config/disabled")]
+        .iter()
+        .any(|d| d.and_then(Value::as_bool) == Some(true))
+}
+
+/// `typed_per_filter_config.<filter>` of a route or virtual host.
+fn per_filter(v: &Value, filter: &str) -> Option<Value> {
+    v.pointer(&format!("/typed_per_filter_config/{}", filter.replace('~', "~0").replace('/', "~1"))).cloned()
 }
 
 /// The route's annotation, when it has a role (what the filter guards the route by): the native module's

@@ -1,9 +1,11 @@
 //! The rules `idemd check` applies, each by name. A rule reads the parsed
 //! configuration and idemd's flags and reports findings; any finding refuses
 //! the configuration. A new rule is one more entry in [`RULES`]; the TTL rules
-//! are in `ttl`, the retry rules in `retries`.
+//! are in `ttl`, the retry rules in `retries`, the ext_proc filter's decisions in
+//! `ext_proc`.
 
-use super::model::{EnvoyConfig, Manager, Matcher, Target};
+use super::ext_proc::{self, ExtProcEntry};
+use super::model::{AgentFilter, EnvoyConfig, Manager, Matcher, Target};
 use super::{retries, ttl, ways, Finding, Inputs};
 
 pub struct Rule {
@@ -36,6 +38,53 @@ pub const RULES: &[Rule] = &[
         name: "wasm-reload",
         summary: "the agent .wasm reloads a failed VM (failure_policy: FAIL_RELOAD), never fails open or stays closed",
         check: super::failure::wasm_reload,
+    },
+    Rule {
+        name: "ext-proc-config",
+        summary: "an ext_proc filter that is the agent filter is checked with the plugin configuration idemd's \
+                  ext_proc host runs with (--ext-proc-config, IDEM_EXT_PROC_CONFIG), and is the chain's only one",
+        check: ext_proc_config,
+    },
+    Rule {
+        name: "ext-proc-fail-open",
+        summary: "the ext_proc filter in front of idemd never lets a request past unjudged (failure_mode_allow, \
+                  observability_mode)",
+        check: ext_proc_fail_open,
+    },
+    Rule {
+        name: "ext-proc-processing-mode",
+        summary: "the ext_proc filter sends headers and trailers both ways, and bodies BUFFERED or \
+                  FULL_DUPLEX_STREAMED both ways (processing_mode)",
+        check: ext_proc_processing_mode,
+    },
+    Rule {
+        name: "ext-proc-message-timeout",
+        summary: "the ext_proc filter's message_timeout (Envoy's default 200 ms) exceeds the plugin's \
+                  sidecar_timeout_ms",
+        check: ext_proc_message_timeout,
+    },
+    Rule {
+        name: "ext-proc-attributes",
+        summary: "the ext_proc filter sends xds.route_metadata (where routes are annotated) and \
+                  response.code_details",
+        check: ext_proc_attributes,
+    },
+    Rule {
+        name: "ext-proc-cluster",
+        summary: "the ext_proc filter's gRPC service is a static cluster that speaks HTTP/2 (or google_grpc)",
+        check: ext_proc_cluster,
+    },
+    Rule {
+        name: "ext-proc-settings",
+        summary: "no ext_proc setting that changes what reaches idemd or what Envoy does with its answers \
+                  (disable_immediate_response, mutation_rules, forward_rules, route_cache_action: CLEAR, a \
+                  non-5xx status_on_error, disabled on its entry), and none the check does not know",
+        check: ext_proc_settings,
+    },
+    Rule {
+        name: "ext-proc-per-route",
+        summary: "no per-route ext_proc overrides (but metadata) on a guarded route or its virtual host",
+        check: ext_proc_per_route,
     },
     Rule {
         name: "normalize-path",
@@ -184,14 +233,103 @@ pub const RULES: &[Rule] = &[
     },
 ];
 
+/// Each finding `gaps` makes of a connection manager whose agent filter is Envoy's ext_proc filter, at the manager,
+/// prefixed with the filter's name.
+fn each_ext_proc(
+    rule: &Rule,
+    input: &Inputs,
+    out: &mut Vec<Finding>,
+    gaps: impl Fn(&Manager, &AgentFilter, &ExtProcEntry) -> Vec<String>,
+) {
+    for m in &input.envoy.managers {
+        let Some((f, e)) = m.filter.as_ref().and_then(|f| Some((f, f.ext_proc.as_ref()?))) else { continue };
+        for gap in gaps(m, f, e) {
+            out.push(rule.finding(&m.at, format!("{}: {gap}", f.name)));
+        }
+    }
+}
+
+fn ext_proc_config(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    each_ext_proc(rule, input, out, |_, f, e| {
+        let mut gaps = Vec::new();
+        if !e.config_given {
+            gaps.push(format!("{}: the check cannot tell what it guards", ext_proc::no_config(&f.name)));
+        }
+        if e.others > 0 {
+            gaps.push(format!(
+                "the chain runs {} ext_proc filters: the check reads the first as idemd's and cannot tell which one \
+                 is; run one in front of idemd",
+                e.others + 1
+            ));
+        }
+        gaps
+    });
+}
+
+fn ext_proc_fail_open(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    each_ext_proc(rule, input, out, |_, _, e| ext_proc::fail_open_settings(&e.typed));
+}
+
+fn ext_proc_processing_mode(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    each_ext_proc(rule, input, out, |_, _, e| ext_proc::processing_mode_gaps(&e.typed));
+}
+
+fn ext_proc_message_timeout(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    // Without settings the plugin configuration is refused (`plugin-config`, `ext-proc-config`).
+    each_ext_proc(rule, input, out, |_, f, e| {
+        let timeout = f.settings.as_ref().map(|s| s.sidecar_timeout_ms);
+        timeout.and_then(|t| ext_proc::message_timeout_gap(&e.typed, t)).into_iter().collect()
+    });
+}
+
+fn ext_proc_attributes(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    each_ext_proc(rule, input, out, |m, _, e| {
+        let annotated = m.routes.iter().flat_map(|t| &t.hosts).flat_map(|h| &h.routes).any(|r| r.annotation.is_some());
+        ext_proc::attribute_gaps(&e.typed, annotated)
+    });
+}
+
+fn ext_proc_cluster(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    each_ext_proc(rule, input, out, |_, _, e| e.cluster_gap.iter().cloned().collect());
+}
+
+fn ext_proc_settings(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    each_ext_proc(rule, input, out, |_, _, e| ext_proc::settings_gaps(&e.typed, e.entry_disabled));
+}
+
+/// Per-route overrides on every route that carries guarded requests (annotated, or a route rule's), and on its
+/// virtual host (once).
+fn ext_proc_per_route(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
+    let mut hosts_seen: Vec<String> = Vec::new();
+    for g in super::guard::guarded(input.envoy) {
+        let Some(f) = g.manager.filter.as_ref().filter(|f| f.ext_proc.is_some()) else { continue };
+        for gap in g.route.filter_per_route.iter().flat_map(ext_proc::per_route_gaps) {
+            out.push(rule.finding(&g.at, format!("guarded, and {}'s per-route configuration has {gap}", f.name)));
+        }
+        let host_at = format!("{}: virtual host {}", g.manager.at, g.host.name);
+        if hosts_seen.contains(&host_at) {
+            continue;
+        }
+        for gap in g.host.filter_per_route.iter().flat_map(ext_proc::per_route_gaps) {
+            out.push(rule.finding(
+                &host_at,
+                format!("carries guarded routes, and {}'s per-route configuration has {gap}", f.name),
+            ));
+        }
+        hosts_seen.push(host_at);
+    }
+}
+
 fn with_filter(config: &EnvoyConfig) -> impl Iterator<Item = &Manager> {
     config.managers.iter().filter(|m| m.filter.is_some())
 }
 
 fn plugin_config(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
     let config = input.envoy;
+    // An ext_proc filter the check was given no configuration for is `ext-proc-config`'s.
+    let given = |f: &&AgentFilter| f.ext_proc.as_ref().is_none_or(|e| e.config_given);
     for m in with_filter(config) {
-        if let Some(e) = m.filter.as_ref().and_then(|f| f.config_error.as_ref()) {
+        if let Some(e) = m.filter.as_ref().filter(given).and_then(|f| f.config_error.as_ref()) {
             out.push(rule.finding(&m.at, format!("the filter refuses its plugin configuration: {e}")));
         }
     }

@@ -16,14 +16,76 @@ pub struct Fixture {
     pub hcm: String,
     /// The plugin configuration (JSON).
     pub plugin: String,
+    /// Run the ext_proc host instead of the `.wasm`: Envoy's ext_proc filter with these extra fields (one per
+    /// line), and its cluster; the plugin configuration is then the check's `--ext-proc-config`.
+    pub ext_proc: Option<String>,
 }
 
 impl Fixture {
     pub fn new(routes: &str) -> Fixture {
-        Fixture { routes: routes.to_string(), vhost: String::new(), hcm: String::new(), plugin: plugin("") }
+        Fixture {
+            routes: routes.to_string(),
+            vhost: String::new(),
+            hcm: String::new(),
+            plugin: plugin(""),
+            ext_proc: None,
+        }
+    }
+
+    /// The same on the ext_proc host, its filter as tests/src/ext_proc.rs converts the e2e configurations.
+    pub fn ext_proc(routes: &str) -> Fixture {
+        Fixture { ext_proc: Some(String::new()), ..Fixture::new(routes) }
+    }
+
+    /// The filter's entry (the `.wasm`, or the ext_proc filter) in `http_filters`, and the clusters.
+    fn filter_and_clusters(&self) -> (String, &'static str) {
+        let Some(extra) = &self.ext_proc else {
+            let wasm = format!(
+                r#"          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: agent_idempotency
+                root_id: agent_idempotency
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{}'
+"#,
+                self.plugin
+            );
+            return (wasm, "");
+        };
+        let filter = format!(
+            r#"          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {{ envoy_grpc: {{ cluster_name: idem_ext_proc }} }}
+              failure_mode_allow: false
+              message_timeout: 10s
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: BUFFERED
+                response_body_mode: BUFFERED
+                request_trailer_mode: SEND
+                response_trailer_mode: SEND
+              request_attributes: [xds.route_metadata]
+              response_attributes: [response.code_details]
+{}"#,
+            indent(extra, 14)
+        );
+        let clusters = r#"  clusters:
+  - name: idem_ext_proc
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+"#;
+        (filter, clusters)
     }
 
     pub fn yaml(&self) -> String {
+        let (filter, clusters) = self.filter_and_clusters();
         format!(
             r#"static_resources:
   listeners:
@@ -43,20 +105,10 @@ impl Fixture {
               domains: ["*"]
 {vhost}              routes:
 {routes}          http_filters:
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: agent_idempotency
-                root_id: agent_idempotency
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{plugin}'
-"#,
+{filter}{clusters}"#,
             hcm = indent(&self.hcm, 10),
             vhost = indent(&self.vhost, 14),
             routes = indent(&self.routes, 14),
-            plugin = self.plugin,
         )
     }
 }
@@ -98,10 +150,17 @@ pub fn flags() -> TtlArgs {
     }
 }
 
-/// The findings of `rule` on the fixture, as `at: message`.
+/// The findings of `rule` on the fixture, as `at: message` (on the ext_proc host, checked with its plugin
+/// configuration).
 pub fn findings(fixture: &Fixture, flags: &TtlArgs, rule: &str) -> Vec<String> {
+    let given = fixture.ext_proc.as_ref().map(|_| fixture.plugin.as_str());
+    findings_given(fixture, flags, rule, given)
+}
+
+/// The findings of `rule` on the fixture, checked with `ext_proc_config` (`--ext-proc-config`).
+pub fn findings_given(fixture: &Fixture, flags: &TtlArgs, rule: &str, ext_proc_config: Option<&str>) -> Vec<String> {
     let yaml = fixture.yaml();
-    let report = match check_envoy("test.yaml", &yaml, flags) {
+    let report = match check_envoy("test.yaml", &yaml, flags, ext_proc_config) {
         Ok(r) => r,
         Err(e) => panic!("{e}\n{yaml}"),
     };

@@ -132,7 +132,7 @@ mod tests {
     fn config() -> EnvoyConfig {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let text = std::fs::read_to_string(root.join(CONFIG)).unwrap_or_default();
-        EnvoyConfig::parse(CONFIG, &text).unwrap_or_else(|e| panic!("{CONFIG}: {e}"))
+        EnvoyConfig::parse(CONFIG, &text, None).unwrap_or_else(|e| panic!("{CONFIG}: {e}"))
     }
 
     fn topology(mode: Mode, accept: bool) -> Topology {

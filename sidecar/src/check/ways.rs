@@ -208,6 +208,9 @@ pub fn filter_on<'a>(way: &Way<'a>) -> Result<&'a FilterSettings, String> {
         return Err(format!("{} does not run the agent filter", m.at.rsplit(": ").next().unwrap_or(&m.at)));
     };
     let Some(settings) = &filter.settings else {
+        if filter.ext_proc.as_ref().is_some_and(|e| !e.config_given) {
+            return Err("the check was given no plugin configuration for the ext_proc filter there".into());
+        }
         return Err("the agent filter there refuses its plugin configuration".into());
     };
     if way.route.filter_disabled {

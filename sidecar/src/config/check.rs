@@ -18,6 +18,15 @@ pub struct CheckArgs {
     #[arg(long, value_name = "FILE", required = true, num_args = 1..)]
     pub envoy: Vec<PathBuf>,
 
+    /// The plugin configuration (JSON) idemd's ext_proc host runs with: the same file, and the same
+    /// variable, as `idemd serve --ext-proc-config`. Where a chain runs neither the `.wasm` nor the native
+    /// module, its `envoy.filters.http.ext_proc` filter is then the agent filter, read with this
+    /// configuration, and its own settings are checked (failure_mode_allow, processing_mode,
+    /// message_timeout, attributes, its cluster, per-route overrides). Without it, a chain with an
+    /// ext_proc filter is refused: the check cannot tell what it guards.
+    #[arg(long, env = "IDEM_EXT_PROC_CONFIG", value_name = "FILE")]
+    pub ext_proc_config: Option<PathBuf>,
+
     /// idemd's lease and retention, with the same flags, variables and
     /// defaults as `idemd serve`: run the check in the deployment's
     /// environment and it judges the deployment's settings.

@@ -88,17 +88,22 @@ impl Rig {
         Ok(path)
     }
 
-    /// `idemd check --envoy <path>`, with idemd serve's defaults.
+    /// `idemd check --envoy <path>`, with idemd serve's defaults; on the ext_proc host, with the plugin
+    /// configuration this rig's idemd serves it with (`--ext-proc-config`), as an operator checks it.
     pub fn check(&self, path: &Path) -> Result<Verdict, BoxError> {
-        let out = Command::new(crate::bin("idemd")?)
-            .arg("check")
+        let mut cmd = Command::new(crate::bin("idemd")?);
+        cmd.arg("check")
             .arg("--envoy")
             .arg(path)
             .current_dir(repo_root())
             .env_remove("IDEM_LEASE_MS")
             .env_remove("IDEM_TERMINAL_RETENTION_S")
             .env_remove("IDEM_RETRY_WINDOW_S")
-            .output()?;
+            .env_remove("IDEM_EXT_PROC_CONFIG");
+        if filter_host::FilterHost::current()?.is_ext_proc() {
+            cmd.arg("--ext-proc-config").arg(crate::ext_proc::config_file(self.ports.sidecar, self.dir.path()));
+        }
+        let out = cmd.output()?;
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         let rules = stderr
             .lines()
