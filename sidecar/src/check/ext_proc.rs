@@ -550,17 +550,8 @@ mod tests {
     }
 
     mod rules {
-        use super::super::super::testing::{findings, findings_given, flags, plugin, Fixture};
+        use super::super::super::testing::{findings, findings_given, flags, plugin, Fixture, CONFIRM_ROUTE as ROUTES};
         use super::super::super::{check_envoy, Report};
-
-        const ROUTES: &str = r#"
-- name: transfer_confirm
-  match: { path: /v1/transfers }
-  route: { cluster: demo }
-  metadata:
-    filter_metadata:
-      agent_idempotency: { role: confirm, scope: payments.transfer, bind: /amount, upstream_keys: honoured }
-"#;
 
         const EXT_PROC_RULES: [&str; 8] = [
             "ext-proc-config",

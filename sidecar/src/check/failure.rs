@@ -87,16 +87,7 @@ pub fn wasm_reload(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{findings, flags, hcm, Fixture};
-
-    const ROUTES: &str = r#"
-- name: transfer_confirm
-  match: { path: /v1/transfers }
-  route: { cluster: demo }
-  metadata:
-    filter_metadata:
-      agent_idempotency: { role: confirm, scope: payments.transfer, bind: /amount }
-"#;
+    use super::super::testing::{findings, flags, hcm, Fixture, CONFIRM_ROUTE as ROUTES};
 
     fn mapped(flags: &str, status: &str) -> String {
         format!(

@@ -6,6 +6,16 @@ use crate::config::TtlArgs;
 
 use super::check_envoy;
 
+/// One guarded confirm route, annotated as the filter accepts it: what most rules' tests guard.
+pub const CONFIRM_ROUTE: &str = r#"
+- name: transfer_confirm
+  match: { path: /v1/transfers }
+  route: { cluster: demo }
+  metadata:
+    filter_metadata:
+      agent_idempotency: { role: confirm, scope: payments.transfer, bind: /amount, upstream_keys: honoured }
+"#;
+
 /// The pieces of the configuration a test varies.
 pub struct Fixture {
     /// Route entries (`- name: …`), at any indentation.
