@@ -19,8 +19,7 @@ use idemd::store::flow::acquire::Settings;
 use idemd::store::flow::write::{self, Lookup};
 use idemd::store::flow::{acquire, Call, Flow, Next, Reply, SqlAnswer, SqlFail};
 use idemd::store::record::{ApprovalRow, Record};
-use idemd::store::redis::WriteReply;
-use idemd::store::rules::{self, Broken, Cached, Completion};
+use idemd::store::rules::{self, Broken, Cached, Completion, Ttl};
 use idemd::store::StoreSettings;
 
 use crate::config::{world, Config, Mutation, UpstreamKeys};
@@ -427,29 +426,23 @@ pub fn carry_out(st: &mut Stores, now_s: u64, cfg: &Config, call: Call) -> Reply
                 return Reply::RedisDown;
             }
             let age_ms = s.st.redis.as_ref().map_or(0, |c| ms(now_s) - ms(c.set_s));
-            let (reply, next) = rules::redis_acquire(
+            let (reply, next, ttl) = rules::redis_acquire(
                 s.cached().as_ref(),
                 (param_hash.as_str(), subject_hash.as_str(), scope.as_str()),
                 &owner,
                 age_ms,
+                lease_ms,
             );
-            if reply == idemd::store::redis::AcquireReply::Acquired {
-                let lease_s = until(now_s, i64::try_from(lease_ms).unwrap_or(0));
-                s.write(next.as_ref().map(|c| CacheRow::of(c, lease_s, now_s)));
-            }
+            s.script(next, ttl);
             Reply::Acquire(reply)
         }
         Call::RedisComplete { owner, state, result_json, retention_ms, .. } => {
             if s.st.redis_down {
                 return Reply::RedisDown;
             }
-            let (reply, next) = rules::redis_complete(s.cached().as_ref(), &owner, state, &result_json);
-            if reply == WriteReply::Ok {
-                if let Some(next) = next {
-                    let until_s = until(now_s, i64::try_from(retention_ms).unwrap_or(0));
-                    s.write(Some(CacheRow::of(&next, until_s, now_s)));
-                }
-            }
+            let (reply, next, ttl) =
+                rules::redis_complete(s.cached().as_ref(), &owner, state, &result_json, retention_ms);
+            s.script(next, ttl);
             Reply::Write(reply)
         }
         Call::RedisRelease { owner, .. } => {
@@ -457,34 +450,23 @@ pub fn carry_out(st: &mut Stores, now_s: u64, cfg: &Config, call: Call) -> Reply
                 return Reply::RedisDown;
             }
             let (reply, next) = rules::redis_release(s.cached().as_ref(), &owner);
-            s.keep_ttl(next);
+            s.script(next, Ttl::Kept);
             Reply::Write(reply)
         }
         Call::RedisRenew { owner, lease_ms, .. } => {
             if s.st.redis_down {
                 return Reply::RedisDown;
             }
-            // `renew.lua`: an IN_FLIGHT copy of this owner gets the lease again.
-            match s.st.redis.clone() {
-                Some(c) if c.state == St::InFlight && c.owner.as_deref() == Some(owner.as_str()) => {
-                    let next =
-                        CacheRow { until_s: until(now_s, i64::try_from(lease_ms).unwrap_or(0)), set_s: now_s, ..c };
-                    s.write(Some(next));
-                    Reply::Write(WriteReply::Ok)
-                }
-                Some(_) => Reply::Write(WriteReply::NotOwner),
-                None => Reply::Write(WriteReply::Missing),
-            }
+            let (reply, next, ttl) = rules::redis_renew(s.cached().as_ref(), &owner, lease_ms);
+            s.script(next, ttl);
+            Reply::Write(reply)
         }
         Call::RedisRestore { rec, ttl_ms } => {
             if s.st.redis_down {
                 return Reply::RedisDown;
             }
-            let (written, next) = rules::redis_restore(s.cached().as_ref(), &rec);
-            if written {
-                let until_s = until(now_s, i64::try_from(ttl_ms).unwrap_or(0));
-                s.write(next.as_ref().map(|c| CacheRow::of(c, until_s, now_s)));
-            }
+            let (_, next, ttl) = rules::redis_restore(s.cached().as_ref(), &rec, ttl_ms);
+            s.script(next, ttl);
             Reply::Done
         }
         Call::RedisEvict { .. } => {
@@ -616,10 +598,14 @@ impl Cache<'_> {
         }
     }
 
-    /// A script that changes the hash but not its TTL.
-    fn keep_ttl(&mut self, next: Option<Cached>) {
+    /// A script's entry after it, with the TTL it leaves (`rules::Ttl`): a TTL set from now also
+    /// restarts the age an IN_FLIGHT answer reports; a kept one keeps both.
+    fn script(&mut self, next: Option<Cached>, ttl: Ttl) {
         let now_s = self.now_s;
-        let (until_s, set_s) = self.st.redis.as_ref().map_or((now_s + 1, now_s), |c| (c.until_s, c.set_s));
+        let (until_s, set_s) = match ttl {
+            Ttl::Set(ms) => (until(now_s, i64::try_from(ms).unwrap_or(0)), now_s),
+            Ttl::Kept => self.st.redis.as_ref().map_or((now_s + 1, now_s), |c| (c.until_s, c.set_s)),
+        };
         self.write(next.as_ref().map(|c| CacheRow::of(c, until_s, set_s)));
     }
 }

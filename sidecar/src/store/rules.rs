@@ -2,8 +2,8 @@
 //! caller passes `now`). One definition, three users: the store itself, where a decision is not
 //! tied to one atomic statement (what a row answers, whether a lost complete is a repeat); the model checker (`model/`), whose idemd replicas run
 //! exactly these; and the differential tests (`sidecar/tests/store_rules.rs`), which drive the
-//! real SQL statements and Lua scripts and these functions with the same sequences, so a store
-//! that drifts from the rules fails a test.
+//! real SQL statements and Lua scripts and these functions with the same sequences, hand-written
+//! and generated, so a store that drifts from the rules fails a test.
 //!
 //! Where a transition must stay one atomic SQL statement or Lua script (the owner-checked
 //! `UPDATE`, the acquire script), the function here states what that statement does to the row;
@@ -189,7 +189,8 @@ pub fn reapable_skewed(
 
 // ---- Redis (the Lua scripts in lua/) ---------------------------------------
 
-/// One cached operation (the hash `idem:{<key>}`); its TTL is the caller's to model.
+/// One cached operation (the hash `idem:{<key>}`), its fields as the scripts keep them; the TTL is
+/// what each script says ([`Ttl`]), and the clock it runs on is the caller's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cached {
     pub state: OpState,
@@ -201,14 +202,24 @@ pub struct Cached {
     pub result: Option<String>,
 }
 
-/// `acquire.lua`: the reply and the entry after it. `age_ms` of an IN_FLIGHT is the caller's
-/// (it comes from the key's TTL).
+/// What a script does to the key's TTL: leaves it, or sets it (`PEXPIRE`) to so many ms from
+/// when it runs. An IN_FLIGHT copy's lease (`lease_ms`, from which an IN_FLIGHT answer's age is
+/// counted) is set with its TTL, so the age is the time since the last [`Ttl::Set`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ttl {
+    Kept,
+    Set(u64),
+}
+
+/// `acquire.lua`: the reply, the entry after it and its TTL. `age_ms` of an IN_FLIGHT is the
+/// caller's (the script counts it from the key's TTL); `lease_ms` is the TTL a fresh entry gets.
 pub fn redis_acquire(
     entry: Option<&Cached>,
     (param_hash, subject_hash, scope): (&str, &str, &str),
     owner: &str,
     age_ms: i64,
-) -> (AcquireReply, Option<Cached>) {
+    lease_ms: u64,
+) -> (AcquireReply, Option<Cached>, Ttl) {
     let Some(e) = entry else {
         let taken = Cached {
             state: OpState::InFlight,
@@ -218,11 +229,11 @@ pub fn redis_acquire(
             owner: Some(owner.to_string()),
             result: None,
         };
-        return (AcquireReply::Acquired, Some(taken));
+        return (AcquireReply::Acquired, Some(taken), Ttl::Set(lease_ms));
     };
     let kept = Some(e.clone());
     if e.param_hash != param_hash || e.subject_hash != subject_hash || e.scope != scope {
-        return (AcquireReply::ParamMismatch, kept);
+        return (AcquireReply::ParamMismatch, kept, Ttl::Kept);
     }
     let result = e.result.clone().unwrap_or_default();
     let reply = match e.state {
@@ -231,29 +242,32 @@ pub fn redis_acquire(
         OpState::NeedsReview => AcquireReply::NeedsReview,
         OpState::InFlight => AcquireReply::InFlight { owner: e.owner.clone().unwrap_or_default(), age_ms },
     };
-    (reply, kept)
+    (reply, kept, Ttl::Kept)
 }
 
-/// `complete.lua`.
+/// `complete.lua`: the owner's IN_FLIGHT copy becomes terminal and is kept `retention_ms`; a
+/// repeat of what it already holds is OK and changes nothing, its TTL included.
 pub fn redis_complete(
     entry: Option<&Cached>,
     owner: &str,
     state: TerminalState,
     result: &str,
-) -> (Write, Option<Cached>) {
-    let Some(e) = entry else { return (Write::Missing, None) };
+    retention_ms: u64,
+) -> (Write, Option<Cached>, Ttl) {
+    let Some(e) = entry else { return (Write::Missing, None, Ttl::Kept) };
     let kept = Some(e.clone());
     if e.owner.as_deref() != Some(owner) {
-        return (Write::NotOwner, kept);
+        return (Write::NotOwner, kept, Ttl::Kept);
     }
     if e.state != OpState::InFlight {
         let same = e.state == state.op_state() && e.result.as_deref() == Some(result);
-        return (if same { Write::Ok } else { Write::NotOwner }, kept);
+        return (if same { Write::Ok } else { Write::NotOwner }, kept, Ttl::Kept);
     }
-    (Write::Ok, Some(Cached { state: state.op_state(), result: Some(result.to_string()), ..e.clone() }))
+    let done = Cached { state: state.op_state(), result: Some(result.to_string()), ..e.clone() };
+    (Write::Ok, Some(done), Ttl::Set(retention_ms))
 }
 
-/// `release.lua`.
+/// `release.lua`: the owner's IN_FLIGHT copy goes; anything else stays as it is, TTL and all.
 pub fn redis_release(entry: Option<&Cached>, owner: &str) -> (Write, Option<Cached>) {
     let Some(e) = entry else { return (Write::Missing, None) };
     if e.state != OpState::InFlight || e.owner.as_deref() != Some(owner) {
@@ -262,8 +276,18 @@ pub fn redis_release(entry: Option<&Cached>, owner: &str) -> (Write, Option<Cach
     (Write::Ok, None)
 }
 
-/// `restore.lua`: copy a row into the cache, never moving it backwards. `true`: written.
-pub fn redis_restore(entry: Option<&Cached>, rec: &Record) -> (bool, Option<Cached>) {
+/// `renew.lua`: the owner's IN_FLIGHT copy gets `lease_ms` from now as its lease and its TTL, a
+/// shorter one too (it is SQL's renew that never shortens a lease). The hash's fields stay.
+pub fn redis_renew(entry: Option<&Cached>, owner: &str, lease_ms: u64) -> (Write, Option<Cached>, Ttl) {
+    let Some(e) = entry else { return (Write::Missing, None, Ttl::Kept) };
+    if e.state != OpState::InFlight || e.owner.as_deref() != Some(owner) {
+        return (Write::NotOwner, Some(e.clone()), Ttl::Kept);
+    }
+    (Write::Ok, Some(e.clone()), Ttl::Set(lease_ms))
+}
+
+/// `restore.lua`: copy a row into the cache for `ttl_ms`, never moving it backwards. `true`: written.
+pub fn redis_restore(entry: Option<&Cached>, rec: &Record, ttl_ms: u64) -> (bool, Option<Cached>, Ttl) {
     let rank = |s: OpState| match s {
         OpState::InFlight => 1,
         OpState::NeedsReview => 2,
@@ -271,7 +295,7 @@ pub fn redis_restore(entry: Option<&Cached>, rec: &Record) -> (bool, Option<Cach
     };
     if let Some(e) = entry {
         if rank(e.state) > rank(rec.state) {
-            return (false, Some(e.clone()));
+            return (false, Some(e.clone()), Ttl::Kept);
         }
     }
     let copy = Cached {
@@ -282,7 +306,7 @@ pub fn redis_restore(entry: Option<&Cached>, rec: &Record) -> (bool, Option<Cach
         owner: rec.owner.clone().filter(|o| !o.is_empty()),
         result: rec.result.as_ref().and_then(|r| serde_json::to_string(r).ok()),
     };
-    (true, Some(copy))
+    (true, Some(copy), Ttl::Set(ttl_ms))
 }
 
 // ---- approval (`idem_approval`; DESIGN §4, "Approval") ---------------------------------------
