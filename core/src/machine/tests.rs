@@ -3,10 +3,11 @@
 use super::mcp::REPLAY_PROPERTY;
 use super::*;
 use crate::fingerprint::{mint, subject_hash, Key, Keyring};
-use crate::policy::{parse_route_policy, LeafValue, RouteDefaults};
+use crate::policy::{parse_route_policy, LeafValue, PluginConfig, RouteDefaults, RoutePolicy};
 use crate::protocol::{encode_body, AcquireRequest, CompleteRequest, ReleaseRequest};
 use crate::testing::{self, FixedEnv};
 use serde_json::{json, Value};
+use std::rc::Rc;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
