@@ -392,6 +392,27 @@ fn confirm_acquire_answers_become_replies() -> TestResult {
     Ok(())
 }
 
+/// What the confirm's non-replay answers carry for the agent to act on beyond their status word (survivors
+/// of a mutation run over `confirm.rs`: nothing looked at these fields).
+#[test]
+fn confirm_answers_carry_what_the_agent_acts_on() -> TestResult {
+    let retry_after_ms = ctx("confirm")?.config.defaults.retry_after_ms;
+    let mut env = FixedEnv::at(999, NONCE);
+    let (mut m, _) = acquiring(&mut env)?;
+    let v = reply_json(&m.on_callout(&CalloutAnswer::failed(), &mut env)?)?;
+    assert_eq!(v["status"], "status_unavailable", "{v}");
+    assert_eq!(v["retry_after_ms"].as_u64(), Some(retry_after_ms), "{v}");
+    assert!(v["instruction"].as_str().is_some_and(|i| i.contains("get_status")), "the status tool: {v}");
+    let (mut m, _) = acquiring(&mut env)?;
+    let v = reply_json(&m.on_callout(&answer(200, json!({"outcome": "NEEDS_REVIEW"})), &mut env)?)?;
+    assert_eq!(v["poll_with"].as_str(), Some("get_status"), "{v}");
+    let (mut m, _, mut env) = expired(5000)?;
+    let gone = answer(404, json!({"error": "not_found", "reaped_possible": true}));
+    let v = reply_json(&m.on_callout(&gone, &mut env)?)?;
+    assert_eq!((v["status"].as_str(), v["operation"].as_str()), (Some("record_expired"), Some(KEY)), "{v}");
+    Ok(())
+}
+
 #[test]
 fn replays_carry_the_result_and_its_reference_and_in_progress_the_operation() -> TestResult {
     let mut env = FixedEnv::at(999, NONCE);
