@@ -575,4 +575,26 @@ mod tests {
         }
         assert_eq!(Reading::parse("").unwrap(), Reading::default());
     }
+
+    #[test]
+    fn a_reading_takes_values_and_pointers_up_to_their_limits() {
+        let value = |n: usize| format!("done={}", "V".repeat(n));
+        assert!(Reading::parse(&value(64)).is_ok());
+        assert!(Reading::parse(&value(65)).unwrap_err().starts_with("done: values are 1 to 64"));
+        let pointer = |n: usize| format!("pointer=/{}", "p".repeat(n - 1));
+        assert!(Reading::parse(&pointer(256)).is_ok());
+        assert!(Reading::parse(&pointer(257)).unwrap_err().starts_with("pointer:"));
+    }
+
+    #[test]
+    fn a_reading_matches_numbers_and_booleans_by_their_json_text() {
+        let r = declared("pointer=/ok;done=true|1;failed=false|0");
+        let found = |body: &str| StatusAnswer::Found { content_type: None, body: body.as_bytes().to_vec() };
+        for (body, done) in
+            [(r#"{"ok":true}"#, true), (r#"{"ok":1}"#, true), (r#"{"ok":false}"#, false), (r#"{"ok":0}"#, false)]
+        {
+            let (d, why) = decide(&rec(0, 0), &key(&found(body)), 10, &r);
+            assert_eq!(d.metric(), if done { "done" } else { "failed" }, "{body}: {why}");
+        }
+    }
 }
