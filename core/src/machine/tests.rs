@@ -791,9 +791,20 @@ fn values_outside_the_body_are_bound_like_body_fields() -> TestResult {
 /// chunk is read, only the last is rewritten, and the answer is what the held splice would give
 /// less the order of its fields.
 #[test]
+fn a_preview_body_over_the_limit_is_refused_before_it_is_read() -> TestResult {
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
+    let limit = ctx("preview")?.config.max_body_bytes;
+    assert_eq!(reply_status(&m.on_request_data(limit + 1, false))?, (413, "body_too_large".into()));
+    assert!(matches!(m, Machine::Pass));
+    Ok(())
+}
+
+#[test]
 fn a_preview_answer_of_known_length_streams_with_the_fingerprint_spliced() -> TestResult {
     let mut env = FixedEnv::at(100, NONCE);
     let (mut m, _) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
+    assert!(!m.response_needs_framing(), "nothing forwarded yet: the hosts read no framing");
     m.on_request_body(&body(json!(10)), &mut env)?;
     assert!(m.response_needs_framing());
     let answer = br#"{"quote":1,"payee":{"id":"p-9"}}"#;
