@@ -322,7 +322,7 @@ fn retry_or_review(rec: &Record, rules: &Rules, what: &str) -> (Decision, String
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use idem_core::protocol::{decode_body, OpState};
 
@@ -346,7 +346,8 @@ mod tests {
         assert_eq!(answers.map(|a| a.metric()), crate::metrics::LOOKUP_RESULTS);
     }
 
-    fn rec(lease_until_ms: i64, attempts: i64) -> Record {
+    /// An IN_FLIGHT row of `payments.transfer` (also the settle tests' row).
+    pub(crate) fn rec(lease_until_ms: i64, attempts: i64) -> Record {
         Record {
             key: "0123456789abcdef0123456789abcdef".into(),
             state: OpState::InFlight,

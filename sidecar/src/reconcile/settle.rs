@@ -135,3 +135,107 @@ async fn apply(
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::flow::{Flow, SqlAnswer};
+    use crate::store::rules::Broken;
+    use crate::store::StoreSettings;
+    use idem_core::protocol::StoredResult;
+
+    fn settings() -> SettleSettings {
+        let store = StoreSettings { lease_ms: 30_000, terminal_retention_ms: 60_000, stale_in_flight_ms: 5_000 };
+        SettleSettings {
+            rules: super::super::decide::Rules { grace_ms: 1_000, retry_budget: 3, readings: Default::default() },
+            claim_ms: 10_000,
+            actor: "reconciler:test".into(),
+            store: Settings { store, console: None, clock_skew_ms: 0, broken: Broken::None },
+        }
+    }
+
+    fn row() -> Record {
+        super::super::decide::tests::rec(10, 0)
+    }
+
+    /// `apply` of `decision` where the owner-checked write answers `changed`: what it returned and every
+    /// call it made.
+    fn apply_with(decision: Decision, changed: bool) -> (Result<bool, SqlFail>, Vec<Call>) {
+        let mut calls = Vec::new();
+        let s = settings();
+        let rec = row();
+        let returned = Flow::new(|io| async move { apply(&io, &s, &rec, "claim-token", &decision, "why").await })
+            .run_with(|call| {
+                let reply = match &call {
+                    Call::Now => Reply::Now(50),
+                    Call::RedisEvict { .. } | Call::RedisRestore { .. } => Reply::Done,
+                    _ => Reply::Sql(Ok(SqlAnswer::Changed(changed))),
+                };
+                calls.push(call);
+                reply
+            });
+        (returned, calls)
+    }
+
+    fn restored(calls: &[Call]) -> Option<&Record> {
+        calls.iter().find_map(|c| match c {
+            Call::RedisRestore { rec, .. } => Some(rec),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_terminal_decision_is_written_under_the_claim_and_copied_to_redis_as_written() {
+        let result = StoredResult { status: 201, headers: vec![], body_b64: "e30=".into() };
+        for (decision, state, op_state) in [
+            (Decision::Done(result.clone()), TerminalState::Done, OpState::Done),
+            (Decision::Failed(result.clone()), TerminalState::Failed, OpState::Failed),
+        ] {
+            let (returned, calls) = apply_with(decision.clone(), true);
+            assert_eq!(returned, Ok(true), "{decision:?}");
+            let write = calls.iter().find_map(|c| match c {
+                Call::SqlComplete { owner, state, now_ms, .. } => Some((owner.as_str(), *state, *now_ms)),
+                _ => None,
+            });
+            assert_eq!(write, Some(("claim-token", state, 50)), "{decision:?}: {calls:?}");
+            let copy = restored(&calls).expect("the Redis copy");
+            assert_eq!(
+                (copy.state, copy.owner.as_deref(), copy.result.as_ref(), copy.lease_until_ms, copy.updated_at_ms),
+                (op_state, Some("claim-token"), Some(&result), None, 50),
+                "{decision:?}"
+            );
+            // The claim was lost meanwhile: nothing is copied, and the row is someone else's.
+            let (returned, calls) = apply_with(decision.clone(), false);
+            assert_eq!(returned, Ok(false), "{decision:?}");
+            assert!(restored(&calls).is_none() && !calls.iter().any(|c| matches!(c, Call::RedisEvict { .. })));
+        }
+    }
+
+    #[test]
+    fn each_other_decision_makes_its_own_write() {
+        let (returned, calls) = apply_with(Decision::Release, true);
+        assert_eq!(returned, Ok(true));
+        assert!(calls.iter().any(|c| matches!(c, Call::SqlRelease { owner, .. } if owner == "claim-token")));
+        assert!(calls.iter().any(|c| matches!(c, Call::RedisEvict { .. })) && restored(&calls).is_none());
+        assert_eq!(apply_with(Decision::Release, false).0, Ok(false));
+
+        let (returned, calls) = apply_with(Decision::NeedsReview, true);
+        assert_eq!(returned, Ok(true));
+        assert!(calls.iter().any(|c| matches!(c, Call::SqlMarkNeedsReview { token, .. } if token == "claim-token")));
+        let copy = restored(&calls).expect("the Redis copy");
+        assert_eq!((copy.state, copy.lease_until_ms, copy.updated_at_ms), (OpState::NeedsReview, None, 50));
+        assert_eq!(apply_with(Decision::NeedsReview, false).0, Ok(false));
+
+        for (decision, failed) in [(Decision::Retry, true), (Decision::SkipGrace, false)] {
+            for changed in [true, false] {
+                let (returned, calls) = apply_with(decision.clone(), changed);
+                assert_eq!(returned, Ok(changed), "{decision:?}");
+                let unclaim = calls.iter().find_map(|c| match c {
+                    Call::SqlUnclaim { token, failed, .. } => Some((token.as_str(), *failed)),
+                    _ => None,
+                });
+                assert_eq!(unclaim, Some(("claim-token", failed)), "{decision:?}");
+            }
+        }
+    }
+}
