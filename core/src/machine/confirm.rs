@@ -531,12 +531,10 @@ impl Confirm {
 
     pub(super) fn on_response_head(&mut self, head: &ResponseHead, end_of_stream: bool) -> Outcome {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        // A finished confirm is never asked: the machine hands the stream to `Pass` as it finishes.
         let Phase::Forwarded { key, owner } = phase else {
             self.phase = phase;
-            return match self.phase {
-                Phase::Finished => Ok(Step::go_on()),
-                _ => self.unexpected("response_head"),
-            };
+            return self.unexpected("response_head");
         };
         let mut step = Step::pause()
             .with(Effect::SetResponseHeader(IDEMPOTENCY_KEY_HEADER.into(), key.to_string()))

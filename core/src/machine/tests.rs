@@ -249,20 +249,47 @@ fn a_business_ref_travels_with_its_bound_fields_and_a_taken_one_is_refused() -> 
     Ok(())
 }
 
+/// A business reference is text the upstream looks up: a string or an integer (either sign, up to
+/// u64), non-empty, at most 256 characters, no control characters. Anything else is a 400 before
+/// anything is acquired.
 #[test]
 fn a_business_ref_that_is_not_text_is_refused_before_anything_runs() -> TestResult {
-    let mut env = FixedEnv::at(999, NONCE);
-    let extra = [("bind", "/amount:decimal, /currency, /ref"), ("business_ref", "/ref")];
-    let policy = policy_with("confirm", "envelope", &extra)?;
-    let sent = json!({"amount": "10.00", "currency": "EUR", "ref": {"nested": 1}});
-    let p = canonical::param_hash(&sent, &policy.bound)?;
-    let fp = mint(&keyring()?, NONCE, 1000, &subject_hash("alice"), "pay", &p);
-    let ctx = Ctx { config: config()?, policy, trace_id: "t".into() };
-    let (mut m, _) = Machine::start(ctx, &head(Some(fp)), false, &mut env);
-    m.on_request_data(10, true);
-    let step = m.on_request_body(sent.to_string().as_bytes(), &mut env)?;
-    assert_eq!(call(&step), None, "nothing acquired");
-    assert_eq!(step.reply().map(|r| r.http_status), Some(400), "{:?}", reply_json(&step));
+    let long = "r".repeat(256);
+    let cases: [(Value, Option<&str>); 10] = [
+        (json!("T-1"), Some("T-1")),
+        (json!(42), Some("42")),
+        (json!(-5), Some("-5")),
+        (json!(u64::MAX), Some("18446744073709551615")),
+        (json!(long), Some(long.as_str())),
+        (json!("r".repeat(257)), None),
+        (json!(""), None),
+        (json!("a\u{7}b"), None),
+        (json!(1.5), None),
+        (json!({"nested": 1}), None),
+    ];
+    for (value, taken) in cases {
+        let mut env = FixedEnv::at(999, NONCE);
+        let extra = [("bind", "/amount:decimal, /currency, /ref"), ("business_ref", "/ref")];
+        let policy = policy_with("confirm", "envelope", &extra)?;
+        let sent = json!({"amount": "10.00", "currency": "EUR", "ref": value});
+        let p = canonical::param_hash(&sent, &policy.bound)?;
+        let fp = mint(&keyring()?, NONCE, 1000, &subject_hash("alice"), "pay", &p);
+        let ctx = Ctx { config: config()?, policy, trace_id: "t".into() };
+        let (mut m, _) = Machine::start(ctx, &head(Some(fp)), false, &mut env);
+        m.on_request_data(10, true);
+        let step = m.on_request_body(sent.to_string().as_bytes(), &mut env)?;
+        match taken {
+            Some(text) => {
+                let req: AcquireRequest =
+                    serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+                assert_eq!(req.business_ref.as_deref(), Some(text), "{value}");
+            }
+            None => {
+                assert_eq!(call(&step), None, "nothing acquired for {value}");
+                assert_eq!(step.reply().map(|r| r.http_status), Some(400), "{value}: {:?}", reply_json(&step));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -313,7 +340,11 @@ fn confirm_unknown_outcome_stays_in_flight_and_tells_the_model_to_poll() -> Test
     assert!(call(&step).is_none(), "nothing is recorded: the reconciler decides");
     assert!(counted(&step, Counter::UnknownOutcome));
     assert_eq!(step.flow, Flow::Continue);
-    assert_eq!(rewritten(&step).map(|r| r.http_status), Some(202));
+    let rewrite = rewritten(&step).ok_or("no rewrite")?;
+    assert_eq!(rewrite.http_status, 202);
+    // The model polls by the operation it is told.
+    let v: Value = serde_json::from_slice(&rewrite.body)?;
+    assert_eq!((v["status"].as_str(), v["operation"].as_str()), (Some("in_progress"), Some(KEY)), "{v}");
     assert!(matches!(m, Machine::Pass));
     Ok(())
 }
@@ -348,6 +379,22 @@ fn confirm_answer_too_large_is_recorded_without_its_body() -> TestResult {
     assert!(step.effects.iter().any(|e| matches!(e, Effect::Warn(_))));
     // Later chunks pass while the ack is awaited.
     assert_eq!(m.on_response_data(200, true)?, Step::go_on());
+    Ok(())
+}
+
+#[test]
+fn confirm_answer_at_the_limit_is_recorded_whole() -> TestResult {
+    // max_response_bytes is 64 here: an answer of exactly 64 bytes is kept for replay.
+    let mut env = FixedEnv::at(999, NONCE);
+    let mut m = forwarded(&mut env)?;
+    m.on_response_head(&upstream(201, "via_upstream"), false, &mut env)?;
+    assert_eq!(m.on_response_data(64, false)?, Step::pause());
+    assert_eq!(m.on_response_data(64, true)?, Step::need_body());
+    let answer_body = format!(r#"{{"id":"{}"}}"#, "x".repeat(55));
+    assert_eq!(answer_body.len(), 64);
+    let step = m.on_response_body(answer_body.as_bytes(), &mut env)?;
+    let req: CompleteRequest = serde_json::from_slice(call(&step).and_then(|c| c.body.as_deref()).unwrap_or_default())?;
+    assert_eq!(req.result.body_b64, encode_body(answer_body.as_bytes()));
     Ok(())
 }
 
@@ -667,7 +714,9 @@ fn body_in_several_chunks_is_held_then_read_once() -> TestResult {
 fn events_in_the_wrong_phase_are_errors_and_change_nothing() -> TestResult {
     let mut env = FixedEnv::at(999, NONCE);
     let (mut m, _) = Machine::start(ctx("confirm")?, &head(Some(token(1000)?)), false, &mut env);
-    assert!(m.on_callout(&CalloutAnswer::failed(), &mut env).is_err());
+    // The error names the event and the phase, for the host's log line.
+    let err = m.on_callout(&CalloutAnswer::failed(), &mut env).err();
+    assert_eq!(err.map(|e| (e.event, e.phase)), Some(("callout", "confirm.await_body")));
     assert!(m.on_response_body(b"{}", &mut env).is_err());
     assert!(m.on_response_head(&upstream(201, "via_upstream"), false, &mut env).is_err());
     // Still waiting for its body.
@@ -848,6 +897,24 @@ fn a_preview_answer_of_known_length_streams_with_the_fingerprint_spliced() -> Te
     Ok(())
 }
 
+/// A declared length of 0 whose end comes in a later, empty frame (HTTP/2 allows it): there is no
+/// object to splice into, so the answer is held and its length never promised.
+#[test]
+fn a_preview_answer_declared_empty_is_held_not_streamed() -> TestResult {
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(ctx("preview")?, &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    let empty = ResponseHead { content_length: Some(0), ..upstream(200, "via_upstream") };
+    let step = m.on_response_head(&empty, false, &mut env)?;
+    assert_eq!(step.flow, Flow::Pause, "held: {step:?}");
+    assert!(step.effects.contains(&Effect::RemoveResponseHeader("content-length")), "{step:?}");
+    assert!(
+        !step.effects.iter().any(|e| matches!(e, Effect::SetResponseHeader(n, _) if n == "content-length")),
+        "a length is promised: {step:?}"
+    );
+    Ok(())
+}
+
 /// An upstream answer that names a fingerprint field itself is never given a second one: the
 /// streamed answer gets spaces (the fingerprint is in its header), and that route's answers are
 /// held from then on, where the held splice replaces the field. An encoded answer goes on untouched.
@@ -948,6 +1015,14 @@ fn a_fingerprint_never_outlives_the_quote() -> TestResult {
         }
         assert!(matches!(m, Machine::Pass));
     }
+    // The expiry is to be read from a body that is not coming: refused at once, nothing to confirm.
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(quoting_ctx("/expires_at")?, &head(None), false, &mut env);
+    m.on_request_body(&body(json!(10)), &mut env)?;
+    let step = m.on_response_head(&upstream(200, "via_upstream"), true, &mut env)?;
+    let v = reply_json(&step)?;
+    assert_eq!((step.reply().map(|r| r.http_status), v["status"].as_str()), (Some(502), Some("quote_unusable")));
+    assert!(!counted(&step, Counter::Minted) && matches!(m, Machine::Pass));
     // The expiry in a header: read with the head, minted at once.
     let mut env = FixedEnv::at(100, NONCE);
     let (mut m, _) = Machine::start(quoting_ctx("header:quote-expires-at")?, &head(None), false, &mut env);
