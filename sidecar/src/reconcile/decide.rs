@@ -38,15 +38,15 @@ impl Decision {
         }
     }
 
-    /// The audit trail's action (none for SkipGrace: nothing changed).
-    pub fn action(&self) -> &'static str {
+    /// The audit trail's action; none for SkipGrace: waiting out the grace changes nothing.
+    pub fn action(&self) -> Option<&'static str> {
         match self {
-            Self::Done(_) => "reconcile_done",
-            Self::Failed(_) => "reconcile_failed",
-            Self::Release => "reconcile_release",
-            Self::NeedsReview => "reconcile_needs_review",
-            Self::Retry => "reconcile_retry",
-            Self::SkipGrace => "reconcile_wait",
+            Self::Done(_) => Some("reconcile_done"),
+            Self::Failed(_) => Some("reconcile_failed"),
+            Self::Release => Some("reconcile_release"),
+            Self::NeedsReview => Some("reconcile_needs_review"),
+            Self::Retry => Some("reconcile_retry"),
+            Self::SkipGrace => None,
         }
     }
 }

@@ -77,8 +77,12 @@ async fn apply(
     decision: &Decision,
     why: &str,
 ) -> Result<bool, SqlFail> {
-    let said =
-        Said { actor: s.actor.clone(), action: decision.action(), why: why.to_string(), trace_id: String::new() };
+    let Some(action) = decision.action() else {
+        // SkipGrace: the claim goes back as it was, and no line says anything happened.
+        let call = Call::SqlUnclaim { rec: rec.clone(), token: token.to_string(), failed: false, said: None };
+        return io.sql_changed(call).await;
+    };
+    let said = Said { actor: s.actor.clone(), action, why: why.to_string(), trace_id: String::new() };
     let now = io.now().await;
     match decision {
         Decision::Done(result) | Decision::Failed(result) => {
@@ -124,12 +128,9 @@ async fn apply(
                 Record { state: OpState::NeedsReview, lease_until_ms: None, updated_at_ms: now, ..rec.clone() };
             refresh_cache(io, &s.store, &rec.key, Some(&now_row)).await;
         }
-        Decision::Retry => {
+        // A failed lookup counts against the retry budget; SkipGrace returned above.
+        Decision::Retry | Decision::SkipGrace => {
             let call = Call::SqlUnclaim { rec: rec.clone(), token: token.to_string(), failed: true, said: Some(said) };
-            return io.sql_changed(call).await;
-        }
-        Decision::SkipGrace => {
-            let call = Call::SqlUnclaim { rec: rec.clone(), token: token.to_string(), failed: false, said: None };
             return io.sql_changed(call).await;
         }
     }
@@ -175,6 +176,36 @@ mod tests {
                 reply
             });
         (returned, calls)
+    }
+
+    /// The audit line the write carries: its action and why.
+    fn said(calls: &[Call]) -> Option<(&'static str, &str)> {
+        calls.iter().find_map(|c| match c {
+            Call::SqlComplete { said, .. } | Call::SqlRelease { said, .. } | Call::SqlMarkNeedsReview { said, .. } => {
+                Some((said.action, said.why.as_str()))
+            }
+            Call::SqlUnclaim { said: Some(said), .. } => Some((said.action, said.why.as_str())),
+            _ => None,
+        })
+    }
+
+    /// Operators read the trail by these words (docs/operations.md; `idemd ops show`): each decision
+    /// writes its own, with the reason it was taken.
+    #[test]
+    fn each_decision_leaves_its_own_word_in_the_audit_trail() {
+        let result = StoredResult { status: 201, headers: vec![], body_b64: "e30=".into() };
+        for (decision, word) in [
+            (Decision::Done(result.clone()), Some("reconcile_done")),
+            (Decision::Failed(result), Some("reconcile_failed")),
+            (Decision::Release, Some("reconcile_release")),
+            (Decision::NeedsReview, Some("reconcile_needs_review")),
+            (Decision::Retry, Some("reconcile_retry")),
+            // Waiting out the grace changed nothing: no line.
+            (Decision::SkipGrace, None),
+        ] {
+            let (_, calls) = apply_with(decision.clone(), true);
+            assert_eq!(said(&calls), word.map(|w| (w, "why")), "{decision:?}: {calls:?}");
+        }
     }
 
     fn restored(calls: &[Call]) -> Option<&Record> {
