@@ -15,6 +15,7 @@ use idem_core::machine::{
 };
 use idem_core::policy::{PluginConfig, RoutePolicy};
 use idem_core::protocol::LeaseRenewal;
+use idem_core::reply::{Reply, ReplyKind, Tells};
 use idem_core::testing;
 
 use crate::config::{world, UpstreamKeys};
@@ -312,49 +313,73 @@ pub fn replayed(kind: Kind, fingerprint: &str, upstream: UpstreamKeys, journal: 
     r
 }
 
-/// The wire form of an answer the agent got, and what it says.
+/// Who answered the agent, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Said {
+    /// A reply of the guard, by its kind (what it tells is the kind's row, `ReplyKind::tells`).
+    Guard(ReplyKind),
+    /// The upstream's own answer, passed through (or replayed byte for byte).
+    Upstream,
+    /// The connection dropped: the agent was told nothing.
+    Reset,
+    /// No answer was held where one was expected (never in a correct run).
+    Nothing,
+}
+
+/// An answer the agent got, and what it says.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Answer {
     pub http: u16,
-    /// The envelope's `status` (`already_completed`, `not_executed`, …), or `upstream` for the
-    /// upstream's own answer passed through.
-    pub kind: String,
+    pub said: Said,
     /// The execution the answer's result names (`T-<n>`), if any.
     pub execution: Option<u8>,
 }
 
 impl Answer {
-    pub fn from_wire(http: u16, body: &[u8]) -> Answer {
-        let kind = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_string))
-            .filter(|s| s.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-            .unwrap_or_else(|| "upstream".into());
-        Answer { http, kind, execution: execution_in(body) }
+    /// A reply of the guard, classified by the kind the core rendered it from; a reply without
+    /// one is a recorded answer sent back as it was.
+    pub fn from_reply(reply: &Reply) -> Answer {
+        let said = reply.facts.as_ref().map_or(Said::Upstream, |f| Said::Guard(f.kind));
+        Answer { http: reply.http_status, said, execution: execution_in(&reply.body) }
+    }
+
+    /// The upstream's own answer.
+    pub fn upstream(http: u16, body: &[u8]) -> Answer {
+        Answer { http, said: Said::Upstream, execution: execution_in(body) }
+    }
+
+    pub fn without(said: Said) -> Answer {
+        Answer { http: 0, said, execution: None }
+    }
+
+    fn tells(&self) -> Option<Tells> {
+        match self.said {
+            Said::Guard(kind) => Some(kind.tells()),
+            _ => None,
+        }
     }
 
     /// "Nothing ran" (§7): the agent may run it again, or (a person refused, or nobody approved
     /// before `exp`) nothing will.
     pub fn says_nothing_ran(&self) -> bool {
-        matches!(self.kind.as_str(), "not_executed" | "fingerprint_expired" | "rejected" | "approval_lapsed")
+        self.tells() == Some(Tells::NothingRan)
     }
 
     /// Says nothing about the operation either way: the agent could not be answered.
     pub fn is_unknowing(&self) -> bool {
-        matches!(self.kind.as_str(), "status_unavailable" | "connection_reset")
+        self.said == Said::Reset || self.tells() == Some(Tells::Unknowing)
     }
 
     /// A result the agent may report: the upstream's own, or a replay.
     pub fn is_result(&self) -> bool {
-        (self.kind == "upstream" && self.http < 300) || self.kind == "already_completed"
+        (self.said == Said::Upstream && self.http < 300) || self.tells() == Some(Tells::Ran)
     }
 
     /// Definite (§7): a result, a definite failure, nothing ran, or a person decides.
     pub fn is_settled(&self) -> bool {
         self.is_result()
-            || self.says_nothing_ran()
-            || matches!(self.kind.as_str(), "already_failed" | "needs_review" | "record_expired")
-            || (self.kind == "upstream" && (400..500).contains(&self.http))
+            || matches!(self.tells(), Some(Tells::NothingRan | Tells::Failed | Tells::Review | Tells::Forgotten))
+            || (self.said == Said::Upstream && (400..500).contains(&self.http))
     }
 }
 
@@ -391,8 +416,8 @@ pub fn effects(step: &Step) -> Effects {
                 key = Some(value.clone())
             }
             Effect::ResumeRequest => out.forward = key.clone().or(Some(String::new())),
-            Effect::Reply(r) => out.reply = Some(Answer::from_wire(r.http_status, &r.body)),
-            Effect::Rewrite(r) => out.rewrite = Some(Answer::from_wire(r.http_status, &r.body)),
+            Effect::Reply(r) => out.reply = Some(Answer::from_reply(r)),
+            Effect::Rewrite(r) => out.rewrite = Some(Answer::from_reply(r)),
             Effect::ResumeResponse => out.resume_response = true,
             Effect::SharedSet { value, .. } => out.shared_set = Some(value.clone()),
             Effect::Count(idem_core::machine::Counter::UnknownOutcome) => out.unknown_outcome = true,

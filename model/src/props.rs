@@ -3,8 +3,10 @@
 use stateright::Property;
 
 use crate::config::Config;
+use crate::filter::Said;
 use crate::idemd::{Ap, St};
 use crate::world::{State, World};
+use idem_core::reply::ReplyKind;
 
 pub const AT_MOST_ONCE: &str = "at most one execution per operation";
 pub const NOTHING_RAN_IS_TRUE: &str = "no agent is told nothing ran about an operation that executed";
@@ -36,8 +38,8 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
     ];
     if !cfg.approval && cfg.reachability {
         use crate::world::reached;
-        p.push(Property::sometimes(REACHES_FAILED_REPLAYED, |_, s: &State| told(s, "already_failed")));
-        p.push(Property::sometimes(REACHES_NEEDS_REVIEW, |_, s: &State| told(s, "needs_review")));
+        p.push(Property::sometimes(REACHES_FAILED_REPLAYED, |_, s: &State| told(s, ReplyKind::AlreadyFailed)));
+        p.push(Property::sometimes(REACHES_NEEDS_REVIEW, |_, s: &State| told(s, ReplyKind::NeedsReview)));
         p.push(Property::sometimes(REACHES_RECONCILER_RELEASE, |_, s: &State| {
             s.ghost.reached & reached::RECONCILER_RELEASE != 0
         }));
@@ -45,7 +47,7 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
         p.push(Property::sometimes(REACHES_REPLAY_CACHE_HIT, |_, s: &State| {
             s.ghost.reached & reached::REPLAY_CACHE_HIT != 0
         }));
-        p.push(Property::sometimes(REACHES_RECORD_EXPIRED, |_, s: &State| told(s, "record_expired")));
+        p.push(Property::sometimes(REACHES_RECORD_EXPIRED, |_, s: &State| told(s, ReplyKind::RecordGone)));
     }
     if cfg.approval {
         p.push(Property::always(APPROVED_FIRST, |_, s: &State| !s.ghost.ran_unapproved));
@@ -56,8 +58,8 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
         p.push(Property::sometimes(REACHES_APPROVED_RUN, |_, s: &State| {
             s.upstream.executions == 1 && s.stores.approval.as_ref().is_some_and(|a| a.state == Ap::Approved)
         }));
-        p.push(Property::sometimes(REACHES_TOLD_REJECTED, |_, s: &State| told(s, "rejected")));
-        p.push(Property::sometimes(REACHES_TOLD_LAPSED, |_, s: &State| told(s, "approval_lapsed")));
+        p.push(Property::sometimes(REACHES_TOLD_REJECTED, |_, s: &State| told(s, ReplyKind::Rejected)));
+        p.push(Property::sometimes(REACHES_TOLD_LAPSED, |_, s: &State| told(s, ReplyKind::ApprovalLapsed)));
     }
     if cfg.check_settle {
         // Judged on the class's representative, so that the schedule's choice among equals (the
@@ -69,8 +71,8 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
     p
 }
 
-fn told(s: &State, kind: &str) -> bool {
-    s.agents.iter().any(|a| a.last.as_ref().is_some_and(|t| t.answer.kind == kind))
+fn told(s: &State, kind: ReplyKind) -> bool {
+    s.agents.iter().any(|a| a.last.as_ref().is_some_and(|t| t.answer.said == Said::Guard(kind)))
 }
 
 /// Settled: nothing in flight, the operation DONE, FAILED, NEEDS_REVIEW or gone (never run, or

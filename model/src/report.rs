@@ -125,8 +125,7 @@ pub fn trace(world: &World, path: &[(State, Option<Action>)]) -> String {
                 out.push_str(line);
                 out.push('\n');
             }
-            let last_told: Vec<_> =
-                stuck.agents.iter().map(|a| a.last.as_ref().map(|t| t.answer.kind.clone())).collect();
+            let last_told: Vec<_> = stuck.agents.iter().map(|a| a.last.as_ref().map(|t| t.answer.said)).collect();
             out.push_str(&format!("     stopped unsettled at: {}, agents last told {last_told:?}\n", summary(&stuck)));
         }
     }

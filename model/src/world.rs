@@ -11,8 +11,9 @@ use idemd::store::flow::{Call, Next, Reply};
 use idemd::store::rules;
 
 use crate::config::{world, Config, Mutation};
-use crate::filter::{self, Answer, Ev, Kind};
+use crate::filter::{self, Answer, Ev, Kind, Said};
 use crate::idemd::{self as im, Ap, Progress, Row, St, Stepped, Stores};
+use idem_core::reply::ReplyKind;
 
 pub const FILTERS: u8 = 2;
 
@@ -451,7 +452,8 @@ impl World {
                 a.waiting = true;
                 if self.cfg.is(Mutation::ExpiryBeforeLookup) && now >= self.exp_s() {
                     // The broken host refuses before asking what exists.
-                    let answer = Answer { http: 410, kind: "fingerprint_expired".into(), execution: None };
+                    let answer =
+                        Answer { http: 410, said: Said::Guard(ReplyKind::FingerprintExpired), execution: None };
                     self.tell(&mut s, agent, answer);
                 } else {
                     self.start(&mut s, agent, filter, Kind::Confirm { drifted, ruled });
@@ -583,7 +585,7 @@ impl World {
                         s.upstream.late_until = Some(s.now_s + u64::from(world::UPSTREAM_WORST_S));
                         s.upstream.late_key = st.sent_key.clone();
                     }
-                    let reset = Answer { http: 0, kind: "connection_reset".into(), execution: None };
+                    let reset = Answer::without(Said::Reset);
                     self.tell(&mut s, st.agent, reset);
                 }
             }
@@ -739,7 +741,7 @@ impl World {
     fn feed(&self, s: &mut State, i: usize, ev: Ev) {
         let is_response = matches!(ev, Ev::Response { .. });
         if let Ev::Response { status, body, .. } = &ev {
-            s.streams[i].held = Some(Answer::from_wire(*status, body));
+            s.streams[i].held = Some(Answer::upstream(*status, body));
         }
         s.streams[i].journal.push(ev);
         let st = &s.streams[i];
@@ -788,7 +790,7 @@ impl World {
         }
         if eff.resume_response || (is_response && eff.flow == Some(idem_core::machine::Flow::Continue)) {
             let agent = st.agent;
-            let held = st.held.clone().unwrap_or(Answer { http: 0, kind: "nothing".into(), execution: None });
+            let held = st.held.clone().unwrap_or(Answer::without(Said::Nothing));
             s.streams.remove(i);
             self.tell(s, agent, held);
             return;
@@ -827,14 +829,16 @@ impl World {
             s.ghost.told_another_result = true;
         }
         if self.cfg.approval && !answer.is_unknowing() {
-            match (s.ghost.verdict, answer.kind.as_str()) {
-                (None, "rejected") => s.ghost.verdict = Some(Ap::Rejected),
-                (None, "approval_lapsed") => s.ghost.verdict = Some(Ap::Lapsed),
-                (None, _) | (Some(Ap::Rejected), "rejected") | (Some(Ap::Lapsed), "approval_lapsed") => {}
+            const REJECTED: Said = Said::Guard(ReplyKind::Rejected);
+            const LAPSED: Said = Said::Guard(ReplyKind::ApprovalLapsed);
+            match (s.ghost.verdict, answer.said) {
+                (None, REJECTED) => s.ghost.verdict = Some(Ap::Rejected),
+                (None, LAPSED) => s.ghost.verdict = Some(Ap::Lapsed),
+                (None, _) | (Some(Ap::Rejected), REJECTED) | (Some(Ap::Lapsed), LAPSED) => {}
                 // A release's answer (nothing ran, retry) that crossed the sweep: true, and the
                 // retry hears approval_lapsed. Only lapsing can cross a release: a reject needs the
                 // row AWAITING, and then no IN_FLIGHT row exists to release.
-                (Some(Ap::Lapsed), "not_executed") => {}
+                (Some(Ap::Lapsed), Said::Guard(ReplyKind::NotExecuted)) => {}
                 (Some(_), _) => s.ghost.verdict_contradicted = true,
             }
         }

@@ -1,7 +1,9 @@
 //! `make test`'s bounded check of the protocol (docs/model.md): the design as built holds every
 //! property on both upstream kinds, and every mutation is refuted with a counterexample.
 
+use idem_core::reply::ReplyKind;
 use idem_model::config::{Broken, Config, Mutation, UpstreamKeys};
+use idem_model::filter::Said;
 use idem_model::props;
 use idem_model::report::check;
 use idem_model::symmetry::{renamed, representative};
@@ -209,9 +211,9 @@ fn the_gate_answers_from_the_row_of_an_operation_that_already_ran() {
     path.push((s.clone(), None));
     println!("{}", idem_model::report::trace(&world, &path));
     assert_eq!(s.upstream.executions, 1);
-    let told = |agent: usize| s.agents[agent].last.as_ref().map(|t| t.answer.kind.clone());
-    assert_eq!(told(0).as_deref(), Some("upstream"), "agent 0 was told it executed");
-    assert_eq!(told(1).as_deref(), Some("already_completed"), "agent 1 gets the first result");
+    let told = |agent: usize| s.agents[agent].last.as_ref().map(|t| t.answer.said);
+    assert_eq!(told(0), Some(Said::Upstream), "agent 0 was told it executed");
+    assert_eq!(told(1), Some(Said::Guard(ReplyKind::AlreadyCompleted)), "agent 1 gets the first result");
     assert!(s.stores.approval.is_none(), "no approval recorded for an operation that ran");
     assert!(world.step(&s, Action::Decide { approve: false }).is_none(), "nothing to reject");
     assert!(!s.ghost.told_nothing_ran_after_it_ran);

@@ -498,8 +498,8 @@ impl Confirm {
     /// idemd would not start the operation where its database could lose the record in a failover: the
     /// agent hears `status_unavailable` with that reason, not retryable (only an operator changes it).
     fn replication_refused(&self, key: &OpKey) -> Step {
-        let ctx = ReplyContext { operation: Some(key), replication_refused: true, ..Default::default() };
-        self.reply(ReplyKind::StatusUnavailable, ctx).with(Effect::Count(Counter::SidecarErrors))
+        let ctx = ReplyContext { operation: Some(key), ..Default::default() };
+        self.reply(ReplyKind::ReplicationRefused, ctx).with(Effect::Count(Counter::SidecarErrors))
     }
 
     /// Programs always get the original answer back (Stripe's convention); agents

@@ -5,181 +5,15 @@
 //! to do next, and, whenever retrying is wrong, what to do instead.
 
 mod en;
+mod kind;
 mod say;
 mod zh;
+
+pub use kind::{ReplyKind, Tells};
 
 use crate::policy::Language;
 use crate::protocol::{decode_body, StoredResult};
 use serde_json::{Map, Value};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyKind {
-    AlreadyCompleted,
-    AlreadyFailed,
-    InProgress,
-    /// This very call got no definite answer from the upstream (timeout, crash,
-    /// reset, 5xx): it may have executed; the reconciler will find out.
-    /// Same status and next step as `InProgress`.
-    OutcomeUnknown,
-    NeedsReview,
-    /// The operation provably did not run: the upstream said 429/503 or could
-    /// not be reached, and the operation was released. 503 + Retry-After; the
-    /// same call is safe to repeat. Never used where an earlier call may have
-    /// executed it (that is `StatusUnavailable`).
-    NotExecuted,
-    /// Status route: this fingerprint was never confirmed and may still be,
-    /// until `fingerprint_expires_at` (HTTP 200).
-    NotYetExecuted,
-    /// The store cannot be asked right now (503 + Retry-After): this call ran
-    /// nothing, but an earlier call with the same fingerprint may have. Unlike
-    /// `NotExecuted` it claims nothing about the operation. On a confirm route
-    /// repeating the same call is safe (it replays or runs once); on a status
-    /// route repeating the lookup is.
-    StatusUnavailable,
-    ParamsChanged,
-    FingerprintExpired,
-    /// 502: the preview succeeded upstream, but its quote's stated expiry (the route's
-    /// `quote_expires`) is missing, unreadable or past: no fingerprint, nothing to confirm.
-    QuoteUnusable,
-    /// 410: expired, no row, and one may have been kept and reaped after the retention: whether
-    /// the operation ran is no longer known here. Never "nothing ran".
-    RecordGone,
-    FingerprintInvalid,
-    FingerprintMissing,
-    Forbidden,
-    /// 401: the gateway could not identify the caller.
-    SubjectMissing,
-    /// 413
-    BodyTooLarge,
-    /// 400
-    InvalidJson,
-    /// 400: a bound field has the wrong type or an out-of-range number; `detail` names it.
-    InvalidField,
-    /// 400: client-key mode and no `Idempotency-Key` (nor a fingerprint).
-    KeyMissing,
-    /// 400: the `Idempotency-Key` is not one valid key; `detail` says why.
-    KeyInvalid,
-    /// 400: a header the guard reads came more than once (DESIGN §6); `detail` names it.
-    InvalidHeader,
-    /// 400: another spelling of a guarded path or method (case, escapes, slashes, an override
-    /// header) that an upstream may read as the guarded one; `detail` names the path to use.
-    PathNotCanonical,
-    /// 202: a person must approve this confirm first; it is recorded, nothing was forwarded.
-    ApprovalRequired,
-    /// Status route: the operation waits for a person's approval (HTTP 200).
-    AwaitingApproval,
-    /// Status route: a person approved it; the next confirm executes it, once (HTTP 200).
-    Approved,
-    /// A person refused the operation: 403 to a confirm (200 to a status query), replayed forever.
-    Rejected,
-    /// 410: nobody approved before the fingerprint's `exp`; nothing executed.
-    ApprovalLapsed,
-    /// 409: another operation of this scope already holds the confirm's business reference (the
-    /// route's `business_ref`, named in `detail`); nothing recorded, nothing forwarded.
-    ReferenceInUse,
-}
-
-impl ReplyKind {
-    pub const ALL: [ReplyKind; 29] = [
-        ReplyKind::AlreadyCompleted,
-        ReplyKind::AlreadyFailed,
-        ReplyKind::InProgress,
-        ReplyKind::OutcomeUnknown,
-        ReplyKind::NeedsReview,
-        ReplyKind::NotExecuted,
-        ReplyKind::NotYetExecuted,
-        ReplyKind::StatusUnavailable,
-        ReplyKind::ParamsChanged,
-        ReplyKind::FingerprintExpired,
-        ReplyKind::FingerprintInvalid,
-        ReplyKind::FingerprintMissing,
-        ReplyKind::Forbidden,
-        ReplyKind::SubjectMissing,
-        ReplyKind::BodyTooLarge,
-        ReplyKind::InvalidJson,
-        ReplyKind::InvalidField,
-        ReplyKind::KeyMissing,
-        ReplyKind::KeyInvalid,
-        ReplyKind::InvalidHeader,
-        ReplyKind::PathNotCanonical,
-        ReplyKind::RecordGone,
-        ReplyKind::QuoteUnusable,
-        ReplyKind::ApprovalRequired,
-        ReplyKind::AwaitingApproval,
-        ReplyKind::Approved,
-        ReplyKind::Rejected,
-        ReplyKind::ApprovalLapsed,
-        ReplyKind::ReferenceInUse,
-    ];
-
-    /// The body's `status` value (also a good stats/log label).
-    pub fn status(self) -> &'static str {
-        match self {
-            ReplyKind::AlreadyCompleted => "already_completed",
-            ReplyKind::AlreadyFailed => "already_failed",
-            ReplyKind::InProgress | ReplyKind::OutcomeUnknown => "in_progress",
-            ReplyKind::NeedsReview => "needs_review",
-            ReplyKind::NotExecuted | ReplyKind::NotYetExecuted => "not_executed",
-            ReplyKind::StatusUnavailable => "status_unavailable",
-            ReplyKind::ParamsChanged => "params_changed",
-            ReplyKind::FingerprintExpired => "fingerprint_expired",
-            ReplyKind::FingerprintInvalid => "fingerprint_invalid",
-            ReplyKind::FingerprintMissing => "fingerprint_missing",
-            ReplyKind::Forbidden => "forbidden",
-            ReplyKind::SubjectMissing => "unauthenticated",
-            ReplyKind::BodyTooLarge => "body_too_large",
-            ReplyKind::InvalidJson => "invalid_json",
-            ReplyKind::InvalidField => "invalid_field",
-            ReplyKind::KeyMissing => "idempotency_key_missing",
-            ReplyKind::KeyInvalid => "idempotency_key_invalid",
-            ReplyKind::InvalidHeader => "invalid_header",
-            ReplyKind::PathNotCanonical => "path_not_canonical",
-            ReplyKind::RecordGone => "record_expired",
-            ReplyKind::QuoteUnusable => "quote_unusable",
-            ReplyKind::ApprovalRequired => "approval_required",
-            ReplyKind::AwaitingApproval => "awaiting_approval",
-            ReplyKind::Approved => "approved",
-            ReplyKind::Rejected => "rejected",
-            ReplyKind::ApprovalLapsed => "approval_lapsed",
-            ReplyKind::ReferenceInUse => "reference_in_use",
-        }
-    }
-
-    /// A report of what became of an operation (a status tool answers these as results), as
-    /// opposed to a refusal of this call or "cannot tell now".
-    pub fn is_report(self) -> bool {
-        matches!(
-            self,
-            ReplyKind::AlreadyCompleted
-                | ReplyKind::AlreadyFailed
-                | ReplyKind::InProgress
-                | ReplyKind::OutcomeUnknown
-                | ReplyKind::NeedsReview
-                | ReplyKind::NotYetExecuted
-                | ReplyKind::AwaitingApproval
-                | ReplyKind::Approved
-                | ReplyKind::Rejected
-                | ReplyKind::ApprovalLapsed
-        )
-    }
-
-    /// One of the approval replies (DESIGN §4, "Approval").
-    pub fn is_approval(self) -> bool {
-        matches!(
-            self,
-            ReplyKind::ApprovalRequired
-                | ReplyKind::AwaitingApproval
-                | ReplyKind::Approved
-                | ReplyKind::Rejected
-                | ReplyKind::ApprovalLapsed
-        )
-    }
-
-    /// A replay of a recorded result.
-    pub fn is_replay(self) -> bool {
-        matches!(self, ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed)
-    }
-}
 
 #[derive(Debug, Clone, Default)]
 pub struct ReplyContext<'a> {
@@ -208,10 +42,6 @@ pub struct ReplyContext<'a> {
     pub status_query: bool,
     /// What a person approves (or approved, or refused): for the approval replies.
     pub approval: Option<ApprovalFacts<'a>>,
-    /// `status_unavailable` because idemd refused to start the operation where its database's
-    /// replication could lose the record (`REPLICATION_REFUSED`): an operator's matter, not a passing
-    /// outage, so the reply says so and is not retryable.
-    pub replication_refused: bool,
 }
 
 /// The approval replies' facts: what awaits a decision and where it is made.
@@ -275,7 +105,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
     body.insert("status".into(), kind.status().into());
     body.insert("meaning".into(), text.meaning.into());
     body.insert("instruction".into(), text.instruction.into());
-    body.insert("retryable".into(), retryable(kind, ctx).into());
+    body.insert("retryable".into(), kind.row().retryable.into());
     body.insert("trace_id".into(), ctx.trace_id.into());
 
     let mut headers = vec![
@@ -322,6 +152,7 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
                 | ReplyKind::OutcomeUnknown
                 | ReplyKind::NeedsReview
                 | ReplyKind::StatusUnavailable
+                | ReplyKind::ReplicationRefused
                 | ReplyKind::RecordGone
         ) || kind.is_approval()
         {
@@ -329,7 +160,6 @@ pub fn render(kind: ReplyKind, lang: Language, ctx: &ReplyContext) -> Reply {
         }
     }
     match kind {
-        ReplyKind::StatusUnavailable if ctx.replication_refused => {}
         ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => {
             body.insert("retry_after_ms".into(), ctx.retry_after_ms.into());
             headers.push(("retry-after".to_string(), ctx.retry_after_ms.div_ceil(1000).to_string()));
@@ -395,33 +225,14 @@ fn scalar_at(value: &Value, pointer: &str) -> Option<String> {
 }
 
 fn http_status(kind: ReplyKind, ctx: &ReplyContext) -> u16 {
-    let original = ctx.result.map(|r| r.status).filter(|s| (200..=599).contains(s));
     match kind {
+        // The query succeeded; `original_status` keeps the upstream's.
         ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed | ReplyKind::Rejected if ctx.status_query => 200,
-        ReplyKind::ApprovalRequired => 202,
-        ReplyKind::AwaitingApproval | ReplyKind::Approved => 200,
-        ReplyKind::Rejected => 403,
-        ReplyKind::ApprovalLapsed => 410,
-        ReplyKind::ReferenceInUse => 409,
-        ReplyKind::AlreadyCompleted => original.unwrap_or(200),
-        ReplyKind::AlreadyFailed => original.unwrap_or(409),
-        ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
-        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
-        ReplyKind::NotYetExecuted => 200,
-        ReplyKind::ParamsChanged => 422,
-        ReplyKind::FingerprintExpired | ReplyKind::RecordGone => 410,
-        ReplyKind::QuoteUnusable => 502,
-        ReplyKind::FingerprintInvalid => 400,
-        ReplyKind::FingerprintMissing => 428,
-        ReplyKind::Forbidden => 403,
-        ReplyKind::SubjectMissing => 401,
-        ReplyKind::BodyTooLarge => 413,
-        ReplyKind::InvalidJson
-        | ReplyKind::InvalidField
-        | ReplyKind::KeyMissing
-        | ReplyKind::KeyInvalid
-        | ReplyKind::InvalidHeader
-        | ReplyKind::PathNotCanonical => 400,
+        // A replay answers with the recorded status where it is one.
+        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
+            ctx.result.map(|r| r.status).filter(|s| (200..=599).contains(s)).unwrap_or(kind.row().http)
+        }
+        _ => kind.row().http,
     }
 }
 
@@ -446,7 +257,6 @@ pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
     ];
     let wait_ms = match kind {
         ReplyKind::InProgress | ReplyKind::OutcomeUnknown => Some(ctx.poll_after_ms),
-        ReplyKind::StatusUnavailable if ctx.replication_refused => None,
         ReplyKind::StatusUnavailable | ReplyKind::NotExecuted => Some(ctx.retry_after_ms),
         _ => None,
     };
@@ -458,91 +268,16 @@ pub fn problem(kind: ReplyKind, ctx: &ReplyContext) -> Reply {
 }
 
 /// Every kind's problem: its status, the `type` slug (lower case, hyphens) and a title that is
-/// a sentence. Client-key routes name the key; the rest speak of the request.
+/// a sentence (the kind's row). Client-key routes name the key; the rest speak of the request.
 fn problem_type(kind: ReplyKind, ctx: &ReplyContext) -> (u16, &'static str, &'static str) {
-    match kind {
-        ReplyKind::KeyMissing => (400, "idempotency-key-missing", "This operation requires an Idempotency-Key header"),
-        ReplyKind::KeyInvalid => (400, "idempotency-key-invalid", "The Idempotency-Key header is not one valid key"),
-        ReplyKind::ParamsChanged => {
-            (422, "idempotency-key-reused", "This Idempotency-Key was already used with a different request payload")
-        }
-        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => {
-            (409, "request-in-progress", "A request with this Idempotency-Key is still being processed")
-        }
-        ReplyKind::NeedsReview => {
-            (409, "needs-review", "The outcome of the request with this Idempotency-Key is being reviewed by a person")
-        }
-        ReplyKind::StatusUnavailable if ctx.replication_refused => (
-            503,
-            "replication-refused",
-            "The gateway refuses to start this request: its idempotency store's replication could lose the record in a failover; nothing was executed, and retrying is refused the same way until an operator changes the store",
-        ),
-        ReplyKind::StatusUnavailable => {
-            (503, "store-unavailable", "The idempotency store is unavailable; retry with the same Idempotency-Key")
-        }
-        ReplyKind::NotExecuted => (
-            503,
-            "not-executed",
-            "The request was not executed (the upstream refused it or could not be reached); retry with the same Idempotency-Key",
-        ),
-        ReplyKind::SubjectMissing => (401, "unauthenticated", "The caller could not be identified"),
-        ReplyKind::BodyTooLarge => (413, "body-too-large", "The request body is larger than the gateway accepts"),
-        ReplyKind::InvalidJson => (400, "invalid-json", "The request body is not a valid JSON object"),
-        ReplyKind::InvalidField => (400, "invalid-field", "A bound field has the wrong type or is out of range"),
-        ReplyKind::InvalidHeader => (400, "invalid-header", "A header the gateway reads was sent more than once or is not text"),
-        ReplyKind::PathNotCanonical => {
-            (400, "path-not-canonical", "The path or method is another spelling of a guarded operation")
-        }
-        ReplyKind::FingerprintMissing => (
-            428,
-            "fingerprint-missing",
-            "This operation requires a fingerprint from its preview, or an Idempotency-Key",
-        ),
-        ReplyKind::FingerprintInvalid => (400, "fingerprint-invalid", "The fingerprint is not one this gateway issued"),
-        ReplyKind::FingerprintExpired => {
-            (410, "fingerprint-expired", "The fingerprint has expired and nothing ran with it")
-        }
-        ReplyKind::RecordGone => {
-            (410, "record-expired", "The record of this request is older than the retention and no longer kept")
-        }
-        ReplyKind::QuoteUnusable => (502, "quote-unusable", "The preview's quote states no usable expiry"),
-        ReplyKind::Forbidden => (403, "forbidden", "This fingerprint or key belongs to another caller"),
-        ReplyKind::AlreadyCompleted | ReplyKind::AlreadyFailed => {
-            (http_status(kind, ctx), "already-recorded", "This request was already processed; its result was recorded")
-        }
-        ReplyKind::NotYetExecuted => (200, "not-yet-executed", "This operation has not been executed"),
-        ReplyKind::ApprovalRequired => {
-            (202, "approval-required", "A person must approve this request before it is executed")
-        }
-        ReplyKind::AwaitingApproval => (200, "awaiting-approval", "This request is waiting for a person's approval"),
-        ReplyKind::Approved => (200, "approved", "A person approved this request; it has not been executed yet"),
-        ReplyKind::Rejected => (http_status(kind, ctx), "rejected", "A person refused this request; it was not executed"),
-        ReplyKind::ApprovalLapsed => {
-            (410, "approval-lapsed", "Nobody approved this request in time; it was not executed")
-        }
-        ReplyKind::ReferenceInUse => {
-            (409, "reference-in-use", "Another request already uses this business reference; this one was not executed")
-        }
-    }
+    let row = kind.row();
+    (row.problem_status.unwrap_or_else(|| http_status(kind, ctx)), row.slug, row.title)
 }
 
 /// The `type` URIs of [`problem`] (`urn:agent-idempotency:problem:idempotency-key-reused`
 /// and so on), documented in docs/programs.md. RFC 9457 allows a URI that does not
 /// resolve; a URN says so plainly.
 pub const PROBLEM_BASE: &str = "urn:agent-idempotency:problem:";
-
-fn retryable(kind: ReplyKind, ctx: &ReplyContext) -> bool {
-    match kind {
-        // Refused by the database's topology: the same answer until an operator acts.
-        ReplyKind::StatusUnavailable if ctx.replication_refused => false,
-        // A preview reads only: asking again is always safe.
-        ReplyKind::NotExecuted | ReplyKind::StatusUnavailable | ReplyKind::QuoteUnusable => true,
-        // The seed: in flight, like done, says "do not re-issue". Polling without a status tool is
-        // calling the same tool with the same fingerprint, which `poll_with` names and which only reports.
-        ReplyKind::InProgress | ReplyKind::OutcomeUnknown => false,
-        _ => false,
-    }
-}
 
 /// The recorded body as the envelope's `result`: its JSON, or its text as a string when it is not
 /// JSON; `true` when it was JSON (only there does a `result_ref` pointer resolve).
@@ -593,7 +328,7 @@ mod tests {
             ReplyKind::AlreadyCompleted => 201,
             ReplyKind::AlreadyFailed => 402,
             ReplyKind::InProgress | ReplyKind::OutcomeUnknown | ReplyKind::NeedsReview => 202,
-            ReplyKind::NotExecuted | ReplyKind::StatusUnavailable => 503,
+            ReplyKind::NotExecuted | ReplyKind::StatusUnavailable | ReplyKind::ReplicationRefused => 503,
             ReplyKind::NotYetExecuted | ReplyKind::AwaitingApproval | ReplyKind::Approved => 200,
             ReplyKind::ParamsChanged => 422,
             ReplyKind::FingerprintExpired | ReplyKind::RecordGone | ReplyKind::ApprovalLapsed => 410,
@@ -631,7 +366,6 @@ mod tests {
                     detail: Some("/amount"),
                     operation: Some("0123456789abcdef0123456789abcdef"),
                     status_query: false,
-                    replication_refused: false,
                     approval: Some(ApprovalFacts {
                         fields: r#"{"/amount":"5000"}"#,
                         scope: "payments.transfer",
@@ -677,6 +411,7 @@ mod tests {
                 "needs_review",
                 "not_executed",
                 "not_executed",
+                "status_unavailable",
                 "status_unavailable",
                 "params_changed",
                 "fingerprint_expired",

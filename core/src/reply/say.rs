@@ -176,9 +176,7 @@ pub(super) fn say<'a>(
         ReplyKind::StatusUnavailable if ctx.status_query => {
             (M::UnavailableAsked, I::AskAgain { wait_ms: ctx.retry_after_ms })
         }
-        ReplyKind::StatusUnavailable if ctx.replication_refused => {
-            (M::UnavailableReplication, I::TellOperator { reference })
-        }
+        ReplyKind::ReplicationRefused => (M::UnavailableReplication, I::TellOperator { reference }),
         ReplyKind::StatusUnavailable => (
             M::Unavailable,
             match ctx.poll_with {
