@@ -10,7 +10,12 @@
 //! (proto field names in their JSON/CRD spelling, lowerCamelCase); Envoy Gateway's from
 //! github:envoyproxy/gateway api/v1alpha1 at d32f28294245e454d20f81d323d626a90e660c1e (2026-08-21) and the
 //! Gateway API's from github:kubernetes-sigs/gateway-api apis/v1 at 4564255ac2c35d582249b3cdf261bdf51c8bca32
-//! (the Go types' json names).
+//! (the Go types' json names); kgateway's from github:kgateway-dev/kgateway api/v1alpha1/kgateway (ext_proc_types.go,
+//! gateway_extensions_types.go, traffic_policy_types.go) and agentgateway's from github:agentgateway/agentgateway
+//! controller/api/v1alpha1/agentgateway/agentgateway_policy_types.go at 75b4e6ce6e0e1ac7959d5548ebe8dbeaede4f180.
+//!
+//! Files named `*.patch.yaml` are patches (a kustomize Component's), not whole objects: they are checked for their
+//! API's fields like the rest, but `find` never returns them.
 //!
 //! deploy/observability/ holds Prometheus and Grafana files, not Kubernetes manifests: tests/tests/observability.rs
 //! checks them.
@@ -64,6 +69,7 @@ fn all_documents() -> Result<Vec<(String, Value)>, idem_oci::Error> {
 
 fn find<'a>(docs: &'a [(String, Value)], kind: &str, name: &str) -> Result<&'a Value, String> {
     docs.iter()
+        .filter(|(file, _)| !file.ends_with(".patch.yaml"))
         .map(|(_, d)| d)
         .find(|d| {
             s(d, "kind") == Some(kind)
@@ -248,6 +254,11 @@ const KINDS: &[(&str, &str)] = &[
     ("apps/v1", "Deployment"),
     ("policy/v1", "PodDisruptionBudget"),
     ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+    ("kustomize.config.k8s.io/v1alpha1", "Component"),
+    ("v1", "ConfigMap"),
+    ("gateway.kgateway.dev/v1alpha1", "GatewayExtension"),
+    ("gateway.kgateway.dev/v1alpha1", "TrafficPolicy"),
+    ("agentgateway.dev/v1alpha1", "AgentgatewayPolicy"),
     ("gateway.networking.k8s.io/v1", "Gateway"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
     ("gateway.envoyproxy.io/v1alpha1", "EnvoyProxy"),
@@ -273,6 +284,139 @@ const GATEWAY_SCHEMA: &[(&str, &str, &[&str])] = &[
     ("EnvoyExtensionPolicy", "spec.wasm[].code.image", &["url", "sha256", "pullSecretRef", "tls"]),
     ("EnvoyExtensionPolicy", "spec.wasm[].env", &["hostKeys"]),
     ("EnvoyExtensionPolicy", "spec.dynamicModule[]", &["name", "filterName", "config", "terminalFilter"]),
+    (
+        "EnvoyExtensionPolicy",
+        "spec.extProc[]",
+        &[
+            "backendRef",
+            "backendRefs",
+            "backendSettings",
+            "messageTimeout",
+            "failOpen",
+            "processingMode",
+            "shadowMode",
+            "metadata",
+            "statusOnError",
+        ],
+    ),
+    ("EnvoyExtensionPolicy", "spec.extProc[].backendRefs[]", &["group", "kind", "name", "namespace", "port", "weight"]),
+    ("EnvoyExtensionPolicy", "spec.extProc[].processingMode", &["request", "response", "allowModeOverride"]),
+    ("EnvoyExtensionPolicy", "spec.extProc[].processingMode.request", &["body", "attributes"]),
+    ("EnvoyExtensionPolicy", "spec.extProc[].processingMode.response", &["body", "attributes"]),
+    ("EnvoyExtensionPolicy", "spec.extProc[].metadata", &["accessibleNamespaces", "writableNamespaces"]),
+    ("GatewayExtension", "spec", &["type", "extAuth", "extProc", "rateLimit", "jwt", "oauth2"]),
+    (
+        "GatewayExtension",
+        "spec.extProc",
+        &[
+            "grpcService",
+            "failOpen",
+            "processingMode",
+            "allowProcessingModeOverride",
+            "allowedProcessingModeOverrides",
+            "messageTimeout",
+            "maxMessageTimeout",
+            "statPrefix",
+            "routeCacheAction",
+            "metadataOptions",
+        ],
+    ),
+    ("GatewayExtension", "spec.extProc.grpcService", &["backendRef", "authority", "requestTimeout", "retry"]),
+    (
+        "GatewayExtension",
+        "spec.extProc.grpcService.backendRef",
+        &["group", "kind", "name", "namespace", "port", "weight"],
+    ),
+    ("GatewayExtension", "spec.extProc.processingMode", KGATEWAY_PROCESSING_MODE),
+    (
+        "TrafficPolicy",
+        "spec",
+        &[
+            "targetRefs",
+            "targetSelectors",
+            "transformation",
+            "extProc",
+            "extAuth",
+            "rateLimit",
+            "cors",
+            "csrf",
+            "headerModifiers",
+            "autoHostRewrite",
+            "buffer",
+            "timeouts",
+            "retry",
+            "internalRedirect",
+            "rbac",
+            "jwtAuth",
+            "urlRewrite",
+            "compression",
+            "basicAuth",
+            "apiKeyAuth",
+            "oauth2",
+            "tracing",
+            "faultInjection",
+            "acl",
+            "statPrefix",
+        ],
+    ),
+    ("TrafficPolicy", "spec.targetRefs[]", &["group", "kind", "name", "sectionName"]),
+    ("TrafficPolicy", "spec.extProc", &["extensionRef", "processingMode", "disable"]),
+    ("TrafficPolicy", "spec.extProc.extensionRef", &["name", "namespace"]),
+    ("TrafficPolicy", "spec.extProc.processingMode", KGATEWAY_PROCESSING_MODE),
+    ("AgentgatewayPolicy", "spec", &["targetRefs", "targetSelectors", "strategy", "frontend", "traffic", "backend"]),
+    ("AgentgatewayPolicy", "spec.targetRefs[]", &["group", "kind", "name", "sectionName"]),
+    (
+        "AgentgatewayPolicy",
+        "spec.traffic",
+        &[
+            "phase",
+            "transformation",
+            "extProc",
+            "extAuth",
+            "rateLimit",
+            "cors",
+            "csrf",
+            "headerModifiers",
+            "hostRewrite",
+            "timeouts",
+            "retry",
+            "authorization",
+            "jwtAuthentication",
+            "basicAuthentication",
+            "apiKeyAuthentication",
+            "directResponse",
+            "buffer",
+            "delay",
+        ],
+    ),
+    (
+        "AgentgatewayPolicy",
+        "spec.traffic.extProc",
+        &[
+            "backendRef",
+            "url",
+            "failureMode",
+            "processingOptions",
+            "metadataContext",
+            "requestAttributes",
+            "responseAttributes",
+            "conditional",
+        ],
+    ),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.backendRef", &["group", "kind", "name", "namespace", "port"]),
+    (
+        "AgentgatewayPolicy",
+        "spec.traffic.extProc.processingOptions",
+        &[
+            "requestBodyMode",
+            "responseBodyMode",
+            "requestHeaderMode",
+            "responseHeaderMode",
+            "requestTrailerMode",
+            "responseTrailerMode",
+            "allowModeOverride",
+        ],
+    ),
     ("EnvoyPatchPolicy", "spec", &["type", "jsonPatches", "targetRef", "priority"]),
     ("EnvoyPatchPolicy", "spec.jsonPatches[]", &["type", "name", "operation"]),
     ("EnvoyPatchPolicy", "spec.jsonPatches[].operation", &["op", "path", "jsonPath", "from", "value"]),
@@ -397,9 +541,47 @@ const GATEWAY_SCHEMA: &[(&str, &str, &[&str])] = &[
     ("HTTPRoute", "spec.rules[].matches[].path", &["type", "value"]),
     ("HTTPRoute", "spec.rules[].backendRefs[]", &["group", "kind", "name", "namespace", "port", "weight", "filters"]),
 ];
+/// kgateway's ProcessingMode (GatewayExtension's and TrafficPolicy's): Envoy's field names in camelCase.
+const KGATEWAY_PROCESSING_MODE: &[&str] = &[
+    "requestHeaderMode",
+    "responseHeaderMode",
+    "requestBodyMode",
+    "responseBodyMode",
+    "requestTrailerMode",
+    "responseTrailerMode",
+];
+const KGATEWAY_BODY_MODES: &[&str] = &["NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"];
+const KGATEWAY_HEADER_MODES: &[&str] = &["DEFAULT", "SEND", "SKIP"];
+const AGENTGATEWAY_BODY_MODES: &[&str] = &["None", "Buffered", "BufferedPartial", "FullDuplexStreamed"];
+const AGENTGATEWAY_SEND_MODES: &[&str] = &["Send", "Skip"];
+
 /// (kind, path of a value, the values its enum allows).
 const GATEWAY_ENUMS: &[(&str, &str, &[&str])] = &[
     ("EnvoyExtensionPolicy", "spec.wasm[].code.type", &["HTTP", "Image"]),
+    (
+        "EnvoyExtensionPolicy",
+        "spec.extProc[].processingMode.request.body",
+        &["Streamed", "Buffered", "BufferedPartial", "FullDuplexStreamed"],
+    ),
+    (
+        "EnvoyExtensionPolicy",
+        "spec.extProc[].processingMode.response.body",
+        &["Streamed", "Buffered", "BufferedPartial", "FullDuplexStreamed"],
+    ),
+    ("GatewayExtension", "spec.extProc.processingMode.requestHeaderMode", KGATEWAY_HEADER_MODES),
+    ("GatewayExtension", "spec.extProc.processingMode.responseHeaderMode", KGATEWAY_HEADER_MODES),
+    ("GatewayExtension", "spec.extProc.processingMode.requestTrailerMode", KGATEWAY_HEADER_MODES),
+    ("GatewayExtension", "spec.extProc.processingMode.responseTrailerMode", KGATEWAY_HEADER_MODES),
+    ("GatewayExtension", "spec.extProc.processingMode.requestBodyMode", KGATEWAY_BODY_MODES),
+    ("GatewayExtension", "spec.extProc.processingMode.responseBodyMode", KGATEWAY_BODY_MODES),
+    ("GatewayExtension", "spec.extProc.routeCacheAction", &["FromResponse", "Clear", "Retain"]),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.failureMode", &["FailClosed", "FailOpen"]),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.processingOptions.requestBodyMode", AGENTGATEWAY_BODY_MODES),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.processingOptions.responseBodyMode", AGENTGATEWAY_BODY_MODES),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.processingOptions.requestHeaderMode", AGENTGATEWAY_SEND_MODES),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.processingOptions.responseHeaderMode", AGENTGATEWAY_SEND_MODES),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.processingOptions.requestTrailerMode", AGENTGATEWAY_SEND_MODES),
+    ("AgentgatewayPolicy", "spec.traffic.extProc.processingOptions.responseTrailerMode", AGENTGATEWAY_SEND_MODES),
     ("EnvoyPatchPolicy", "spec.type", &["JSONPatch"]),
     (
         "EnvoyPatchPolicy",
@@ -491,7 +673,7 @@ fn every_manifest_parses_and_uses_only_its_apis_fields() -> TestResult {
     for (file, d) in &docs {
         let (api, kind) = (s(d, "apiVersion").unwrap_or_default(), s(d, "kind").unwrap_or_default());
         assert!(KINDS.contains(&(api, kind)), "deploy/{file}: unexpected {api} {kind}");
-        if kind == "Kustomization" {
+        if kind == "Kustomization" || kind == "Component" {
             continue;
         }
         let meta = d.get("metadata").ok_or_else(|| format!("deploy/{file}: no metadata"))?;
@@ -1181,4 +1363,320 @@ fn envoy_gateways_patches_map_envoys_own_replies_and_reload_a_failed_vm() -> Tes
     );
     assert!(read("envoy/gateway-like.yaml")?.contains("failure_policy: FAIL_RELOAD"));
     Ok(())
+}
+
+// The ext_proc host: idemd serves Envoy's External Processing protocol itself (deploy/idemd/ext-proc), and each
+// gateway's manifests point its ext_proc at idemd's port with what `idemd check`'s ext-proc rules require
+// (sidecar/src/check/ext_proc.rs): never failing open, headers and trailers sent both ways, a body mode that holds the
+// stream both ways, Envoy's wait for an answer above the plugin's sidecar_timeout_ms, the answer's code details sent.
+
+/// The directories that deploy the ext_proc host, and the relative path of deploy/ from each.
+const EXT_PROC_VARIANTS: &[(&str, &str)] =
+    &[("istio/ext-proc", "../.."), ("envoy-gateway/extproc", "../.."), ("kgateway", ".."), ("agentgateway", "..")];
+
+/// The documents of one file under deploy/.
+fn deploy_docs(rel: &str) -> Result<Vec<Value>, idem_oci::Error> {
+    documents(&read(&format!("deploy/{rel}"))?)
+}
+
+fn kind_in<'a>(docs: &'a [Value], kind: &str) -> Result<&'a Value, String> {
+    docs.iter().find(|d| s(d, "kind") == Some(kind)).ok_or_else(|| format!("no {kind}"))
+}
+
+/// The plugin configuration a variant's ConfigMap idemd-ext-proc gives idemd (`config.json`).
+fn ext_proc_config(dir: &str) -> Result<serde_json::Value, idem_oci::Error> {
+    let docs = deploy_docs(&format!("{dir}/idemd-ext-proc.yaml"))?;
+    let map = kind_in(&docs, "ConfigMap")?;
+    assert_eq!(text(map, &["metadata", "name"]), "idemd-ext-proc", "{dir}: the ConfigMap the idemd patch mounts");
+    Ok(serde_json::from_str(text(map, &["data", "config.json"]))?)
+}
+
+/// A Kubernetes/Envoy duration (`5s`, `1.5s`, `500ms`) in milliseconds.
+fn duration_ms(v: &str) -> Option<u64> {
+    if let Some(ms) = v.strip_suffix("ms") {
+        return ms.parse().ok();
+    }
+    let secs: f64 = v.strip_suffix('s')?.parse().ok()?;
+    Some((secs * 1000.0).round() as u64)
+}
+
+/// idemd's ext_proc port: what the Component's patch makes it listen on, expose and mount, checked against itself.
+/// Returns (the Service's name, its namespace, the port).
+fn idemd_ext_proc_port() -> Result<(String, String, u64), idem_oci::Error> {
+    let patch = deploy_docs("idemd/ext-proc/idemd.patch.yaml")?;
+    let deployment = kind_in(&patch, "Deployment")?;
+    let service = kind_in(&patch, "Service")?;
+    let container = at(deployment, &["spec", "template", "spec", "containers", "0"])?;
+    let env = |name: &str| each(container.get("env")).find(|e| s(e, "name") == Some(name)).cloned();
+    let listen = env("IDEM_EXT_PROC").ok_or("no IDEM_EXT_PROC: idemd would not serve ext_proc")?;
+    let port: u64 = text(&listen, &["value"]).rsplit_once(':').and_then(|(_, p)| p.parse().ok()).ok_or("no port")?;
+    let declared = each(container.get("ports")).find(|p| s(p, "name") == Some("grpc-ext-proc")).ok_or("no port")?;
+    assert_eq!(at(declared, &["containerPort"])?.as_u64(), Some(port), "the container port is the one idemd serves");
+    let svc_port = each(at(service, &["spec", "ports"]).ok()).find(|p| s(p, "name") == Some("grpc-ext-proc"));
+    let svc_port = svc_port.ok_or("the Service has no grpc-ext-proc port")?;
+    assert_eq!(text(svc_port, &["targetPort"]), "grpc-ext-proc");
+    assert_eq!(text(svc_port, &["appProtocol"]), "grpc", "gRPC: Istio and the gateways speak HTTP/2 to it");
+    // The configuration file: the ConfigMap idemd-ext-proc mounted where IDEM_EXT_PROC_CONFIG points.
+    let file = env("IDEM_EXT_PROC_CONFIG").ok_or("no IDEM_EXT_PROC_CONFIG")?;
+    let mount = each(container.get("volumeMounts")).find(|m| s(m, "name") == Some("ext-proc-config")).ok_or("mount")?;
+    assert_eq!(text(&file, &["value"]), format!("{}/config.json", text(mount, &["mountPath"])));
+    let volume = each(at(deployment, &["spec", "template", "spec", "volumes"]).ok())
+        .find(|v| s(v, "name") == Some("ext-proc-config"))
+        .ok_or("no volume")?;
+    assert_eq!(text(volume, &["configMap", "name"]), "idemd-ext-proc");
+    // idemd is the filter here: every secret_env of every variant's configuration is in its environment.
+    let example = find(&all_documents()?, "Secret", "idem-filter-secrets")?.clone();
+    for (dir, _) in EXT_PROC_VARIANTS {
+        for name in secret_envs(&ext_proc_config(dir)?) {
+            let e = env(&name).ok_or_else(|| format!("{dir}: idemd has no {name}"))?;
+            let r = at(&e, &["valueFrom", "secretKeyRef"])?;
+            assert_eq!(s(r, "name"), Some("idem-filter-secrets"));
+            assert!(at(&example, &["stringData", text(r, &["key"])]).is_ok(), "the example Secret has {name}");
+        }
+    }
+    let meta = at(service, &["metadata"])?;
+    let name = s(meta, "name").ok_or("no name")?.to_owned();
+    let docs = all_documents()?;
+    let whole = find(&docs, "Service", &name)?;
+    assert_eq!(s(at(whole, &["metadata"])?, "namespace"), s(meta, "namespace"), "the patch is of idemd's Service");
+    Ok((name, s(meta, "namespace").ok_or("no namespace")?.to_owned(), port))
+}
+
+#[test]
+fn every_ext_proc_variant_deploys_idemd_with_its_port_and_configuration() -> TestResult {
+    let (_, _, port) = idemd_ext_proc_port()?;
+    assert_eq!(port, 9191);
+    let component = documents(&read("deploy/idemd/ext-proc/kustomization.yaml")?)?;
+    let patches: Vec<&str> =
+        each(component.first().and_then(|d| d.get("patches"))).filter_map(|p| s(p, "path")).collect();
+    assert_eq!(patches, ["idemd.patch.yaml"]);
+    for (dir, up) in EXT_PROC_VARIANTS {
+        let k = documents(&read(&format!("deploy/{dir}/kustomization.yaml"))?)?;
+        let k = k.first().ok_or("empty kustomization")?;
+        let list =
+            |key: &str| -> Vec<String> { each(k.get(key)).filter_map(Value::as_str).map(str::to_owned).collect() };
+        let resources = list("resources");
+        for r in &resources {
+            assert!(repo_root().join("deploy").join(dir).join(r).exists(), "{dir}: {r} exists");
+        }
+        assert!(resources.contains(&format!("{up}/idemd")), "{dir} deploys idemd: {resources:?}");
+        assert!(resources.contains(&"idemd-ext-proc.yaml".to_owned()), "{dir}: its configuration");
+        assert_eq!(list("components"), [format!("{up}/idemd/ext-proc")], "{dir}: idemd serves ext_proc");
+        let config = ext_proc_config(dir)?;
+        for field in ["sidecar_cluster", "keys", "active_kid", "subject", "routes"] {
+            assert!(!config[field].is_null(), "{dir}: config.json has {field}");
+        }
+    }
+    Ok(())
+}
+
+/// The ext_proc filter's `processing_mode`, written in a gateway's spelling, as (header, body, trailer) per direction.
+fn assert_holds_the_stream(what: &str, modes: [(&str, &str, &str); 2], send: &str, bodies: &[&str]) {
+    for (header, body, trailer) in modes {
+        assert_eq!(header, send, "{what}: headers are sent both ways");
+        assert_eq!(trailer, send, "{what}: trailers are sent both ways (the end of a body that has them)");
+        assert!(bodies.contains(&body), "{what}: body mode {body:?} cannot hold a stream (expected one of {bodies:?})");
+    }
+}
+
+/// Envoy's own `processing_mode` (Istio's and kgateway's spelling of its enums), its six fields named in `keys`
+/// (request header, body, trailer; response header, body, trailer).
+fn assert_envoys_modes_hold_the_stream(what: &str, modes: &Value, keys: [&str; 6]) {
+    let m = |i: usize| s(modes, keys[i]).unwrap_or("unset");
+    let written = [(m(0), m(1), m(2)), (m(3), m(4), m(5))];
+    assert_holds_the_stream(what, written, "SEND", &["BUFFERED", "FULL_DUPLEX_STREAMED"]);
+}
+
+/// Envoy's wait for each answer (`field`, Envoy's default 200 ms when unset) outlasts idemd's own store call, the
+/// plugin configuration's sidecar_timeout_ms (`idemd check`'s ext-proc-message-timeout).
+fn assert_outlasts_idemds_store_call(field: &str, written: Option<&Value>, config: &serde_json::Value) {
+    let timeout = written.and_then(Value::as_str).map_or(Some(200), duration_ms);
+    let timeout = timeout.unwrap_or_else(|| panic!("{field}: {written:?} is not a duration"));
+    let sidecar = config["sidecar_timeout_ms"].as_u64().unwrap_or_else(|| panic!("no sidecar_timeout_ms"));
+    assert!(timeout > sidecar, "{field} {timeout} ms must exceed sidecar_timeout_ms {sidecar} ms");
+}
+
+#[test]
+fn istios_ext_proc_envoyfilter_reaches_idemd_and_never_fails_open() -> TestResult {
+    let (svc, ns, port) = idemd_ext_proc_port()?;
+    let docs = deploy_docs("istio/ext-proc/envoyfilter.yaml")?;
+    let ef = kind_in(&docs, "EnvoyFilter")?;
+    let patches = at(ef, &["spec", "configPatches"])?.as_sequence().ok_or("no patches")?;
+    let filter_patch = patches.iter().find(|p| s(p, "applyTo") == Some("HTTP_FILTER")).ok_or("no HTTP_FILTER")?;
+    assert_eq!(text(filter_patch, &["match", "context"]), "SIDECAR_INBOUND");
+    assert_eq!(text(filter_patch, &["patch", "filterClass"]), "AUTHZ", "after authentication and authorization");
+    let filter = at(filter_patch, &["patch", "value"])?;
+    assert_eq!(s(filter, "name"), Some("envoy.filters.http.ext_proc"));
+    let typed = at(filter, &["typed_config"])?;
+    assert_eq!(
+        text(typed, &["@type"]),
+        "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+    );
+    assert_eq!(at(typed, &["failure_mode_allow"])?.as_bool(), Some(false), "written out: never fail open");
+    assert!(typed.get("observability_mode").is_none());
+    let modes = [
+        "request_header_mode",
+        "request_body_mode",
+        "request_trailer_mode",
+        "response_header_mode",
+        "response_body_mode",
+        "response_trailer_mode",
+    ];
+    assert_envoys_modes_hold_the_stream("the EnvoyFilter", at(typed, &["processing_mode"])?, modes);
+    let config = ext_proc_config("istio/ext-proc")?;
+    assert_outlasts_idemds_store_call("message_timeout", typed.get("message_timeout"), &config);
+    let attrs: Vec<&str> = each(typed.get("response_attributes")).filter_map(Value::as_str).collect();
+    assert!(attrs.contains(&"response.code_details"), "{attrs:?}");
+    // The subject is read from jwt_authn's metadata: the filter forwards that namespace.
+    let subject_ns = config["subject"]["property"][2].as_str().ok_or("the subject is not a metadata property")?;
+    let forwarded: Vec<&str> = each(at(typed, &["metadata_options", "forwarding_namespaces", "untyped"]).ok())
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(forwarded.contains(&subject_ns), "{subject_ns} is forwarded: {forwarded:?}");
+    // Istio's outbound cluster for idemd's gRPC port (HTTP/2 by its appProtocol).
+    assert_eq!(
+        text(typed, &["grpc_service", "envoy_grpc", "cluster_name"]),
+        format!("outbound|{port}||{svc}.{ns}.svc.cluster.local")
+    );
+    // Envoy's default :authority is that cluster name, which idemd's gRPC server refuses (`|`): name the Service.
+    assert_eq!(text(typed, &["grpc_service", "envoy_grpc", "authority"]), format!("{svc}.{ns}.svc.cluster.local"));
+    // The path normalisation, local replies and route timeout of the .wasm's EnvoyFilter, the same patches.
+    let wasm = deploy_docs("istio/envoyfilter.yaml")?;
+    let wasm_patches = at(kind_in(&wasm, "EnvoyFilter")?, &["spec", "configPatches"])?.as_sequence().ok_or("none")?;
+    for apply in ["NETWORK_FILTER", "HTTP_ROUTE"] {
+        let ours = patches.iter().find(|p| s(p, "applyTo") == Some(apply));
+        let theirs = wasm_patches.iter().find(|p| s(p, "applyTo") == Some(apply));
+        assert!(ours.is_some() && ours == theirs, "{apply}: as in deploy/istio/envoyfilter.yaml");
+    }
+    // idemd runs the mesh's plugin configuration, and the processor is open to the guarded workload only.
+    let wasmplugin: serde_json::Value =
+        serde_json::from_str(&plugin_config_json(&read("deploy/istio/wasmplugin.yaml")?, "WasmPlugin")?)?;
+    assert_eq!(config, wasmplugin, "config.json is the WasmPlugin's configuration");
+    let all = all_documents()?;
+    let authz = find(&all, "AuthorizationPolicy", "idemd-callers")?;
+    let allowed = each(at(authz, &["spec", "rules"]).ok()).any(|r| {
+        let op = r.get("to").and_then(|t| t.get(0)).and_then(|t| t.get("operation"));
+        let ports: Vec<&str> = each(op.and_then(|o| o.get("ports"))).filter_map(Value::as_str).collect();
+        let paths: Vec<&str> = each(op.and_then(|o| o.get("paths"))).filter_map(Value::as_str).collect();
+        ports == [port.to_string().as_str()] && paths == ["/envoy.service.ext_proc.v3.ExternalProcessor/Process"]
+    });
+    assert!(allowed, "idemd-callers lets the transfers sidecar call the processor");
+    Ok(())
+}
+
+/// The Gateway API route of a variant is Envoy Gateway's (exactly the service's paths, no catch-all).
+fn same_route_as_envoy_gateways(file: &str) -> TestResult {
+    let ours = deploy_docs(file)?;
+    let eg = deploy_docs("envoy-gateway/base/gateway.yaml")?;
+    assert_eq!(at(kind_in(&ours, "HTTPRoute")?, &["spec"])?, at(kind_in(&eg, "HTTPRoute")?, &["spec"])?, "{file}");
+    let gw = kind_in(&ours, "Gateway")?;
+    assert_eq!(text(gw, &["metadata", "name"]), "agents", "{file}: the Gateway the policy targets");
+    Ok(())
+}
+
+#[test]
+fn envoy_gateways_ext_proc_policy_reaches_idemd_and_never_fails_open() -> TestResult {
+    let (svc, _, port) = idemd_ext_proc_port()?;
+    let docs = deploy_docs("envoy-gateway/extproc/extproc.yaml")?;
+    let policy = kind_in(&docs, "EnvoyExtensionPolicy")?;
+    let target = at(policy, &["spec", "targetRefs", "0"])?;
+    assert_eq!((s(target, "kind"), s(target, "name")), (Some("Gateway"), Some("agents")));
+    let procs = at(policy, &["spec", "extProc"])?.as_sequence().ok_or("extProc is a list")?;
+    assert_eq!(procs.len(), 1);
+    let ep = &procs[0];
+    let backend = at(ep, &["backendRefs", "0"])?;
+    assert_eq!((s(backend, "name"), at(backend, &["port"])?.as_u64()), (Some(svc.as_str()), Some(port)));
+    assert_eq!(at(ep, &["failOpen"])?.as_bool(), Some(false), "written out: never fail open");
+    assert!(ep.get("shadowMode").is_none_or(|v| v.as_bool() == Some(false)));
+    // Envoy Gateway sends headers for a direction that is present, and trailers only with FullDuplexStreamed.
+    let body = |dir: &str| text(ep, &["processingMode", dir, "body"]);
+    for dir in ["request", "response"] {
+        assert_eq!(body(dir), "FullDuplexStreamed", "{dir}: the only mode Envoy Gateway sends trailers with");
+    }
+    let attrs: Vec<&str> =
+        each(at(ep, &["processingMode", "response", "attributes"]).ok()).filter_map(Value::as_str).collect();
+    assert!(attrs.contains(&"response.code_details"), "{attrs:?}");
+    let config = ext_proc_config("envoy-gateway/extproc")?;
+    assert_outlasts_idemds_store_call("messageTimeout", ep.get("messageTimeout"), &config);
+    let native: serde_json::Value =
+        serde_json::to_value(policy_config(eg_find(&eg_docs("native/native.yaml")?, "EnvoyExtensionPolicy")?)?)?;
+    assert_eq!(config, native, "config.json is the native policy's configuration");
+    let proxy = kind_in(&docs, "EnvoyProxy")?;
+    let after: Vec<&str> = each(at(proxy, &["spec", "filterOrder"]).ok())
+        .filter(|f| s(f, "name") == Some("envoy.filters.http.ext_proc"))
+        .filter_map(|f| s(f, "after"))
+        .collect();
+    assert_eq!(
+        after,
+        ["envoy.filters.http.rbac", "envoy.filters.http.local_ratelimit", "envoy.filters.http.ratelimit"],
+        "after authorization and rate limits"
+    );
+    let k = documents(&read("deploy/envoy-gateway/extproc/kustomization.yaml")?)?;
+    let resources: Vec<&str> = each(k.first().and_then(|d| d.get("resources"))).filter_map(Value::as_str).collect();
+    assert!(resources.contains(&"../base") && resources.contains(&"extproc.yaml"), "{resources:?}");
+    Ok(())
+}
+
+#[test]
+fn kgateways_ext_proc_extension_reaches_idemd_and_never_fails_open() -> TestResult {
+    let (svc, _, port) = idemd_ext_proc_port()?;
+    let docs = deploy_docs("kgateway/extproc.yaml")?;
+    let ext = kind_in(&docs, "GatewayExtension")?;
+    let ep = at(ext, &["spec", "extProc"])?;
+    let backend = at(ep, &["grpcService", "backendRef"])?;
+    assert_eq!((s(backend, "name"), at(backend, &["port"])?.as_u64()), (Some(svc.as_str()), Some(port)));
+    // kgateway's default is failOpen: true.
+    assert_eq!(at(ep, &["failOpen"])?.as_bool(), Some(false), "written out: kgateway fails open by default");
+    let modes = [
+        "requestHeaderMode",
+        "requestBodyMode",
+        "requestTrailerMode",
+        "responseHeaderMode",
+        "responseBodyMode",
+        "responseTrailerMode",
+    ];
+    assert_envoys_modes_hold_the_stream("the GatewayExtension", at(ep, &["processingMode"])?, modes);
+    let config = ext_proc_config("kgateway")?;
+    assert_outlasts_idemds_store_call("messageTimeout", ep.get("messageTimeout"), &config);
+    let policy = kind_in(&docs, "TrafficPolicy")?;
+    assert_eq!(text(policy, &["spec", "extProc", "extensionRef", "name"]), text(ext, &["metadata", "name"]));
+    assert!(at(policy, &["spec", "extProc", "processingMode"]).is_err(), "no per-policy override of the modes");
+    let target = at(policy, &["spec", "targetRefs", "0"])?;
+    assert_eq!((s(target, "kind"), s(target, "name")), (Some("Gateway"), Some("agents")));
+    assert_eq!(config, ext_proc_config("envoy-gateway/extproc")?, "Envoy Gateway's configuration");
+    same_route_as_envoy_gateways("kgateway/gateway.yaml")
+}
+
+#[test]
+fn agentgateways_ext_proc_policy_reaches_idemd_and_never_fails_open() -> TestResult {
+    let (svc, _, port) = idemd_ext_proc_port()?;
+    let docs = deploy_docs("agentgateway/policy.yaml")?;
+    let policy = kind_in(&docs, "AgentgatewayPolicy")?;
+    let target = at(policy, &["spec", "targetRefs", "0"])?;
+    assert_eq!((s(target, "kind"), s(target, "name")), (Some("Gateway"), Some("agents")));
+    let ep = at(policy, &["spec", "traffic", "extProc"])?;
+    let backend = at(ep, &["backendRef"])?;
+    assert_eq!((s(backend, "name"), at(backend, &["port"])?.as_u64()), (Some(svc.as_str()), Some(port)));
+    assert_eq!(text(ep, &["failureMode"]), "FailClosed", "written out: never fail open");
+    let po = |k: &str| text(ep, &["processingOptions", k]);
+    assert_holds_the_stream(
+        "the AgentgatewayPolicy",
+        [
+            (po("requestHeaderMode"), po("requestBodyMode"), po("requestTrailerMode")),
+            (po("responseHeaderMode"), po("responseBodyMode"), po("responseTrailerMode")),
+        ],
+        "Send",
+        &["Buffered", "FullDuplexStreamed"],
+    );
+    // The subject: a metadata property the policy's metadataContext fills from the verified JWT.
+    let config = ext_proc_config("agentgateway")?;
+    let path: Vec<&str> =
+        config["subject"]["property"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+    let [_, _, ns, key] = path[..] else { panic!("the subject is not metadata.filter_metadata.<ns>.<key>: {path:?}") };
+    assert_eq!(&path[..2], ["metadata", "filter_metadata"]);
+    assert_eq!(text(ep, &["metadataContext", ns, key]), "jwt.sub", "the verified JWT's sub");
+    let mut eg = ext_proc_config("envoy-gateway/extproc")?;
+    eg["subject"] = config["subject"].clone();
+    assert_eq!(config, eg, "Envoy Gateway's configuration but for the subject");
+    same_route_as_envoy_gateways("agentgateway/gateway.yaml")
 }

@@ -35,6 +35,11 @@ const IDEMD_VARS: [&str; 6] = [
     "IDEM_RETRY_WINDOW_S",
 ];
 
+/// The committed configuration of the ext_proc host (or an edited copy under its name), and the plugin
+/// configuration idemd serves it with.
+const EXT_PROC_CONFIGURATION: &str = "ext-proc.yaml";
+const EXT_PROC_PLUGIN_CONFIG: &str = "envoy/ext-proc-config.json";
+
 fn check(files: &[&Path]) -> Result<Run, Box<dyn std::error::Error>> {
     check_with(files, &[], &[])
 }
@@ -47,6 +52,11 @@ fn check_with(files: &[&Path], args: &[&str], vars: &[(&str, &str)]) -> Result<R
         cmd.env_remove(var);
     }
     cmd.envs(vars.iter().copied()).args(args);
+    // envoy/ext-proc.yaml runs the ext_proc host: its plugin configuration is idemd's file, given as `serve` is.
+    let ext_proc = files.iter().any(|f| f.file_name().is_some_and(|n| n == EXT_PROC_CONFIGURATION));
+    if ext_proc && !args.iter().any(|a| a.starts_with("--ext-proc-config")) {
+        cmd.arg("--ext-proc-config").arg(EXT_PROC_PLUGIN_CONFIG);
+    }
     for f in files {
         cmd.arg("--envoy").arg(f);
     }
