@@ -19,7 +19,7 @@
 //! field. A compared field the confirm does not carry (absent or null) counts as met: a person
 //! looks rather than a rule failing open.
 
-use super::route::PolicyError;
+use super::error::Error;
 use crate::canonical::{normalize_decimal, BoundField, FieldType};
 use crate::strict_json;
 use serde_json::{Map, Value};
@@ -86,13 +86,13 @@ impl CompareOp {
     }
 }
 
-fn perr<T>(msg: impl Into<String>) -> Result<T, PolicyError> {
-    Err(PolicyError(msg.into()))
+fn perr<T>(msg: impl Into<String>) -> Result<T, Error> {
+    Err(Error(msg.into()))
 }
 
 /// Parse the `approval` leaf against the route's bound fields. Errors start with `approval`
 /// and name the offending field or pointer.
-pub fn parse(text: &str, bound: &[BoundField]) -> Result<Approval, PolicyError> {
+pub fn parse(text: &str, bound: &[BoundField]) -> Result<Approval, Error> {
     if text.trim() == "always" {
         return Ok(Approval::Always);
     }
@@ -113,7 +113,7 @@ fn parse_condition(
     depth: usize,
     terms: &mut usize,
     at: &str,
-) -> Result<Condition, PolicyError> {
+) -> Result<Condition, Error> {
     *terms += 1;
     if *terms > MAX_TERMS {
         return perr(format!("{at}: more than {MAX_TERMS} terms"));
@@ -144,7 +144,7 @@ fn parse_condition(
     parse_term(map, bound, at)
 }
 
-fn parse_term(map: &Map<String, Value>, bound: &[BoundField], at: &str) -> Result<Condition, PolicyError> {
+fn parse_term(map: &Map<String, Value>, bound: &[BoundField], at: &str) -> Result<Condition, Error> {
     let Some(Value::String(pointer)) = map.get("field") else {
         return perr(format!("{at}.field: required, the JSON pointer of one of the route's bound fields"));
     };
@@ -282,7 +282,7 @@ mod tests {
         ]
     }
 
-    fn when(text: &str) -> Result<Approval, PolicyError> {
+    fn when(text: &str) -> Result<Approval, Error> {
         parse(text, &bound())
     }
 
@@ -303,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn always_and_conditions_decide_over_the_body() -> Result<(), PolicyError> {
+    fn always_and_conditions_decide_over_the_body() -> Result<(), Error> {
         assert_eq!(when("always")?, Approval::Always);
         assert_eq!(when("\"always\"")?, Approval::Always);
         let big = when(r#"{"field":"/amount","gte":"1000.00"}"#)?;
@@ -344,7 +344,7 @@ mod tests {
         ] {
             match when(text) {
                 Ok(a) => panic!("{text} parsed as {a:?}"),
-                Err(PolicyError(e)) => assert!(e.contains(names), "{text}: {e}"),
+                Err(Error(e)) => assert!(e.contains(names), "{text}: {e}"),
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The plugin configuration: where idemd is, the HMAC keys, where the subject comes from, the
 //! defaults every route starts from, the replay cache and the route rules.
 
+use super::error::Error;
 use super::route::{RouteDefaults, FINGERPRINT_TTL_S, LEASE_MS, POLL_AFTER_MS, RETRY_AFTER_MS};
 use super::rules::{self, RouteRules};
 use crate::fingerprint::{Key, Keyring, MIN_SECRET_LEN};
@@ -88,19 +89,8 @@ impl fmt::Debug for Secret {
 /// ASCII so they travel in a header unchanged.
 pub const MIN_TOKEN_LEN: usize = 16;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(pub String);
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
+fn err<T>(msg: impl Into<String>) -> Result<T, Error> {
+    Err(Error(msg.into()))
 }
 
 const TOP_FIELDS: &[&str] = &[
@@ -124,14 +114,14 @@ const SUBJECT_FIELDS: &[&str] = &["header", "property"];
 const DEFAULT_FIELDS: &[&str] = &["fingerprint_ttl_s", "lease_ms", "poll_after_ms", "retry_after_ms"];
 
 /// `env` resolves `secret_env` names (the glue passes `std::env::var`).
-pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<PluginConfig, ConfigError> {
+pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) -> Result<PluginConfig, Error> {
     if json.iter().all(u8::is_ascii_whitespace) {
         return err("configuration: empty (at least sidecar_cluster, keys, active_kid and subject are required)");
     }
     if json.len() > MAX_CONFIG_BYTES {
         return err(format!("configuration: larger than {MAX_CONFIG_BYTES} bytes"));
     }
-    let root = strict_json::from_slice(json).map_err(|e| ConfigError(format!("configuration: not valid JSON: {e}")))?;
+    let root = strict_json::from_slice(json).map_err(|e| Error(format!("configuration: not valid JSON: {e}")))?;
     let top = Obj::new(&root, "configuration".into())?;
     top.only(TOP_FIELDS)?;
 
@@ -151,7 +141,7 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
     let sidecar_token = parse_token(&top, env)?;
     let replay_cache = parse_replay_cache(&top)?;
     let routes = match top.get("routes") {
-        Some(v) => rules::parse_rules(v, &defaults).map_err(|e| ConfigError(e.0))?,
+        Some(v) => rules::parse_rules(v, &defaults)?,
         None => RouteRules::default(),
     };
 
@@ -175,7 +165,7 @@ pub fn parse_plugin_config(json: &[u8], env: &dyn Fn(&str) -> Option<String>) ->
 /// `{"slots": 1024, "entry_bytes": 4096, "ttl_s": 3600}`; `slots: 0` turns it off.
 /// `ttl_s` must not exceed idemd's terminal retention (a cached replay of a
 /// reaped row would outlive it).
-fn parse_replay_cache(top: &Obj) -> Result<CacheConfig, ConfigError> {
+fn parse_replay_cache(top: &Obj) -> Result<CacheConfig, Error> {
     let base = CacheConfig::default();
     let Some(value) = top.get("replay_cache") else { return Ok(base) };
     let c = Obj::new(value, "replay_cache".into())?;
@@ -188,14 +178,14 @@ fn parse_replay_cache(top: &Obj) -> Result<CacheConfig, ConfigError> {
     })
 }
 
-fn parse_token(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Secret>, ConfigError> {
+fn parse_token(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Secret>, Error> {
     let Some(value) = top.get("sidecar_token") else { return Ok(None) };
     let t = Obj::new(value, "sidecar_token".into())?;
     t.only(TOKEN_FIELDS)?;
     let token = match (t.string("secret")?, t.string("secret_env")?) {
         (Some(inline), None) => inline,
         (None, Some(var)) => env(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
-            ConfigError(format!("sidecar_token.secret_env: environment variable {var} is not set or empty"))
+            Error(format!("sidecar_token.secret_env: environment variable {var} is not set or empty"))
         })?,
         _ => return err("sidecar_token: exactly one of \"secret\" or \"secret_env\" is required"),
     };
@@ -207,7 +197,7 @@ fn parse_token(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Option
     Ok(Some(Secret(token)))
 }
 
-fn parse_keys(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Keyring, ConfigError> {
+fn parse_keys(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Keyring, Error> {
     let items = match top.get("keys") {
         None => return Err(top.missing("keys")),
         Some(Value::Array(items)) if !items.is_empty() => items,
@@ -227,7 +217,7 @@ fn parse_keys(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Keyring
             }
             (None, Some(var)) => {
                 let value = env(&var).filter(|v| !v.is_empty()).ok_or_else(|| {
-                    ConfigError(format!("keys[{i}].secret_env: environment variable {var} is not set or empty"))
+                    Error(format!("keys[{i}].secret_env: environment variable {var} is not set or empty"))
                 })?;
                 if value.len() < MIN_SECRET_LEN {
                     return err(format!(
@@ -241,10 +231,10 @@ fn parse_keys(top: &Obj, env: &dyn Fn(&str) -> Option<String>) -> Result<Keyring
         keys.push(Key { kid, secret });
     }
     let active = top.string("active_kid")?.ok_or_else(|| top.missing("active_kid"))?;
-    Keyring::new(keys, &active).map_err(ConfigError)
+    Keyring::new(keys, &active).map_err(Error)
 }
 
-fn parse_subject(top: &Obj) -> Result<SubjectSource, ConfigError> {
+fn parse_subject(top: &Obj) -> Result<SubjectSource, Error> {
     let Some(value) = top.get("subject") else { return Err(top.missing("subject")) };
     let subject = Obj::new(value, "subject".into())?;
     subject.only(SUBJECT_FIELDS)?;
@@ -276,7 +266,7 @@ fn is_header_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-fn parse_defaults(top: &Obj) -> Result<RouteDefaults, ConfigError> {
+fn parse_defaults(top: &Obj) -> Result<RouteDefaults, Error> {
     let base = RouteDefaults::default();
     let Some(value) = top.get("defaults") else { return Ok(base) };
     let d = Obj::new(value, "defaults".into())?;
@@ -296,7 +286,7 @@ struct Obj<'a> {
 }
 
 impl<'a> Obj<'a> {
-    fn new(value: &'a Value, path: String) -> Result<Obj<'a>, ConfigError> {
+    fn new(value: &'a Value, path: String) -> Result<Obj<'a>, Error> {
         match value {
             Value::Object(map) => Ok(Obj { map, path }),
             _ => err(format!("{path}: expected a JSON object")),
@@ -311,11 +301,11 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn missing(&self, name: &str) -> ConfigError {
-        ConfigError(format!("{}: required", self.field(name)))
+    fn missing(&self, name: &str) -> Error {
+        Error(format!("{}: required", self.field(name)))
     }
 
-    fn only(&self, allowed: &[&str]) -> Result<(), ConfigError> {
+    fn only(&self, allowed: &[&str]) -> Result<(), Error> {
         match self.map.keys().find(|k| !allowed.contains(&k.as_str())) {
             Some(unknown) => {
                 err(format!("{}: unknown field (expected one of: {})", self.field(unknown), allowed.join(", ")))
@@ -329,7 +319,7 @@ impl<'a> Obj<'a> {
     }
 
     /// `None` when absent; an empty string is an error, not "absent".
-    fn string(&self, name: &str) -> Result<Option<String>, ConfigError> {
+    fn string(&self, name: &str) -> Result<Option<String>, Error> {
         match self.map.get(name) {
             None => Ok(None),
             Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
@@ -337,7 +327,7 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn int(&self, name: &str, range: RangeInclusive<u64>) -> Result<Option<u64>, ConfigError> {
+    fn int(&self, name: &str, range: RangeInclusive<u64>) -> Result<Option<u64>, Error> {
         let Some(value) = self.map.get(name) else { return Ok(None) };
         match value.as_u64() {
             Some(n) if range.contains(&n) => Ok(Some(n)),
@@ -367,7 +357,7 @@ mod tests {
         )
     }
 
-    fn parse(text: &str) -> Result<PluginConfig, ConfigError> {
+    fn parse(text: &str) -> Result<PluginConfig, Error> {
         parse_plugin_config(text.as_bytes(), &no_env)
     }
 
@@ -379,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn minimal_config_gets_defaults() -> Result<(), ConfigError> {
+    fn minimal_config_gets_defaults() -> Result<(), Error> {
         let c = parse(&config(""))?;
         assert_eq!(c.sidecar_cluster, "idem_sidecar");
         assert_eq!(c.sidecar_authority, "idemd");
@@ -394,7 +384,7 @@ mod tests {
     }
 
     #[test]
-    fn full_config() -> Result<(), ConfigError> {
+    fn full_config() -> Result<(), Error> {
         let text = format!(
             r#"{{"sidecar_cluster":"c","sidecar_authority":"idemd.internal","sidecar_timeout_ms":500,
             "keys":[{{"kid":"k1","secret":"{SECRET}"}},{{"kid":"k0","secret_env":"IDEM_HMAC_K0"}}],
@@ -506,14 +496,11 @@ mod tests {
         let text = r#"{"sidecar_cluster":"c","keys":[{"kid":"k1","secret_env":"K1"}],"active_kid":"k1","subject":{"header":"x"}}"#;
         let env = |_: &str| Some("short".to_string());
         let got = parse_plugin_config(text.as_bytes(), &env).map(|_| ());
-        assert_eq!(
-            got,
-            Err(ConfigError("keys[0].secret_env: environment variable K1 holds fewer than 32 bytes".into()))
-        );
+        assert_eq!(got, Err(Error("keys[0].secret_env: environment variable K1 holds fewer than 32 bytes".into())));
     }
 
     #[test]
-    fn sidecar_token_from_config_or_environment() -> Result<(), ConfigError> {
+    fn sidecar_token_from_config_or_environment() -> Result<(), Error> {
         assert_eq!(parse(&config(""))?.sidecar_token, None);
         let inline = parse(&config(r#","sidecar_token":{"secret":"0123456789abcdefXYZ"}"#))?;
         assert_eq!(inline.sidecar_token.as_ref().map(Secret::expose), Some("0123456789abcdefXYZ"));

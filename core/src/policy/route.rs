@@ -1,13 +1,13 @@
 //! One route's annotation: its role, scope, bound fields, TTLs and how its answers read
 //! (`RoutePolicy`), from route metadata leaves, a per-route configuration or a route rule.
 
+use super::error::Error;
 use super::pairs::LeafValue;
 use super::template::{self, Segment};
 use crate::canonical::{BoundField, FieldType, Source};
 use crate::json_text::is_json_pointer;
 use crate::strict_json;
 use serde_json::Value;
-use std::fmt;
 use std::ops::RangeInclusive;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,7 +175,7 @@ pub enum QuoteExpiry {
 }
 
 impl QuoteExpiry {
-    fn parse(text: &str) -> Result<QuoteExpiry, PolicyError> {
+    fn parse(text: &str) -> Result<QuoteExpiry, Error> {
         if let Some(name) = text.strip_prefix("header:") {
             let name = name.trim().to_ascii_lowercase();
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b)) {
@@ -210,14 +210,14 @@ pub struct ToolSpec {
     pub parameters: Option<Value>,
 }
 
-fn parse_tool_spec(text: &str) -> Result<ToolSpec, PolicyError> {
+fn parse_tool_spec(text: &str) -> Result<ToolSpec, Error> {
     let Ok(Value::Object(map)) = strict_json::from_slice(text.as_bytes()) else {
         return perr("tool: expected a JSON object {\"name\", \"description\", \"parameters\"}");
     };
     if let Some(k) = map.keys().find(|k| !["name", "description", "parameters"].contains(&k.as_str())) {
         return perr(format!("tool.{k}: unknown field (expected name, description, parameters)"));
     }
-    let text_field = |k: &str, max: usize| -> Result<Option<String>, PolicyError> {
+    let text_field = |k: &str, max: usize| -> Result<Option<String>, Error> {
         match map.get(k) {
             None => Ok(None),
             Some(Value::String(s)) if !s.is_empty() && s.len() <= max => Ok(Some(s.clone())),
@@ -286,19 +286,8 @@ pub enum Callers {
     Programs,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyError(pub String);
-
-impl fmt::Display for PolicyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for PolicyError {}
-
-fn perr<T>(msg: impl Into<String>) -> Result<T, PolicyError> {
-    Err(PolicyError(msg.into()))
+fn perr<T>(msg: impl Into<String>) -> Result<T, Error> {
+    Err(Error(msg.into()))
 }
 
 /// `Ok(None)` when there is no `role` leaf: the route is not ours.
@@ -328,7 +317,7 @@ pub fn one_approval_rule_per_scope<'a>(
 pub fn parse_route_policy(
     get: &dyn Fn(&str) -> Option<LeafValue>,
     defaults: &RouteDefaults,
-) -> Result<Option<RoutePolicy>, PolicyError> {
+) -> Result<Option<RoutePolicy>, Error> {
     let protocol = leaf_string(get, "protocol")?;
     let role = match (get("role"), protocol.as_deref()) {
         (_, Some("mcp")) => return parse_mcp(get, defaults).map(Some),
@@ -348,7 +337,7 @@ pub fn parse_route_policy(
         LeafValue::Num(_) => return perr("role: expected a string (preview, confirm, status, idempotent or mcp)"),
     };
 
-    let scope = leaf_string(get, "scope")?.ok_or_else(|| PolicyError("scope: required".into()))?;
+    let scope = leaf_string(get, "scope")?.ok_or_else(|| Error("scope: required".into()))?;
     if scope.len() > MAX_SCOPE_LEN
         || !scope.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
     {
@@ -380,7 +369,7 @@ pub fn parse_route_policy(
     }
 
     let outcomes = match leaf_string(get, "outcomes")? {
-        Some(text) => crate::outcome::parse_overrides(&text).map_err(|e| PolicyError(format!("outcomes: {e}")))?,
+        Some(text) => crate::outcome::parse_overrides(&text).map_err(|e| Error(format!("outcomes: {e}")))?,
         None => Vec::new(),
     };
     let replay = match leaf_string(get, "replay")?.as_deref() {
@@ -452,7 +441,7 @@ pub fn parse_route_policy(
     };
     let callers = client_key_callers(role, client_keys, stated_callers)?;
     let template = match leaf_string(get, "template")? {
-        Some(text) => Some(template::parse_template(&text).map_err(|why| PolicyError(format!("template: {why}")))?),
+        Some(text) => Some(template::parse_template(&text).map_err(|why| Error(format!("template: {why}")))?),
         None => None,
     };
     let not_money_relevant = match leaf_string(get, "not_money_relevant")? {
@@ -491,13 +480,13 @@ pub fn parse_route_policy(
 /// `role: mcp` (or `protocol: mcp`): `tools` is a JSON object (a JSON string in
 /// route metadata) from tool name to that tool's annotation, whose bound fields
 /// point into `params.arguments`.
-fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) -> Result<RoutePolicy, PolicyError> {
+fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) -> Result<RoutePolicy, Error> {
     if let Some(LeafValue::Str(role)) = get("role") {
         if role != "mcp" {
             return perr(format!("role: {role:?} with protocol mcp: the roles belong to the tools"));
         }
     }
-    let text = leaf_string(get, "tools")?.ok_or_else(|| PolicyError("tools: required for an MCP route".into()))?;
+    let text = leaf_string(get, "tools")?.ok_or_else(|| Error("tools: required for an MCP route".into()))?;
     let table = match strict_json::from_slice(text.as_bytes()) {
         Ok(Value::Object(map)) if !map.is_empty() && map.len() <= MAX_TOOLS => map,
         Ok(_) => return perr(format!("tools: expected an object of 1 to {MAX_TOOLS} tools")),
@@ -522,7 +511,7 @@ fn parse_mcp(get: &dyn Fn(&str) -> Option<LeafValue>, defaults: &RouteDefaults) 
             Ok(Some(p)) if matches!(p.role, Role::Preview | Role::Confirm | Role::Status) => p,
             Ok(Some(p)) => return perr(format!("tools.{name}.role: {} is not for a tool", p.role.as_str())),
             Ok(None) => return perr(format!("tools.{name}.role: required (preview, confirm or status)")),
-            Err(PolicyError(e)) => return perr(format!("tools.{name}.{e}")),
+            Err(Error(e)) => return perr(format!("tools.{name}.{e}")),
         };
         if let Some(f) = policy.bound.iter().find(|f| f.source != Source::Body) {
             return perr(format!(
@@ -579,7 +568,7 @@ fn check_binding_outside_body(
     bound: &[BoundField],
     template: Option<&[Segment]>,
     not_money_relevant: &[String],
-) -> Result<(), PolicyError> {
+) -> Result<(), Error> {
     let params: Vec<&str> = template.map(|t| template::params(t).collect()).unwrap_or_default();
     for field in bound.iter().filter(|f| f.source == Source::Path) {
         if template.is_none() {
@@ -628,7 +617,7 @@ fn check_binding_outside_body(
 /// `upstream_keys` has no default on the roles that execute (DESIGN §4, "Release needs proof nothing
 /// ran"): releasing on an upstream 429/503 is safe only where the upstream deduplicates by the key,
 /// and a default would decide that for an owner who never heard of the setting.
-fn parse_upstream_keys(text: Option<&str>, role: Role) -> Result<UpstreamKeys, PolicyError> {
+fn parse_upstream_keys(text: Option<&str>, role: Role) -> Result<UpstreamKeys, Error> {
     let executes = matches!(role, Role::Confirm | Role::Idempotent);
     match text {
         Some(other) if !matches!(other, "honoured" | "ignored") => {
@@ -653,7 +642,7 @@ fn parse_upstream_keys(text: Option<&str>, role: Role) -> Result<UpstreamKeys, P
 /// the model invents is new on every attempt (the article's §2), so a route agents call never
 /// accepts one. A confirm route that takes keys beside fingerprints must be named for what it is,
 /// `callers: programs`; role `idempotent` is for programs unless it says otherwise, and may not.
-fn client_key_callers(role: Role, client_keys: bool, stated: Option<Callers>) -> Result<Callers, PolicyError> {
+fn client_key_callers(role: Role, client_keys: bool, stated: Option<Callers>) -> Result<Callers, Error> {
     let agents_refused = || {
         perr(format!(
             "client_keys: a route agents call never accepts an agent-made Idempotency-Key: a key the model \
@@ -674,7 +663,7 @@ fn client_key_callers(role: Role, client_keys: bool, stated: Option<Callers>) ->
 /// `"/amount:decimal, /currency /payee_id"`: separated by commas and/or whitespace. A value
 /// outside the body is `path:NAME`, `query:NAME` or `header:NAME`, typed `:string` or `:decimal`
 /// at most (it arrives as text).
-pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
+pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, Error> {
     let mut fields: Vec<BoundField> = Vec::new();
     for token in text.split(|c: char| c == ',' || c.is_whitespace()).filter(|t| !t.is_empty()) {
         let field = match Source::OUTSIDE.iter().find(|(_, prefix)| token.starts_with(prefix)) {
@@ -692,7 +681,7 @@ pub fn parse_bind(text: &str) -> Result<Vec<BoundField>, PolicyError> {
     Ok(fields)
 }
 
-fn parse_pointer(token: &str) -> Result<BoundField, PolicyError> {
+fn parse_pointer(token: &str) -> Result<BoundField, Error> {
     let (pointer, ty) = match token.rsplit_once(':') {
         Some((p, suffix)) if p.starts_with('/') && !suffix.contains('/') => match FieldType::from_suffix(suffix) {
             Some(ty) => (p, ty),
@@ -721,7 +710,7 @@ fn parse_pointer(token: &str) -> Result<BoundField, PolicyError> {
 }
 
 /// `path:account`, `query:currency:decimal`, `header:X-Tenant-Id`.
-fn parse_outside(token: &str, source: Source, prefix: &str) -> Result<BoundField, PolicyError> {
+fn parse_outside(token: &str, source: Source, prefix: &str) -> Result<BoundField, Error> {
     let rest = token.get(prefix.len()..).unwrap_or_default();
     let (name, ty) = match rest.split_once(':') {
         None => (rest, FieldType::Any),
@@ -750,7 +739,7 @@ fn parse_outside(token: &str, source: Source, prefix: &str) -> Result<BoundField
     Ok(BoundField::outside(source, &name, ty))
 }
 
-fn leaf_string(get: &dyn Fn(&str) -> Option<LeafValue>, key: &str) -> Result<Option<String>, PolicyError> {
+fn leaf_string(get: &dyn Fn(&str) -> Option<LeafValue>, key: &str) -> Result<Option<String>, Error> {
     match get(key) {
         None => Ok(None),
         Some(LeafValue::Str(s)) if !s.trim().is_empty() => Ok(Some(s.trim().to_string())),
@@ -763,7 +752,7 @@ fn leaf_int(
     get: &dyn Fn(&str) -> Option<LeafValue>,
     key: &str,
     range: RangeInclusive<u64>,
-) -> Result<Option<u64>, PolicyError> {
+) -> Result<Option<u64>, Error> {
     let value = match get(key) {
         None => return Ok(None),
         // Every bound is far below 2^53, so an in-range double is exact.
@@ -790,7 +779,7 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
     }
 
-    fn route(pairs: &[(&str, LeafValue)]) -> Result<Option<RoutePolicy>, PolicyError> {
+    fn route(pairs: &[(&str, LeafValue)]) -> Result<Option<RoutePolicy>, Error> {
         let map = leaves(pairs);
         parse_route_policy(&|k| map.get(k).cloned(), &RouteDefaults::default())
     }
@@ -800,14 +789,14 @@ mod tests {
     }
 
     #[test]
-    fn unannotated_route_passes_through() -> Result<(), PolicyError> {
+    fn unannotated_route_passes_through() -> Result<(), Error> {
         assert_eq!(route(&[])?, None);
         assert_eq!(route(&[("scope", s("x"))])?, None);
         Ok(())
     }
 
     #[test]
-    fn confirm_route() -> Result<(), PolicyError> {
+    fn confirm_route() -> Result<(), Error> {
         let p = route(&[
             ("role", s("confirm")),
             ("scope", s("payments.transfer:v1")),
@@ -853,7 +842,7 @@ mod tests {
     }
 
     #[test]
-    fn approval_is_a_confirm_condition_over_bound_fields() -> Result<(), PolicyError> {
+    fn approval_is_a_confirm_condition_over_bound_fields() -> Result<(), Error> {
         use super::super::approval::Approval;
         let confirm = |approval: &str| {
             route(&[
@@ -864,9 +853,9 @@ mod tests {
                 ("approval", s(approval)),
             ])
         };
-        let p = confirm("always")?.ok_or(PolicyError("none".into()))?;
+        let p = confirm("always")?.ok_or(Error("none".into()))?;
         assert_eq!(p.approval, Some(Approval::Always));
-        let p = confirm(r#"{"field":"/amount","gte":"1000"}"#)?.ok_or(PolicyError("none".into()))?;
+        let p = confirm(r#"{"field":"/amount","gte":"1000"}"#)?.ok_or(Error("none".into()))?;
         assert!(matches!(p.approval, Some(Approval::When(_))));
         let err = confirm(r#"{"field":"/memo","gte":"1000"}"#).err().map(|e| e.0).unwrap_or_default();
         assert!(err.starts_with("approval.field") && err.contains("/memo"), "{err}");
@@ -877,23 +866,23 @@ mod tests {
     }
 
     #[test]
-    fn status_route_needs_no_bind() -> Result<(), PolicyError> {
+    fn status_route_needs_no_bind() -> Result<(), Error> {
         let p = route(&[("role", s("status")), ("scope", s("payments.transfer"))])?;
         assert!(matches!(p, Some(RoutePolicy { role: Role::Status, ref bound, .. }) if bound.is_empty()));
         Ok(())
     }
 
     #[test]
-    fn an_upstream_without_keys_is_declared_with_what_proves_nothing_ran() -> Result<(), PolicyError> {
+    fn an_upstream_without_keys_is_declared_with_what_proves_nothing_ran() -> Result<(), Error> {
         let confirm = |extra: &[(&str, LeafValue)]| {
             let mut v = vec![("role", s("confirm")), ("scope", s("pay")), ("bind", s("/amount, /ref"))];
             v.extend(extra.iter().map(|(k, val)| (*k, val.clone())));
             route(&v)
         };
-        let p = confirm(&[("upstream_keys", s("ignored")), ("business_ref", s("/ref"))])?
-            .ok_or(PolicyError("none".into()))?;
+        let p =
+            confirm(&[("upstream_keys", s("ignored")), ("business_ref", s("/ref"))])?.ok_or(Error("none".into()))?;
         assert_eq!((p.upstream_keys, p.business_ref.as_deref()), (UpstreamKeys::Ignored, Some("/ref")));
-        let p = confirm(&[("upstream_keys", s("honoured"))])?.ok_or(PolicyError("none".into()))?;
+        let p = confirm(&[("upstream_keys", s("honoured"))])?.ok_or(Error("none".into()))?;
         assert_eq!((p.upstream_keys, p.business_ref), (UpstreamKeys::Honoured, None));
         for (extra, want) in [
             (
@@ -917,7 +906,7 @@ mod tests {
 
     /// DESIGN §4, "Release needs proof nothing ran": no default; the refusal says why it is asked.
     #[test]
-    fn every_route_that_executes_states_what_its_upstream_does_with_keys() -> Result<(), PolicyError> {
+    fn every_route_that_executes_states_what_its_upstream_does_with_keys() -> Result<(), Error> {
         for (role, extra) in [("confirm", vec![("bind", s("/amount"))]), ("idempotent", vec![])] {
             let mut leaves = vec![("role", s(role)), ("scope", s("pay"))];
             leaves.extend(extra.iter().cloned());
@@ -941,7 +930,7 @@ mod tests {
     /// DESIGN §6, "Client keys are for programs" (the article's §2): an agent-made key is new on
     /// every attempt, so a route agents call never takes one.
     #[test]
-    fn a_route_agents_call_never_takes_an_agent_made_key() -> Result<(), PolicyError> {
+    fn a_route_agents_call_never_takes_an_agent_made_key() -> Result<(), Error> {
         let with = |role: &str, extra: &[(&str, LeafValue)]| {
             let mut v = vec![("role", s(role)), ("scope", s("pay")), ("upstream_keys", s("honoured"))];
             if role == "confirm" {
@@ -970,7 +959,7 @@ mod tests {
     /// Binding outside the body (DESIGN §3): every parameter of a confirm's template is bound or
     /// declared not money-relevant; what is bound outside the body is named by its source.
     #[test]
-    fn a_confirm_template_parameter_is_bound_or_declared_not_money_relevant() -> Result<(), PolicyError> {
+    fn a_confirm_template_parameter_is_bound_or_declared_not_money_relevant() -> Result<(), Error> {
         let confirm = |extra: &[(&str, LeafValue)]| {
             let mut v = vec![("role", s("confirm")), ("scope", s("pay")), ("upstream_keys", s("honoured"))];
             for (k, val) in extra {
@@ -985,8 +974,8 @@ mod tests {
             ("bind", s("path:account, query:currency:string, header:X-Tenant-Id, /amount:decimal")),
             ("not_money_relevant", s("request")),
         ])
-        .map_err(PolicyError)?
-        .ok_or(PolicyError("none".into()))?;
+        .map_err(Error)?
+        .ok_or(Error("none".into()))?;
         let named: Vec<(&str, Source, FieldType)> =
             bound.iter().map(|f| (f.pointer.as_str(), f.source, f.ty)).collect();
         assert_eq!(

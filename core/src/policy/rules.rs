@@ -19,12 +19,10 @@
 //! when the configuration loads, naming both, so the answer never depends on
 //! the order of the list.
 
+use super::error::Error;
 use super::pairs::LeafValue;
-use super::route::{
-    one_approval_rule_per_scope, parse_route_policy, PolicyError, RouteDefaults, RoutePolicy, ROUTE_KEYS,
-};
+use super::route::{one_approval_rule_per_scope, parse_route_policy, RouteDefaults, RoutePolicy, ROUTE_KEYS};
 use serde_json::Value;
-use std::fmt;
 use std::rc::Rc;
 
 /// Far above any real configuration; bounds the per-request scan.
@@ -315,15 +313,6 @@ fn strip_port(authority: &str) -> &str {
     authority.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(authority, |(h, _)| h)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleError(pub String);
-
-impl fmt::Display for RuleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 const RULE_FIELDS: &[&str] = &["name", "match", "pass_methods"];
 /// Bounds `pass_methods` (HTTP has nine methods; extensions are few).
 const MAX_PASS_METHODS: usize = 16;
@@ -331,21 +320,21 @@ const MATCH_FIELDS: &[&str] = &["method", "host", "path", "prefix"];
 
 /// The `routes` array of a plugin configuration. Every message names the rule
 /// (by index and name) and the field.
-pub fn parse_rules(value: &Value, defaults: &RouteDefaults) -> Result<RouteRules, RuleError> {
+pub fn parse_rules(value: &Value, defaults: &RouteDefaults) -> Result<RouteRules, Error> {
     let Value::Array(items) = value else {
-        return Err(RuleError("routes: expected an array of rules".into()));
+        return Err(Error("routes: expected an array of rules".into()));
     };
     if items.len() > MAX_RULES {
-        return Err(RuleError(format!("routes: more than {MAX_RULES} rules")));
+        return Err(Error(format!("routes: more than {MAX_RULES} rules")));
     }
     let mut rules: Vec<RouteRule> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let rule = parse_rule(i, item, defaults)?;
         if let Some(other) = rules.iter().find(|r| r.name == rule.name) {
-            return Err(RuleError(format!("routes[{i}] ({}): the name is already used by another rule", other.name)));
+            return Err(Error(format!("routes[{i}] ({}): the name is already used by another rule", other.name)));
         }
         if let Some(other) = rules.iter().find(|r| r.matcher.overlaps(&rule.matcher)) {
-            return Err(RuleError(format!(
+            return Err(Error(format!(
                 "routes[{i}] ({}): matches requests that rule {} matches too; make their paths, methods or hosts disjoint",
                 rule.name, other.name
             )));
@@ -361,22 +350,22 @@ pub fn parse_rules(value: &Value, defaults: &RouteDefaults) -> Result<RouteRules
             (at, policy)
         })
     });
-    one_approval_rule_per_scope(confirms).map_err(|(at, message)| RuleError(format!("{at}: {message}")))?;
+    one_approval_rule_per_scope(confirms).map_err(|(at, message)| Error(format!("{at}: {message}")))?;
     Ok(RouteRules { rules })
 }
 
-fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteRule, RuleError> {
+fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteRule, Error> {
     let Value::Object(map) = item else {
-        return Err(RuleError(format!("routes[{i}]: expected an object")));
+        return Err(Error(format!("routes[{i}]: expected an object")));
     };
     let name = match map.get("name") {
         Some(Value::String(n)) if !n.is_empty() && n.len() <= 128 && !n.chars().any(char::is_control) => n.clone(),
-        _ => return Err(RuleError(format!("routes[{i}].name: required, 1 to 128 printable characters"))),
+        _ => return Err(Error(format!("routes[{i}].name: required, 1 to 128 printable characters"))),
     };
     let at = |field: &str| format!("routes[{i}] ({name}).{field}");
     if let Some(unknown) = map.keys().find(|k| !RULE_FIELDS.contains(&k.as_str()) && !ROUTE_KEYS.contains(&k.as_str()))
     {
-        return Err(RuleError(format!(
+        return Err(Error(format!(
             "{}: unknown field (expected name, match, or an annotation field: {})",
             at(unknown),
             ROUTE_KEYS.join(", ")
@@ -385,7 +374,7 @@ fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteR
     let matcher = parse_match(map.get("match"), &at)?;
     let pass_methods = parse_pass_methods(map.get("pass_methods"), &matcher, &at)?;
     if map.contains_key("template") {
-        return Err(RuleError(format!("{}: a route rule's template is its match.path", at("template"))));
+        return Err(Error(format!("{}: a route rule's template is its match.path", at("template"))));
     }
     // Where a rule's path is a template, its parameters are the rule's to bind (DESIGN §3).
     let template = match &matcher.path {
@@ -402,8 +391,8 @@ fn parse_rule(i: usize, item: &Value, defaults: &RouteDefaults) -> Result<RouteR
     };
     let policy = match parse_route_policy(&get, defaults) {
         Ok(Some(p)) => p,
-        Ok(None) => return Err(RuleError(format!("{}: required (preview, confirm or status)", at("role")))),
-        Err(PolicyError(e)) => return Err(RuleError(format!("routes[{i}] ({name}).{e}"))),
+        Ok(None) => return Err(Error(format!("{}: required (preview, confirm or status)", at("role")))),
+        Err(Error(e)) => return Err(Error(format!("routes[{i}] ({name}).{e}"))),
     };
     Ok(RouteRule { name, matcher, policy: Rc::new(policy), pass_methods })
 }
@@ -413,14 +402,14 @@ fn parse_pass_methods(
     value: Option<&Value>,
     matcher: &RouteMatch,
     at: &dyn Fn(&str) -> String,
-) -> Result<Vec<String>, RuleError> {
+) -> Result<Vec<String>, Error> {
     let Some(value) = value else { return Ok(Vec::new()) };
     let field = at("pass_methods");
     let Value::Array(items) = value else {
-        return Err(RuleError(format!("{field}: expected a list of HTTP methods, e.g. [\"GET\", \"HEAD\"]")));
+        return Err(Error(format!("{field}: expected a list of HTTP methods, e.g. [\"GET\", \"HEAD\"]")));
     };
     if items.len() > MAX_PASS_METHODS {
-        return Err(RuleError(format!("{field}: more than {MAX_PASS_METHODS} methods")));
+        return Err(Error(format!("{field}: more than {MAX_PASS_METHODS} methods")));
     }
     let mut out: Vec<String> = Vec::with_capacity(items.len());
     for item in items {
@@ -428,47 +417,47 @@ fn parse_pass_methods(
             Value::String(m) if !m.is_empty() && m.len() <= 32 && m.bytes().all(|b| b.is_ascii_alphabetic()) => {
                 m.to_ascii_uppercase()
             }
-            other => return Err(RuleError(format!("{field}: {other} is not an HTTP method"))),
+            other => return Err(Error(format!("{field}: {other} is not an HTTP method"))),
         };
         if matcher.method.as_deref() == Some(method.as_str()) {
-            return Err(RuleError(format!("{field}: {method} is the method this rule guards; it cannot also pass")));
+            return Err(Error(format!("{field}: {method} is the method this rule guards; it cannot also pass")));
         }
         if out.contains(&method) {
-            return Err(RuleError(format!("{field}: {method} is listed twice")));
+            return Err(Error(format!("{field}: {method} is listed twice")));
         }
         out.push(method);
     }
     if matcher.method.is_none() && !out.is_empty() {
         // Without match.method the rule guards every method: a list of exceptions would be read
         // the other way round by half of its readers. Name the guarded method instead.
-        return Err(RuleError(format!(
+        return Err(Error(format!(
             "{field}: needs match.method (the method the rule guards); without it every method is guarded"
         )));
     }
     Ok(out)
 }
 
-fn parse_match(value: Option<&Value>, at: &dyn Fn(&str) -> String) -> Result<RouteMatch, RuleError> {
+fn parse_match(value: Option<&Value>, at: &dyn Fn(&str) -> String) -> Result<RouteMatch, Error> {
     let Some(Value::Object(m)) = value else {
-        return Err(RuleError(format!("{}: required, an object with path or prefix", at("match"))));
+        return Err(Error(format!("{}: required, an object with path or prefix", at("match"))));
     };
     if let Some(unknown) = m.keys().find(|k| !MATCH_FIELDS.contains(&k.as_str())) {
-        return Err(RuleError(format!(
+        return Err(Error(format!(
             "{}: unknown field (expected one of: {})",
             at(&format!("match.{unknown}")),
             MATCH_FIELDS.join(", ")
         )));
     }
-    let text = |field: &str| -> Result<Option<String>, RuleError> {
+    let text = |field: &str| -> Result<Option<String>, Error> {
         match m.get(field) {
             None => Ok(None),
             Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_PATH_LEN => Ok(Some(s.clone())),
-            Some(_) => Err(RuleError(format!("{}: expected a non-empty string", at(&format!("match.{field}"))))),
+            Some(_) => Err(Error(format!("{}: expected a non-empty string", at(&format!("match.{field}"))))),
         }
     };
     let method = match text("method")? {
         Some(m) if m.bytes().all(|b| b.is_ascii_alphabetic()) => Some(m.to_ascii_uppercase()),
-        Some(m) => return Err(RuleError(format!("{}: {m:?} is not an HTTP method", at("match.method")))),
+        Some(m) => return Err(Error(format!("{}: {m:?} is not an HTTP method", at("match.method")))),
         None => None,
     };
     let host = match text("host")? {
@@ -476,17 +465,17 @@ fn parse_match(value: Option<&Value>, at: &dyn Fn(&str) -> String) -> Result<Rou
             Some(h.to_ascii_lowercase())
         }
         Some(h) => {
-            return Err(RuleError(format!("{}: {h:?}: an exact host name (no port, no wildcard)", at("match.host"))))
+            return Err(Error(format!("{}: {h:?}: an exact host name (no port, no wildcard)", at("match.host"))))
         }
         None => None,
     };
     let path = match (text("path")?, text("prefix")?) {
         (Some(p), None) => PathMatch::Exact(
-            super::template::parse_template(&p).map_err(|why| RuleError(format!("{}: {why}", at("match.path"))))?,
+            super::template::parse_template(&p).map_err(|why| Error(format!("{}: {why}", at("match.path"))))?,
         ),
         (None, Some(p)) if p.starts_with('/') => PathMatch::Prefix(p),
-        (None, Some(p)) => return Err(RuleError(format!("{}: {p:?} must start with /", at("match.prefix")))),
-        _ => return Err(RuleError(format!("{}: exactly one of path or prefix is required", at("match")))),
+        (None, Some(p)) => return Err(Error(format!("{}: {p:?} must start with /", at("match.prefix")))),
+        _ => return Err(Error(format!("{}: exactly one of path or prefix is required", at("match")))),
     };
     Ok(RouteMatch { method, host, path })
 }
@@ -497,7 +486,7 @@ mod tests {
     use crate::policy::Role;
     use serde_json::json;
 
-    fn rules(v: Value) -> Result<RouteRules, RuleError> {
+    fn rules(v: Value) -> Result<RouteRules, Error> {
         parse_rules(&v, &RouteDefaults::default())
     }
 
@@ -578,7 +567,7 @@ mod tests {
     }
 
     #[test]
-    fn exact_paths_parameters_prefixes_methods_and_hosts() -> Result<(), RuleError> {
+    fn exact_paths_parameters_prefixes_methods_and_hosts() -> Result<(), Error> {
         let r = rules(json!([
             rule("confirm", json!({"method": "post", "path": "/v1/transfers"}), "confirm"),
             rule("by_id", json!({"path": "/v1/accounts/{id}/pay"}), "confirm"),
@@ -611,7 +600,7 @@ mod tests {
     }
 
     #[test]
-    fn what_a_lenient_upstream_reads_as_a_guarded_path_is_found() -> Result<(), RuleError> {
+    fn what_a_lenient_upstream_reads_as_a_guarded_path_is_found() -> Result<(), Error> {
         let r = rules(json!([
             rule("confirm", json!({"method": "POST", "path": "/v1/transfers"}), "confirm"),
             rule("by_id", json!({"path": "/v1/accounts/{id}/pay"}), "confirm"),
@@ -657,7 +646,7 @@ mod tests {
     /// Issue 35, hole 9: a rule's path is guarded for every method. Its own method runs the role;
     /// `pass_methods` pass unguarded; every other method is refused (`method_refused` says why).
     #[test]
-    fn a_guarded_path_is_guarded_for_every_method_but_those_the_rule_lets_pass() -> Result<(), RuleError> {
+    fn a_guarded_path_is_guarded_for_every_method_but_those_the_rule_lets_pass() -> Result<(), Error> {
         let with_pass = |pass: Value| {
             json!({"name": "confirm", "match": {"method": "POST", "path": "/v1/transfers/{id}"}, "pass_methods": pass,
                    "role": "confirm", "upstream_keys": "honoured", "scope": "pay", "bind": "/amount, path:id", "lease_ms": 60000})

@@ -520,7 +520,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_approval_rule_is_said_in_words() -> Result<(), idem_core::policy::PolicyError> {
+    fn an_approval_rule_is_said_in_words() -> Result<(), idem_core::policy::Error> {
         use idem_core::canonical::{BoundField, FieldType};
         let bound =
             [BoundField::typed("/amount", FieldType::Decimal), BoundField::typed("/currency", FieldType::String)];
