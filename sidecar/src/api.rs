@@ -11,7 +11,7 @@
 //! | any `/v1/*` without a token  | 401 `{"error":"unauthorized"}`; nothing read or changed         |
 //! | `/v1/approvals…`             | an approver's credential, not the filter's (`crate::approvals`) |
 //! | `GET /healthz`               | 200 ok/degraded, 503 when SQL is down or a standby; each store's |
-//! |                              | state and the SQL replication (`store::replication`)            |
+//! |                              | state and the SQL replication (`store::sql::replication`)            |
 //! | `GET /metrics`               | Prometheus (OpenMetrics text)                                   |
 //!
 //! `GET /v1/operations/{key}?exp=<unix s>`: the filter names the fingerprint's
@@ -59,8 +59,8 @@ use tracing::Instrument;
 use crate::approvals::{self, ApprovalsState, Approvers};
 use crate::auth::{require_token, AuthState, Tokens};
 use crate::reconcile::Lookups;
-use crate::store::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
 use crate::store::flow::write::Lookup;
+use crate::store::sql::audit::{SecurityEvent, MAX_SCOPE, MAX_SUBJECT_HASH, MAX_TRACE_ID};
 use crate::store::Store;
 
 /// The largest request body: a complete carries one stored result.
@@ -267,7 +267,7 @@ pub fn safe_trace_id(raw: &str) -> String {
 }
 
 async fn healthz(State(store): State<Arc<Store>>) -> Response {
-    use crate::store::replication::Mode;
+    use crate::store::sql::replication::Mode;
     let h = store.health().await;
     // What the database promises across a failover, read now (as the probe does), and what idemd
     // therefore refuses (DESIGN §4, "The truth never goes back in time").

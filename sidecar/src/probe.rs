@@ -5,7 +5,7 @@
 //! `--no-reconcile`) cannot report its own lag. Runs on every replica; the
 //! backlog is the same database's, so the rules take the `max` over replicas.
 //! It also reads what the database promises across a failover
-//! (`store::replication`): a topology that changes under a running idemd (a
+//! (`store::sql::replication`): a topology that changes under a running idemd (a
 //! synchronous standby dropped, a failover to a node with no standby, a Service
 //! now pointing at a standby) changes what the next acquires accept within one
 //! interval.

@@ -29,11 +29,11 @@ use idem_core::protocol::{encode_body, OpState, StoredResult, TerminalState};
 
 use crate::reconcile::decide::{proof, Asked, Proof, StatusAnswer};
 use crate::reconcile::Lookups;
-use crate::store::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
 use crate::store::now_ms;
 use crate::store::record::Record;
 use crate::store::resolution::Resolution;
 use crate::store::rules;
+use crate::store::sql::audit::{clip, Audit, MAX_ACTOR, MAX_WHY};
 use crate::store::sql::{SqlError, SqlStore};
 
 /// What a person says an operation came to, before it is checked.

@@ -82,7 +82,7 @@ pub async fn open_store(stores: &StoreArgs, ttl: &TtlArgs) -> Result<Store, Fail
 
 /// The start-up line that says what the database promises and what idemd therefore accepts.
 pub fn replication_line(store: &Store) -> String {
-    use crate::store::replication::Mode;
+    use crate::store::sql::replication::Mode;
     let r = store.sql().replication();
     let accepts = match (r.mode, store.accepts_async_failover_risk()) {
         (Mode::Single | Mode::Sync, _) => "every route".to_string(),

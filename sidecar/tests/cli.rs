@@ -237,7 +237,7 @@ mod ops_cli {
             let token = idemd::store::new_owner();
             let now = idemd::store::now_ms();
             assert!(store.sql().claim(&rec, &token, now + 1_000, now).await.expect("claim"));
-            let audit = idemd::store::audit::Audit {
+            let audit = idemd::store::sql::audit::Audit {
                 actor: "reconciler:test",
                 action: "reconcile_needs_review",
                 why: "no endpoint",
@@ -369,7 +369,7 @@ mod ops_cli {
     /// idemd's own PARAM_MISMATCH write them; one backdated by two hours.
     fn security_events(dir: &std::path::Path) -> (String, String) {
         use idem_core::protocol::SecurityKind;
-        use idemd::store::audit::SecurityEvent;
+        use idemd::store::sql::audit::SecurityEvent;
         let db = format!("sqlite://{}/idem.db?mode=rwc", dir.display());
         let key = idemd::store::new_owner();
         let rt = tokio::runtime::Runtime::new().expect("rt");

@@ -380,7 +380,7 @@ fn idemd_refuses_to_start_on_a_standby() {
 #[test]
 fn single_node_servers_read_as_single_on_every_backend() {
     use idem_testkit::backends::{available, mysql_url, postgres_url};
-    use idemd::store::replication::Mode;
+    use idemd::store::sql::replication::Mode;
     use idemd::store::sql::{SqlOptions, SqlStore};
     let dir = tempfile::tempdir().expect("dir");
     let sqlite = format!("sqlite://{}/idem.db?mode=rwc", dir.path().display());

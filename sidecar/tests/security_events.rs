@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{acq, new_key, Backend, CutProxy, Fixture};
 use idem_core::protocol::{AcquireOutcome, SecurityKind};
 use idemd::auth::Tokens;
-use idemd::store::audit::EventLine;
+use idemd::store::sql::audit::EventLine;
 use idemd::store::Store;
 use serde_json::{json, Value};
 
@@ -224,7 +224,7 @@ async fn odd_trace_ids_are_recorded_made_safe(fx: &Fixture) {
         (format!("{run}-café-中"), Some(format!("{run}-caf%C3%A9-%E4%B8%AD"))),
         (format!("{run}\nsecurity_event=none"), Some(format!("{run}%0Asecurity_event=none"))),
         (format!("{run}-100%"), Some(format!("{run}-100%25"))),
-        (long.clone(), Some(long[..idemd::store::audit::MAX_TRACE_ID].to_string())),
+        (long.clone(), Some(long[..idemd::store::sql::audit::MAX_TRACE_ID].to_string())),
         (String::new(), None),
     ];
     for (raw, _) in &cases {

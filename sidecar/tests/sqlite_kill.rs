@@ -1,4 +1,4 @@
-//! SQLite's group commit under a SIGKILL (`store/group_commit.rs`): idemd answers a write only after the commit
+//! SQLite's group commit under a SIGKILL (`store/sql/group_commit.rs`): idemd answers a write only after the commit
 //! that carries it, so a process killed in the middle of a load has lost nothing it said it had written. A real
 //! idemd process, a real SQLite file, 32 callers acquiring and completing fresh operations over HTTP until the
 //! kill; then a new idemd on the same file is asked about every operation the killed ones answered.

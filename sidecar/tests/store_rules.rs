@@ -17,10 +17,10 @@
 mod common;
 
 use idem_core::protocol::{ApprovalState, Decision, OpState, StoredResult, TerminalState};
-use idemd::store::audit::Audit;
 use idemd::store::new_owner;
 use idemd::store::record::{ApprovalRow, Record};
 use idemd::store::rules::{self, Broken, Completion};
+use idemd::store::sql::audit::Audit;
 use idemd::store::sql::{NewInFlight, SqlStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};

@@ -232,7 +232,7 @@ fn every_make_target_the_docs_name_exists() -> TestResult {
     Ok(())
 }
 
-/// sidecar/README.md's file map: its first fenced block, one entry per line (`src/store/sql.rs  what it
+/// sidecar/README.md's file map: its first fenced block, one entry per line (`src/store/sql/mod.rs  what it
 /// holds`, continued on indented lines). A directory entry (`src/check/`) covers a file in it when its
 /// description names the file (`clusters` for `clusters.rs`; `mod.rs` is the directory itself).
 fn unmapped(map: &str, files: &[String]) -> Vec<String> {

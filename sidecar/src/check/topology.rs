@@ -17,7 +17,7 @@ use idem_core::policy::UpstreamKeys;
 use super::guard::acquiring;
 use super::model::EnvoyConfig;
 use super::Finding;
-use crate::store::replication::{read_url, refusal, waited, Mode, Replication};
+use crate::store::sql::replication::{read_url, refusal, waited, Mode, Replication};
 
 /// The rule name the findings carry.
 pub const RULE: &str = "replication";

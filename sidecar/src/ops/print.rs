@@ -5,8 +5,8 @@ use idem_core::protocol::decode_body;
 use idem_core::utc::iso_utc_ms as utc;
 use serde_json::{json, Value};
 
-use crate::store::audit::{AuditLine, EventLine};
 use crate::store::record::Record;
+use crate::store::sql::audit::{AuditLine, EventLine};
 
 fn opt_utc(ms: Option<i64>) -> String {
     ms.map(utc).unwrap_or_else(|| "-".to_string())

@@ -7,10 +7,10 @@ use idem_core::protocol::{OpState, TerminalState};
 use tracing::warn;
 
 use super::decide::{decide, Asked, Decision, Rules};
-use crate::store::audit::{clip, MAX_WHY};
 use crate::store::flow::acquire::{refresh_cache, Settings};
 use crate::store::flow::{Call, Note, Port, Reply, Said, SqlFail};
 use crate::store::record::Record;
+use crate::store::sql::audit::{clip, MAX_WHY};
 
 /// What the reconciler needs to settle a row.
 #[derive(Clone, Debug)]

@@ -19,9 +19,9 @@
 use idem_core::protocol::{ApprovalState, ApprovalView, Decision};
 use sqlx::Row;
 
-use super::audit::Audit;
 use super::record::ApprovalRow;
 use super::rules::{self, Refusal};
+use super::sql::audit::Audit;
 use super::sql::{audited, on_pool, render, Backend, Bind, Change, SqlError, SqlStore};
 use super::{now_ms, Store};
 

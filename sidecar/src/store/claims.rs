@@ -9,8 +9,8 @@
 //! a late complete from the original executor gets NOT_OWNER, which is fine,
 //! because the reconciler learns the same result from the upstream.
 
-use super::audit::Audit;
 use super::record::Record;
+use super::sql::audit::Audit;
 use super::sql::{audited, render, Bind, Change, SqlError, SqlStore, COLUMNS};
 
 impl SqlStore {

@@ -27,21 +27,18 @@
 //! - Redis down or erroring: the same answers from SQL alone.
 //!   SQL down: nothing can be acquired (STORE_UNAVAILABLE: nothing ran, safe
 //!   to retry), but what Redis already knows (replays, IN_FLIGHT) still answers.
-//! - The truth never goes back in time (`replication`): an acquire the
+//! - The truth never goes back in time (`sql::replication`): an acquire the
 //!   database's topology cannot keep through a failover (a standby; an
 //!   asynchronous primary, for a route whose upstream ignores keys, unless the
 //!   operator accepted that cost) is answered STORE_UNAVAILABLE before either
 //!   store is touched: nothing recorded, nothing runs.
 
 pub mod approval;
-pub mod audit;
 pub mod backlog;
 mod claims;
 pub mod flow;
-mod group_commit;
 pub mod record;
 pub mod redis;
-pub mod replication;
 pub mod resolution;
 pub mod retention;
 pub mod rules;
@@ -61,12 +58,12 @@ use tracing::{debug, warn, Instrument};
 
 use crate::evidence::Asked;
 
-use self::audit::{Audit, SecurityEvent};
 use self::flow::{Call, Flow, Next, Note, Reply, Said, SqlAnswer, SqlFail};
 use self::record::Record;
 use self::redis::{Binding, RedisDown, RedisStore};
-use self::replication::Replication;
 use self::rules::Broken;
+use self::sql::audit::{Audit, SecurityEvent};
+use self::sql::replication::{self, Replication};
 use self::sql::{NewInFlight, SqlError, SqlStore};
 use crate::metrics::Metrics;
 

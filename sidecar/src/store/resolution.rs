@@ -1,9 +1,9 @@
 //! What a person's decision writes (`review`, above the store, decides it): the row settled as
 //! done or failed, or deleted for a release, with its audit line, only if it is still as read.
 
-use super::audit::Audit;
 use super::now_ms;
 use super::record::Record;
+use super::sql::audit::Audit;
 use super::sql::{audited, render, Bind, Change, SqlError, SqlStore, COLUMNS};
 use idem_core::protocol::{OpState, TerminalState};
 

@@ -531,7 +531,7 @@ pub async fn all(fx: &Fixture) {
     a_business_reference_names_one_operation_per_scope(fx).await;
 }
 
-/// SQLite's writes are committed in groups by one writer (`store::group_commit`): 48 fresh
+/// SQLite's writes are committed in groups by one writer (`store::sql::group_commit`): 48 fresh
 /// operations at once, each acquired and completed, every write answered as its own, every state
 /// change with its audit line, and fewer commits than writes. Not a backend scenario: SQLite only.
 pub async fn sqlite_groups_concurrent_commits_each_with_its_audit_line(fx: &Fixture) {

@@ -119,7 +119,7 @@ impl RawDb {
         total
     }
 
-    /// The statement idemd issues for a fresh acquire (sidecar/src/store/sql.rs).
+    /// The statement idemd issues for a fresh acquire (sidecar/src/store/sql/mod.rs).
     async fn insert(&self, key: &str) -> Result<u64, sqlx::Error> {
         let now = now_ms();
         let owner = "0123456789abcdef0123456789abcdef";

@@ -9,49 +9,35 @@
 //! their prepared-statement caches.
 //!
 //! All queries are runtime queries with binds: no database at build time.
+//!
+//! The store's parts are its children: `dialect` (what differs between the backends, and the
+//! tools every statement runs through), `audit` (the audit trail, written in the change's own
+//! commit), `replication` (what the database's topology guarantees) and `group_commit`
+//! (SQLite's one writer).
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use idem_core::protocol::TerminalState;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::Row;
 
-use super::audit::Audit;
-use super::group_commit::{GroupCommit, Statement, Write};
 use super::now_ms;
 use super::record::Record;
-use super::replication::{Mode, Replication};
+use audit::Audit;
+use group_commit::{GroupCommit, Statement, Write};
+use replication::{Mode, Replication};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    Postgres,
-    MySql,
-    Sqlite,
-}
+pub mod audit;
+mod dialect;
+mod group_commit;
+pub mod replication;
 
-impl Backend {
-    pub fn from_url(url: &str) -> Option<Self> {
-        let scheme = url.split(':').next()?;
-        match scheme {
-            "postgres" | "postgresql" => Some(Self::Postgres),
-            "mysql" | "mariadb" => Some(Self::MySql),
-            "sqlite" => Some(Self::Sqlite),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Postgres => "postgres",
-            Self::MySql => "mysql",
-            Self::Sqlite => "sqlite",
-        }
-    }
-}
+pub(super) use dialect::{bind_all, on_pool, render, Bind, Pool};
+pub use dialect::{Backend, SqlError};
 
 #[derive(Clone, Debug)]
 pub struct SqlOptions {
@@ -67,35 +53,6 @@ pub struct SqlOptions {
 impl Default for SqlOptions {
     fn default() -> Self {
         Self { max_connections: 16, timeout: Duration::from_secs(2), wait_for_standbys: true }
-    }
-}
-
-#[derive(Debug)]
-pub enum SqlError {
-    /// The call did not finish within its budget. It may still have committed.
-    Timeout,
-    Db(sqlx::Error),
-    /// A row this version cannot read (unknown state, unparsable result).
-    Corrupt(String),
-    Config(String),
-}
-
-impl std::fmt::Display for SqlError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Timeout => write!(f, "SQL call timed out"),
-            Self::Db(e) => write!(f, "SQL error: {e}"),
-            Self::Corrupt(what) => write!(f, "unreadable row: {what}"),
-            Self::Config(what) => write!(f, "{what}"),
-        }
-    }
-}
-
-impl std::error::Error for SqlError {}
-
-impl From<sqlx::Error> for SqlError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Db(e)
     }
 }
 
@@ -125,53 +82,6 @@ pub struct NewInFlight<'a> {
     /// The bound fields' canonical JSON, kept with a business reference.
     pub bound_fields: Option<&'a str>,
 }
-
-#[derive(Clone)]
-pub(super) enum Pool {
-    Pg(PgPool),
-    My(MySqlPool),
-    Lite(SqlitePool),
-}
-
-/// Run the same body on whichever concrete pool this store has: the body is
-/// compiled once per driver, with that driver's types.
-macro_rules! on_pool {
-    ($pool:expr, $p:ident => $body:expr) => {
-        match $pool {
-            $crate::store::sql::Pool::Pg($p) => $body,
-            $crate::store::sql::Pool::My($p) => $body,
-            $crate::store::sql::Pool::Lite($p) => $body,
-        }
-    };
-}
-pub(super) use on_pool;
-
-/// One bind value. Statements outside the hot path are assembled from these,
-/// so one function can run them on all three drivers.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Bind<'a> {
-    Text(&'a str),
-    OptText(Option<&'a str>),
-    Int(i64),
-    OptInt(Option<i64>),
-}
-
-/// Bind every value of a `&[Bind]` to a query, inside one `on_pool!` arm.
-macro_rules! bind_all {
-    ($query:expr, $binds:expr) => {{
-        let mut q = $query;
-        for b in $binds.iter() {
-            q = match *b {
-                $crate::store::sql::Bind::Text(v) => q.bind(v),
-                $crate::store::sql::Bind::OptText(v) => q.bind(v),
-                $crate::store::sql::Bind::Int(v) => q.bind(v),
-                $crate::store::sql::Bind::OptInt(v) => q.bind(v),
-            };
-        }
-        q
-    }};
-}
-pub(super) use bind_all;
 
 /// Decode one `idem_record` row selected with [`COLUMNS`], inside one `on_pool!` arm.
 macro_rules! read_record {
@@ -297,33 +207,6 @@ pub(super) fn audited(backend: Backend, template: &str) -> String {
     }
 }
 
-/// Turn the portable template into the dialect's text: `?` is a parameter and
-/// `?k` the key parameter. Postgres numbers its parameters, and must compare
-/// the key as CHAR(32): against a TEXT parameter it casts the column instead
-/// and no longer uses the primary key index.
-pub(super) fn render(backend: Backend, template: &str) -> String {
-    let mut out = String::with_capacity(template.len() + 32);
-    let mut n = 0;
-    let mut chars = template.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '?' {
-            out.push(c);
-            continue;
-        }
-        n += 1;
-        let is_key = chars.peek() == Some(&'k');
-        if is_key {
-            chars.next();
-        }
-        match (backend, is_key) {
-            (Backend::Postgres, true) => out.push_str(&format!("CAST(${n} AS CHAR(32))")),
-            (Backend::Postgres, false) => out.push_str(&format!("${n}")),
-            _ => out.push('?'),
-        }
-    }
-    out
-}
-
 struct Migration {
     version: i64,
     description: &'static str,
@@ -340,58 +223,58 @@ const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         description: "idem_record",
-        postgres: include_str!("../../migrations/postgres/0001_idem_record.sql"),
-        mysql: include_str!("../../migrations/mysql/0001_idem_record.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0001_idem_record.sql"),
+        postgres: include_str!("../../../migrations/postgres/0001_idem_record.sql"),
+        mysql: include_str!("../../../migrations/mysql/0001_idem_record.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0001_idem_record.sql"),
     },
     Migration {
         version: 2,
         description: "reconcile_attempts, idem_audit",
-        postgres: include_str!("../../migrations/postgres/0002_reconcile_audit.sql"),
-        mysql: include_str!("../../migrations/mysql/0002_reconcile_audit.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0002_reconcile_audit.sql"),
+        postgres: include_str!("../../../migrations/postgres/0002_reconcile_audit.sql"),
+        mysql: include_str!("../../../migrations/mysql/0002_reconcile_audit.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0002_reconcile_audit.sql"),
     },
     Migration {
         version: 3,
         description: "idem_audit.trace_id",
-        postgres: include_str!("../../migrations/postgres/0003_audit_trace_id.sql"),
-        mysql: include_str!("../../migrations/mysql/0003_audit_trace_id.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0003_audit_trace_id.sql"),
+        postgres: include_str!("../../../migrations/postgres/0003_audit_trace_id.sql"),
+        mysql: include_str!("../../../migrations/mysql/0003_audit_trace_id.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0003_audit_trace_id.sql"),
     },
     Migration {
         version: 4,
         description: "idem_record.fp_exp_ms",
-        postgres: include_str!("../../migrations/postgres/0004_fingerprint_exp.sql"),
-        mysql: include_str!("../../migrations/mysql/0004_fingerprint_exp.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0004_fingerprint_exp.sql"),
+        postgres: include_str!("../../../migrations/postgres/0004_fingerprint_exp.sql"),
+        mysql: include_str!("../../../migrations/mysql/0004_fingerprint_exp.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0004_fingerprint_exp.sql"),
     },
     Migration {
         version: 5,
         description: "idem_audit security events",
-        postgres: include_str!("../../migrations/postgres/0005_security_events.sql"),
-        mysql: include_str!("../../migrations/mysql/0005_security_events.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0005_security_events.sql"),
+        postgres: include_str!("../../../migrations/postgres/0005_security_events.sql"),
+        mysql: include_str!("../../../migrations/mysql/0005_security_events.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0005_security_events.sql"),
     },
     Migration {
         version: 6,
         description: "idem_record.upstream_ignores_keys, business_ref",
-        postgres: include_str!("../../migrations/postgres/0006_upstream_keys.sql"),
-        mysql: include_str!("../../migrations/mysql/0006_upstream_keys.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0006_upstream_keys.sql"),
+        postgres: include_str!("../../../migrations/postgres/0006_upstream_keys.sql"),
+        mysql: include_str!("../../../migrations/mysql/0006_upstream_keys.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0006_upstream_keys.sql"),
     },
     Migration {
         version: 7,
         description: "idem_approval",
-        postgres: include_str!("../../migrations/postgres/0007_approvals.sql"),
-        mysql: include_str!("../../migrations/mysql/0007_approvals.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0007_approvals.sql"),
+        postgres: include_str!("../../../migrations/postgres/0007_approvals.sql"),
+        mysql: include_str!("../../../migrations/mysql/0007_approvals.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0007_approvals.sql"),
     },
     Migration {
         version: 8,
         description: "idem_record.bound_fields, one business reference per scope",
-        postgres: include_str!("../../migrations/postgres/0008_reference_per_scope.sql"),
-        mysql: include_str!("../../migrations/mysql/0008_reference_per_scope.sql"),
-        sqlite: include_str!("../../migrations/sqlite/0008_reference_per_scope.sql"),
+        postgres: include_str!("../../../migrations/postgres/0008_reference_per_scope.sql"),
+        mysql: include_str!("../../../migrations/mysql/0008_reference_per_scope.sql"),
+        sqlite: include_str!("../../../migrations/sqlite/0008_reference_per_scope.sql"),
     },
 ];
 
@@ -505,7 +388,7 @@ impl SqlStore {
 
     /// Read the replication state now and keep it for [`replication`](Self::replication).
     pub async fn refresh_replication(&self) -> Replication {
-        let now = super::replication::waited(self.read_replication().await, self.wait_for_standbys);
+        let now = replication::waited(self.read_replication().await, self.wait_for_standbys);
         *self.replication.write().unwrap_or_else(std::sync::PoisonError::into_inner) = now.clone();
         now
     }
@@ -662,7 +545,7 @@ impl SqlStore {
         .await
     }
 
-    /// Where [`waits_for_standbys`](super::replication::waits_for_standbys) says so (`read`: the call read what
+    /// Where [`waits_for_standbys`](replication::waits_for_standbys) says so (`read`: the call read what
     /// idemd will answer from), return once every standby the primary knows has flushed everything committed so
     /// far: a write idemd answers is then on every standby a failover could promote, as on a synchronous standby,
     /// and so is whatever a read saw (an approver's decision, a DONE row, a released key's absence), which a
@@ -686,7 +569,7 @@ impl SqlStore {
                   AND s.restart_lsn IS NOT NULL AND s.restart_lsn < at.lsn) \
              FROM at";
         let Pool::Pg(p) = &self.pool else { return Ok(()) };
-        let waits = super::replication::waits_for_standbys(
+        let waits = replication::waits_for_standbys(
             &self.replication.read().unwrap_or_else(std::sync::PoisonError::into_inner),
             read,
         );

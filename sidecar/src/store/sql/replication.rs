@@ -35,7 +35,8 @@
 
 use serde::Serialize;
 
-use super::sql::{Backend, SqlError, SqlStore};
+use super::dialect::{Backend, Pool, SqlError};
+use super::SqlStore;
 
 /// The topology an acquire is committed in, as far as idemd can see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -278,9 +279,9 @@ impl SqlStore {
     /// Read the replication state now. Never fails: what cannot be read is [`Mode::Unknown`], with why.
     pub async fn read_replication(&self) -> Replication {
         let read = match &self.pool {
-            super::sql::Pool::Lite(_) => return Replication::single("sqlite: one file on one node"),
-            super::sql::Pool::Pg(p) => self.bounded(postgres_facts(p)).await.map(|f| classify_postgres(&f)),
-            super::sql::Pool::My(p) => self.bounded(mysql_facts(p)).await.map(|f| classify_mysql(&f)),
+            Pool::Lite(_) => return Replication::single("sqlite: one file on one node"),
+            Pool::Pg(p) => self.bounded(postgres_facts(p)).await.map(|f| classify_postgres(&f)),
+            Pool::My(p) => self.bounded(mysql_facts(p)).await.map(|f| classify_mysql(&f)),
         };
         read.unwrap_or_else(|e| Replication::unknown(format!("cannot read the replication state: {e}")))
     }

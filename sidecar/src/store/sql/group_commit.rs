@@ -27,7 +27,7 @@ use sqlx::sqlite::{SqliteArguments, SqlitePool};
 use sqlx::Sqlite;
 use tokio::sync::{mpsc, oneshot};
 
-use super::sql::{bind_all, Bind, SqlError};
+use super::dialect::{bind_all, Bind, SqlError};
 
 /// The most writes one commit carries.
 const MAX_BATCH: usize = 64;

@@ -10,7 +10,8 @@
 use idem_core::protocol::SecurityKind;
 use sqlx::Row;
 
-use super::sql::{on_pool, render, Bind, SqlError, SqlStore};
+use super::dialect::{on_pool, render, Bind, SqlError};
+use super::SqlStore;
 
 /// Who makes a state change, what it is, and the evidence.
 #[derive(Clone, Copy, Debug)]
@@ -203,7 +204,7 @@ impl SqlStore {
         let sql = match self.backend() {
             // MySQL refuses LIMIT inside IN (…) and a subquery on the table
             // being deleted from; its single-table DELETE takes ORDER BY … LIMIT.
-            super::sql::Backend::MySql => format!("DELETE FROM idem_audit WHERE {orphaned} ORDER BY id LIMIT ?"),
+            super::dialect::Backend::MySql => format!("DELETE FROM idem_audit WHERE {orphaned} ORDER BY id LIMIT ?"),
             _ => format!(
                 "DELETE FROM idem_audit WHERE id IN (SELECT id FROM idem_audit WHERE {orphaned} ORDER BY id LIMIT ?)"
             ),
