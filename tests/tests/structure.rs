@@ -10,10 +10,9 @@ use std::path::Path;
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 /// Circles known today, to cut: (crate, the module whose children they are, the children, sorted). Both
-/// `crate::` and `super::` paths count, so a circle between siblings (`policy::route` ↔ `policy::approval`)
-/// is seen as well as one between top-level modules.
-const KNOWN: &[(&str, &str, &[&str])] =
-    &[("sidecar/src", "check", &["failure", "guard", "model", "retries", "rules", "ttl", "ways"])];
+/// `crate::` and `super::` paths count, so a circle between siblings (`policy::route` ↔ `policy::approval`,
+/// cut since) is seen as well as one between top-level modules. None is left; a new one fails.
+const KNOWN: &[(&str, &str, &[&str])] = &[];
 
 const CRATES: &[&str] = &["core/src", "adapter/src", "src", "native/src", "sidecar/src", "demo/src", "model/src"];
 

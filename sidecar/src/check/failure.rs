@@ -11,7 +11,7 @@
 //!   worker until a restart; FAIL_OPEN (or `fail_open: true`) passes requests unguarded. The native
 //!   module has no VM: its hooks refuse a stream they cannot serve, and this rule does not apply.
 
-use super::rules::Rule;
+use super::Rule;
 use super::{Finding, Inputs};
 use serde_json::Value;
 

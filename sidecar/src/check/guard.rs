@@ -5,14 +5,11 @@
 //! for each route rule the unannotated routes its requests may take (a mesh's
 //! catch-all).
 
-use serde_json::Value;
-
 use idem_core::policy::rules::{PathMatch, RouteMatch, Segment};
-use idem_core::policy::CacheConfig;
-use idem_core::policy::{parse_route_policy, PluginConfig, Role, RouteDefaults, RoutePolicy};
+use idem_core::policy::{Role, RoutePolicy};
 
 use super::model::{EnvoyConfig, Manager, Matcher, Route, Target, VirtualHost};
-use crate::tools::annotation_leaves;
+use super::settings::{FilterSettings, RuleGuard};
 
 /// The policies of `policy` that acquire an operation (so hold a lease while Envoy waits): its own for confirm
 /// and idempotent, each confirm tool's on an MCP route. With the tool's name.
@@ -28,49 +25,6 @@ pub fn fingerprint_ttls(policy: &RoutePolicy) -> Vec<(Option<&str>, u64)> {
     let mut out = vec![(None, policy.fingerprint_ttl_s)];
     out.extend(policy.tools.iter().map(|(name, p)| (Some(name.as_str()), p.fingerprint_ttl_s)));
     out
-}
-
-/// A route's annotation as the filter reads it. `Ok(None)`: no role, not guarded.
-pub fn from_annotation(meta: &Value, defaults: &RouteDefaults) -> Result<Option<RoutePolicy>, String> {
-    let leaves = annotation_leaves("annotation", meta)?;
-    parse_route_policy(&|k| leaves.get(k).cloned(), defaults).map_err(|e| e.0)
-}
-
-/// One route rule of a plugin configuration.
-#[derive(Debug, Clone)]
-pub struct RuleGuard {
-    pub name: String,
-    pub matcher: RouteMatch,
-    pub policy: RoutePolicy,
-    /// The methods the rule lets pass its path unguarded (every other method is guarded).
-    pub pass_methods: Vec<String>,
-}
-
-/// What the TTL rules read of a plugin configuration the filter accepts.
-#[derive(Debug, Clone)]
-pub struct FilterSettings {
-    pub sidecar_timeout_ms: u64,
-    pub defaults: RouteDefaults,
-    pub replay_cache: CacheConfig,
-    pub rules: Vec<RuleGuard>,
-}
-
-pub fn filter_settings(config: &PluginConfig) -> FilterSettings {
-    FilterSettings {
-        sidecar_timeout_ms: config.sidecar_timeout_ms,
-        defaults: config.defaults,
-        replay_cache: config.replay_cache,
-        rules: config
-            .routes
-            .iter()
-            .map(|r| RuleGuard {
-                name: r.name.clone(),
-                matcher: r.matcher.clone(),
-                policy: (*r.policy).clone(),
-                pass_methods: r.pass_methods.clone(),
-            })
-            .collect(),
-    }
 }
 
 /// An Envoy route that forwards guarded requests, and the policy it forwards them under.
@@ -178,8 +132,9 @@ pub fn may_meet(rule: &RouteMatch, route: &Matcher) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::settings::{filter_settings, from_annotation};
     use crate::check::testing::plugin;
-    use idem_core::policy::UpstreamKeys;
+    use idem_core::policy::{RouteDefaults, UpstreamKeys};
 
     fn settings(config: &str) -> Option<FilterSettings> {
         let parsed = idem_core::policy::parse_plugin_config(config.as_bytes(), &crate::tools::placeholder_secret);

@@ -54,6 +54,7 @@ pub mod model;
 pub mod paths;
 mod retries;
 pub mod rules;
+pub mod settings;
 #[cfg(test)]
 mod testing;
 pub mod topology;
@@ -69,6 +70,22 @@ use model::EnvoyConfig;
 pub struct Inputs<'a> {
     pub envoy: &'a EnvoyConfig,
     pub idemd: &'a TtlArgs,
+}
+
+/// One rule of `idemd check` (the table is `rules::RULES`; each rule's check lives with its kind:
+/// `failure`, `retries`, `ttl`, `ways`, `ext_proc`, or `rules` itself).
+pub struct Rule {
+    /// The name a finding carries (and the docs use).
+    pub name: &'static str,
+    /// What the rule insists on, in one line.
+    pub summary: &'static str,
+    pub check: fn(&Rule, &Inputs, &mut Vec<Finding>),
+}
+
+impl Rule {
+    pub(crate) fn finding(&self, at: impl Into<String>, message: impl Into<String>) -> Finding {
+        Finding { rule: self.name, at: at.into(), message: message.into() }
+    }
 }
 
 /// One reason to refuse a configuration.

@@ -13,8 +13,8 @@ use super::clusters::Clusters;
 use super::ext_proc::{self, ExtProcEntry};
 use super::failure;
 use super::forward::{self, ManagerTimeouts, Retry, RouteTimeouts};
-use super::guard::{self, FilterSettings};
 use super::paths::{self, Rewrite, Space};
+use super::settings::{self, FilterSettings};
 use crate::tools::{agent_filter, is_hcm, per_route_annotation, placeholder_secret};
 
 /// One configuration file.
@@ -353,7 +353,7 @@ fn agent(f: &Value, config: Option<&str>, vm_failure: Option<String>, ext_proc: 
     let name = f.get("name").and_then(Value::as_str).unwrap_or(ROUTE_NAMESPACE).to_string();
     let parsed = config.map(|c| parse_plugin_config(c.as_bytes(), &placeholder_secret));
     let (rules, config_error, settings) = match parsed {
-        Some(Ok(p)) => (p.routes.len(), None, Some(guard::filter_settings(&p))),
+        Some(Ok(p)) => (p.routes.len(), None, Some(settings::filter_settings(&p))),
         Some(Err(e)) => (0, Some(e.to_string()), None),
         None => (0, Some("no plugin configuration string value".to_string()), None),
     };
@@ -394,7 +394,7 @@ fn route_table(source: String, table: &Value, reading: &Reading) -> Result<Route
             let where_ = format!("{at}: virtual host {host_name}: {label}");
             let annotation = annotation(route, filter).map_err(|e| format!("{where_}: {e}"))?;
             let guard = match (&annotation, reading.defaults) {
-                (Some(meta), Some(defaults)) => guard::from_annotation(meta, defaults).transpose(),
+                (Some(meta), Some(defaults)) => settings::from_annotation(meta, defaults).transpose(),
                 _ => None,
             };
             let action = route.get("route").unwrap_or(&Value::Null);

@@ -26,7 +26,7 @@ use idem_core::policy::{RoutePolicy, UpstreamKeys};
 
 use super::forward::{condition, Condition, Retry};
 use super::guard::{acquiring, guarded, Guarded};
-use super::rules::Rule;
+use super::Rule;
 use super::{Finding, Inputs};
 
 /// The retry policy Envoy applies to the route, when it retries at all (a policy without conditions does not).

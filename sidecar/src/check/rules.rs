@@ -6,21 +6,7 @@
 
 use super::ext_proc::{self, ExtProcEntry};
 use super::model::{AgentFilter, EnvoyConfig, Manager, Matcher, Target};
-use super::{retries, ttl, ways, Finding, Inputs};
-
-pub struct Rule {
-    /// The name a finding carries (and the docs use).
-    pub name: &'static str,
-    /// What the rule insists on, in one line.
-    pub summary: &'static str,
-    pub check: fn(&Rule, &Inputs, &mut Vec<Finding>),
-}
-
-impl Rule {
-    pub(super) fn finding(&self, at: impl Into<String>, message: impl Into<String>) -> Finding {
-        Finding { rule: self.name, at: at.into(), message: message.into() }
-    }
-}
+use super::{retries, ttl, ways, Finding, Inputs, Rule};
 
 pub const RULES: &[Rule] = &[
     Rule {

@@ -6,7 +6,7 @@
 
 use super::forward;
 use super::guard::{acquiring, fingerprint_ttls, guarded};
-use super::rules::Rule;
+use super::Rule;
 use super::{Finding, Inputs};
 
 /// `idemd serve`'s own start-up rule over the same flags: the deployment would not start.

@@ -30,10 +30,11 @@
 use idem_core::policy::rules::{PathMatch, RouteMatch, Segment};
 use idem_core::policy::{Role, RouteDefaults, RoutePolicy};
 
-use super::guard::{acquiring, from_annotation, guarded, may_meet, FilterSettings, RuleGuard};
+use super::guard::{acquiring, guarded, may_meet};
 use super::model::{EnvoyConfig, Manager, Matcher, Route, Target, VirtualHost};
 use super::paths::{self, Space};
-use super::rules::Rule;
+use super::settings::{from_annotation, FilterSettings, RuleGuard};
+use super::Rule;
 use super::{Finding, Inputs};
 
 /// Which acquiring requests a path takes.
