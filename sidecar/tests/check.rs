@@ -331,6 +331,42 @@ fn the_filter_disabled_on_an_annotated_route_is_refused() -> TestResult {
     Ok(())
 }
 
+/// Where the filter runs is decided as Envoy decides it: the most specific `typed_per_filter_config` (the
+/// route's, its virtual host's, its route configuration's), else the filter's `http_filters` entry. Off on
+/// the route configuration, or off on its entry and enabled nowhere, an annotated route passes unguarded; so
+/// does the catch-all a route rule's requests take. Enabled on each route, as Envoy Gateway writes it, it runs.
+#[test]
+fn a_filter_off_where_it_guards_is_refused_however_it_is_turned_off() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let rule = "filter-disabled-on-annotated-route";
+    // Off for the whole route configuration.
+    let mut d = doc(&committed("envoy.yaml")?)?;
+    let table = first_host(&d)?.rsplit_once("/virtual_hosts/").ok_or("a virtual host pointer")?.0.to_string();
+    d.object_mut(&table)?.insert("typed_per_filter_config".into(), filter_disabled("envoy.filters.http.wasm"));
+    let run = check_doc(dir.path(), "table-off.yaml", &d)?;
+    assert_refused(&run, rule, "virtual host transfers: route transfer_confirm");
+    assert!(run.stderr.contains("disabled on its route configuration"), "{}", run.stderr);
+    // The route's own configuration wins over its route configuration's (Envoy's most specific one).
+    let confirm = d.route_named("transfer_confirm")?;
+    let on = serde_json::json!({"envoy.filters.http.wasm":
+        {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}});
+    d.object_mut(&confirm)?.insert("typed_per_filter_config".into(), on);
+    let run = check_doc(dir.path(), "table-off-route-on.yaml", &d)?;
+    assert!(!findings_of(&run, rule).iter().any(|f| f.contains("route transfer_confirm:")), "{}", run.stderr);
+    // Off on its http_filters entry, and nothing enables it: Istio's catch-all, guarded by route rules.
+    let mut d = doc(&committed("istio-like.yaml")?)?;
+    let manager = d.managers().into_iter().next().ok_or("no connection manager")?;
+    let (index, _) = d.agent_filter(&manager).ok_or("no agent filter")?;
+    d.object_mut(&format!("{manager}/http_filters/{index}"))?.insert("disabled".into(), serde_json::json!(true));
+    let run = check_doc(dir.path(), "entry-off.yaml", &d)?;
+    assert_refused(&run, rule, "rule");
+    assert!(run.stderr.contains("a route rule's requests take this route"), "{}", run.stderr);
+    // Envoy Gateway's shape: off on the entry, on for every route it guards.
+    let run = check_text(dir.path(), "gateway-like.yaml", &committed("gateway-like.yaml")?)?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    Ok(())
+}
+
 /// Istio's shape passes because of its rules: without them its catch-all would guard nothing.
 #[test]
 fn a_mesh_catch_all_without_route_rules_is_refused() -> TestResult {

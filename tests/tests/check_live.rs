@@ -1,4 +1,4 @@
-//! Issue 35, hole 8, live: the four configurations `idemd check` accepted that skip the guard or run a confirm
+//! Issue 35, hole 8, live: the configurations `idemd check` accepted that skip the guard or run a confirm
 //! twice, each run in a real Envoy (both builds: `IDEM_E2E_HOST=native` runs the native module) with idemd and
 //! the demo, the bypass or double execution shown by the demo's ledger and Envoy's access log, and the check's
 //! verdict on the very file Envoy ran: refused, by the rule named for that way. The generated configurations'
@@ -152,6 +152,25 @@ async fn a_second_listener_without_the_filter_runs_confirms_unguarded_and_is_ref
         verdict.output
     );
     prober_finds_it(&rig, &logged, &log, "side").await?;
+    Ok(())
+}
+
+/// The agent filter's `http_filters` entry says `disabled: true`, as Envoy Gateway writes its filters, and no
+/// route enables it: Envoy runs the filter nowhere. The check read only a route's or virtual host's `disabled`
+/// and accepted the file; the filter's settings and annotations were all still there to read.
+#[tokio::test]
+async fn a_filter_disabled_on_its_entry_and_enabled_nowhere_runs_confirms_unguarded_and_is_refused() -> TestResult {
+    let rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
+    let mut doc = configs::base(&rig, "e2e.yaml")?;
+    let manager = doc.managers().into_iter().next().ok_or("no connection manager")?;
+    let (index, _) = doc.agent_filter(&manager).ok_or("no agent filter")?;
+    doc.object_mut(&format!("{manager}/http_filters/{index}"))?.insert("disabled".into(), json!(true));
+    let (verdict, log, _envoy, logged) = run(&rig, "entry-disabled", &doc).await?;
+    assert_eq!(unguarded(&rig, rig.ports.listener, "probe.example", "/v1/transfers", "around-entry").await?, 201);
+    assert_eq!(ran(&rig, "around-entry").await?, 1, "executed with no fingerprint: {}", rig.ledger().await?);
+    refused_by(&verdict, "filter-disabled-on-annotated-route");
+    assert!(verdict.output.contains("disabled on its http_filters entry"), "{}", verdict.output);
+    prober_finds_it(&rig, &logged, &log, "entry").await?;
     Ok(())
 }
 

@@ -51,8 +51,6 @@ pub fn is_ext_proc(f: &Value) -> bool {
 pub struct ExtProcEntry {
     /// Its `typed_config`, as written.
     pub typed: Value,
-    /// `disabled: true` on the `http_filters` entry: it runs only where a route enables it.
-    pub entry_disabled: bool,
     /// Why its gRPC service is not a static cluster that speaks HTTP/2 (None: it is).
     pub cluster_gap: Option<String>,
     /// How many more ext_proc filters the chain runs.
@@ -64,13 +62,7 @@ pub struct ExtProcEntry {
 impl ExtProcEntry {
     pub fn read(entry: &Value, doc: &Value, others: usize, config_given: bool) -> ExtProcEntry {
         let typed = entry.get("typed_config").cloned().unwrap_or(Value::Null);
-        ExtProcEntry {
-            entry_disabled: entry.get("disabled").and_then(Value::as_bool) == Some(true),
-            cluster_gap: cluster_gap(&typed, doc),
-            typed,
-            others,
-            config_given,
-        }
+        ExtProcEntry { cluster_gap: cluster_gap(&typed, doc), typed, others, config_given }
     }
 }
 
@@ -299,15 +291,8 @@ const KNOWN: &[&str] = &[
 ];
 
 /// What else in the filter's settings may let a request past idemd or change its answers.
-pub fn settings_gaps(typed: &Value, entry_disabled: bool) -> Vec<String> {
+pub fn settings_gaps(typed: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    if entry_disabled {
-        out.push(
-            "`disabled: true` on its `http_filters` entry: it runs only on routes that enable it, every other \
-             route passes unjudged"
-                .to_string(),
-        );
-    }
     for key in typed.as_object().into_iter().flat_map(|o| o.keys()) {
         let why = match key.as_str() {
             "disable_immediate_response" if typed.get(key) == Some(&Value::Bool(false)) => continue,
@@ -446,7 +431,7 @@ mod tests {
         assert!(processing_mode_gaps(&duplex).is_empty());
         assert_eq!(message_timeout_gap(&typed, 5_000), None);
         assert!(attribute_gaps(&typed, true).is_empty());
-        assert!(settings_gaps(&typed, false).is_empty(), "{:?}", settings_gaps(&typed, false));
+        assert!(settings_gaps(&typed).is_empty(), "{:?}", settings_gaps(&typed));
         assert_eq!(cluster_gap(&typed, &doc(h2_cluster())), None);
         assert!(per_route_gaps(&json!({ "@type": "x.ExtProcPerRoute", "overrides": { "grpc_initial_metadata": [] } }))
             .is_empty());
@@ -535,7 +520,7 @@ mod tests {
             ("processing_request_modifier", json!({}), "an extension"),
             ("some_future_field", json!(1), "does not know"),
         ] {
-            let gaps = settings_gaps(&with(&format!("/{key}"), value), false);
+            let gaps = settings_gaps(&with(&format!("/{key}"), value));
             assert!(gaps.len() == 1 && gaps[0].contains(&format!("`{key}`")) && gaps[0].contains(says), "{gaps:?}");
         }
         for (key, value) in [
@@ -543,10 +528,8 @@ mod tests {
             ("route_cache_action", json!("RETAIN")),
             ("status_on_error", json!({ "code": "ServiceUnavailable" })),
         ] {
-            assert!(settings_gaps(&with(&format!("/{key}"), value), false).is_empty(), "{key}");
+            assert!(settings_gaps(&with(&format!("/{key}"), value)).is_empty(), "{key}");
         }
-        let disabled = settings_gaps(&good(), true);
-        assert!(disabled.len() == 1 && disabled[0].contains("`disabled: true`"), "{disabled:?}");
     }
 
     mod rules {

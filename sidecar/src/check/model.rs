@@ -71,6 +71,10 @@ pub struct AgentFilter {
     pub vm_failure: Option<String>,
     /// The ext_proc filter's own settings, when the agent filter is Envoy's ext_proc filter (`ext_proc`).
     pub ext_proc: Option<ExtProcEntry>,
+    /// `disabled: true` on its `http_filters` entry: it runs only where a route's (or its virtual host's,
+    /// or its route configuration's) `typed_per_filter_config` enables it (Envoy Gateway writes its
+    /// filters so).
+    pub entry_disabled: bool,
 }
 
 #[derive(Debug)]
@@ -84,10 +88,10 @@ pub struct RouteTable {
 pub struct VirtualHost {
     pub name: String,
     pub routes: Vec<Route>,
-    /// `typed_per_filter_config.<agent filter>.disabled: true` on the virtual host.
-    pub filter_disabled: bool,
     /// `typed_per_filter_config.<agent filter>` on the virtual host, as written.
     pub filter_per_route: Option<Value>,
+    /// `typed_per_filter_config.<agent filter>` on the route configuration it is in, as written.
+    pub table_filter_per_route: Option<Value>,
     /// `include_attempt_count_in_response: true`: the filter sees that Envoy retried.
     pub attempt_count_in_response: bool,
 }
@@ -101,8 +105,6 @@ pub struct Route {
     /// The route's annotation (route metadata under `agent_idempotency`, or the native module's per-route
     /// configuration, which wins), when it has a role: the filter guards the route.
     pub annotation: Option<Value>,
-    /// `typed_per_filter_config.<agent filter>.disabled: true` on the route.
-    pub filter_disabled: bool,
     /// `typed_per_filter_config.<agent filter>` on the route, as written.
     pub filter_per_route: Option<Value>,
     /// The annotation as the filter parses it (with the plugin's defaults), where the filter runs and accepts
@@ -357,7 +359,17 @@ fn agent(f: &Value, config: Option<&str>, vm_failure: Option<String>, ext_proc: 
         Some(Err(e)) => (0, Some(e.to_string()), None),
         None => (0, Some("no plugin configuration string value".to_string()), None),
     };
-    AgentFilter { name, config: config.map(str::to_string), rules, config_error, settings, vm_failure, ext_proc }
+    let entry_disabled = f.get("disabled").and_then(Value::as_bool) == Some(true);
+    AgentFilter {
+        name,
+        config: config.map(str::to_string),
+        rules,
+        config_error,
+        settings,
+        vm_failure,
+        ext_proc,
+        entry_disabled,
+    }
 }
 
 /// An HTTP filter's kind: its `@type` (without the type URL's host), else its name.
@@ -380,6 +392,7 @@ struct Reading<'a> {
 
 fn route_table(source: String, table: &Value, reading: &Reading) -> Result<RouteTable, String> {
     let (filter, at) = (reading.filter, reading.at);
+    let table_filter_per_route = filter.and_then(|f| per_filter(table, f));
     let mut hosts = Vec::new();
     for host in table.get("virtual_hosts").and_then(Value::as_array).into_iter().flatten() {
         let host_name = host.get("name").and_then(Value::as_str).unwrap_or("(unnamed)").to_string();
@@ -416,7 +429,6 @@ fn route_table(source: String, table: &Value, reading: &Reading) -> Result<Route
                 matcher: matcher(route_match),
                 target: target(route),
                 annotation,
-                filter_disabled: filter.is_some_and(|f| disabled(route, f)),
                 filter_per_route: filter.and_then(|f| per_filter(route, f)),
                 label,
                 guard,
@@ -434,15 +446,14 @@ fn route_table(source: String, table: &Value, reading: &Reading) -> Result<Route
                 stated_safe,
             });
         }
-        let filter_disabled = filter.is_some_and(|f| disabled(host, f));
         let filter_per_route = filter.and_then(|f| per_filter(host, f));
         let attempt_count_in_response =
             host.get("include_attempt_count_in_response").and_then(Value::as_bool) == Some(true);
         hosts.push(VirtualHost {
             name: host_name,
             routes,
-            filter_disabled,
             filter_per_route,
+            table_filter_per_route: table_filter_per_route.clone(),
             attempt_count_in_response,
         });
     }
@@ -549,10 +560,30 @@ fn target(route: &Value) -> Target {
 /// The route metadata namespace of the operator's statements to `idemd check` (never read by the filter).
 pub const CHECK_NAMESPACE: &str = "idemd_check";
 
-/// `typed_per_filter_config.<filter>.disabled: true` (Envoy's FilterConfig, or ext_proc's ExtProcPerRoute).
-fn disabled(v: &Value, filter: &str) -> bool {
-    let Some(config) = per_filter(v, filter) else { return false };
-    // A FilterConfig may wrap the filter's own per-route configuration, which may say it too.
+/// Where the agent filter does not run on `route` (`None`: it runs). The most specific
+/// `typed_per_filter_config` for it decides, as in Envoy: the route's, else its virtual host's, else
+/// its route configuration's; `disabled: true` there (Envoy's FilterConfig, or ext_proc's
+/// ExtProcPerRoute) turns it off, any other configuration for it turns on a filter whose
+/// `http_filters` entry is `disabled: true`. Without one, the entry decides.
+pub fn filter_off(filter: &AgentFilter, host: &VirtualHost, route: &Route) -> Option<String> {
+    let stated = [
+        (&route.filter_per_route, "the route".to_string()),
+        (&host.filter_per_route, format!("virtual host {}", host.name)),
+        (&host.table_filter_per_route, "its route configuration".to_string()),
+    ]
+    .into_iter()
+    .find_map(|(config, on)| config.as_ref().map(|c| (c, on)));
+    match stated {
+        Some((config, on)) => disables(config).then(|| format!("disabled on {on} (typed_per_filter_config)")),
+        None => filter.entry_disabled.then(|| {
+            "disabled on its http_filters entry and not enabled for the route (typed_per_filter_config)".to_string()
+        }),
+    }
+}
+
+/// A `typed_per_filter_config` entry that turns the filter off. A FilterConfig may wrap the filter's
+/// own per-route configuration, which may say it too.
+fn disables(config: &Value) -> bool {
     [config.get("disabled"), config.pointer("/config/disabled")]
         .iter()
         .any(|d| d.and_then(Value::as_bool) == Some(true))

@@ -5,7 +5,7 @@
 //! `ext_proc`.
 
 use super::ext_proc::{self, ExtProcEntry};
-use super::model::{AgentFilter, EnvoyConfig, Manager, Matcher, Target};
+use super::model::{filter_off, AgentFilter, EnvoyConfig, Manager, Matcher, Target};
 use super::{retries, ttl, ways, Finding, Inputs, Rule};
 
 pub const RULES: &[Rule] = &[
@@ -150,7 +150,9 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         name: "filter-disabled-on-annotated-route",
-        summary: "the filter is never disabled (typed_per_filter_config) on an annotated route or its virtual host",
+        summary: "the filter runs on every route it guards (annotated, or taken by a route rule's requests): never \
+                  disabled there by typed_per_filter_config (the route's, its virtual host's or its route \
+                  configuration's), and, where its http_filters entry says disabled: true, enabled there",
         check: filter_disabled_on_annotated_route,
     },
     Rule {
@@ -280,7 +282,7 @@ fn ext_proc_cluster(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
 }
 
 fn ext_proc_settings(rule: &Rule, input: &Inputs, out: &mut Vec<Finding>) {
-    each_ext_proc(rule, input, out, |_, _, e| ext_proc::settings_gaps(&e.typed, e.entry_disabled));
+    each_ext_proc(rule, input, out, |_, _, e| ext_proc::settings_gaps(&e.typed));
 }
 
 /// Per-route overrides on every route that carries guarded requests (annotated, or a route rule's), and on its
@@ -374,18 +376,26 @@ fn filter_disabled_on_annotated_route(rule: &Rule, input: &Inputs, out: &mut Vec
         let (Some(table), Some(filter)) = (&m.routes, &m.filter) else { continue };
         for host in &table.hosts {
             for r in host.routes.iter().filter(|r| r.annotation.is_some()) {
-                if r.filter_disabled || host.filter_disabled {
-                    let on = if r.filter_disabled { "the route" } else { "its virtual host" };
+                if let Some(why) = filter_off(filter, host, r) {
                     out.push(rule.finding(
                         format!("{}: virtual host {}: {}", m.at, host.name, r.label),
-                        format!(
-                            "annotated, but the {} filter is disabled on {on} (typed_per_filter_config): its \
-                             requests pass unguarded",
-                            filter.name
-                        ),
+                        format!("annotated, but the {} filter is {why}: its requests pass unguarded", filter.name),
                     ));
                 }
             }
+        }
+    }
+    // A route rule guards requests on routes that carry no annotation: the filter must run there too.
+    for g in super::guard::guarded(config).into_iter().filter(|g| g.rule.is_some()) {
+        let Some(filter) = &g.manager.filter else { continue };
+        if let Some(why) = filter_off(filter, g.host, g.route) {
+            out.push(rule.finding(
+                g.at.clone(),
+                format!(
+                    "a route rule's requests take this route, but the {} filter is {why}: they pass unguarded",
+                    filter.name
+                ),
+            ));
         }
     }
 }

@@ -31,7 +31,7 @@ use idem_core::policy::rules::{PathMatch, RouteMatch, Segment};
 use idem_core::policy::{Role, RouteDefaults, RoutePolicy};
 
 use super::guard::{acquiring, guarded, may_meet};
-use super::model::{EnvoyConfig, Manager, Matcher, Route, Target, VirtualHost};
+use super::model::{filter_off, EnvoyConfig, Manager, Matcher, Route, Target, VirtualHost};
 use super::paths::{self, Space};
 use super::settings::{from_annotation, FilterSettings, RuleGuard};
 use super::Rule;
@@ -214,13 +214,10 @@ pub fn filter_on<'a>(way: &Way<'a>) -> Result<&'a FilterSettings, String> {
         }
         return Err("the agent filter there refuses its plugin configuration".into());
     };
-    if way.route.filter_disabled {
-        return Err("the agent filter is disabled on the route".into());
+    match filter_off(filter, way.host, way.route) {
+        Some(why) => Err(format!("the agent filter is {why}")),
+        None => Ok(settings),
     }
-    if way.host.filter_disabled {
-        return Err(format!("the agent filter is disabled on virtual host {}", way.host.name));
-    }
-    Ok(settings)
 }
 
 /// Methods that change nothing (RFC 9110 §9.2.1): the only ones a rule may let pass its path.
@@ -381,7 +378,9 @@ fn kind_of(hole: &Hole) -> HoleKind {
         HoleKind::Unfiltered
     } else if way.mirror {
         HoleKind::Mirror
-    } else if way.route.annotation.is_some() && (way.route.filter_disabled || way.host.filter_disabled) {
+    } else if way.route.annotation.is_some()
+        && way.manager.filter.as_ref().is_some_and(|f| filter_off(f, way.host, way.route).is_some())
+    {
         HoleKind::Disabled
     } else if way.route.annotation.is_some() {
         HoleKind::Role
