@@ -124,93 +124,67 @@ pub fn router_with(store: Arc<Store>, tokens: Tokens, approvers: Approvers, look
         .with_state(store)
 }
 
-async fn acquire(State(store): State<Arc<Store>>, body: Bytes) -> Response {
-    let mut req: AcquireRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(why) => return bad_request(why),
-    };
+async fn acquire(State(store): State<Arc<Store>>, body: Bytes) -> Answer {
+    let mut req: AcquireRequest = parse(&body)?;
     req.trace_id = safe_trace_id(&req.trace_id);
-    if let Err(why) = check_acquire(&req) {
-        return bad_request(why);
-    }
+    check_acquire(&req)?;
     let answer = store.acquire_answer(&req).await;
     let status = match answer.answer.outcome {
         AcquireOutcome::StoreUnavailable | AcquireOutcome::ReplicationRefused => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
     };
-    (status, Json(answer)).into_response()
+    Ok((status, Json(answer)).into_response())
 }
 
-async fn complete(State(store): State<Arc<Store>>, body: Bytes) -> Response {
-    let mut req: CompleteRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(why) => return bad_request(why),
-    };
+async fn complete(State(store): State<Arc<Store>>, body: Bytes) -> Answer {
+    let mut req: CompleteRequest = parse(&body)?;
     req.trace_id = safe_trace_id(&req.trace_id);
     // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
     let answer = store.complete(&req).await;
-    (ack_status(answer.outcome), Json(answer)).into_response()
+    Ok((ack_status(answer.outcome), Json(answer)).into_response())
 }
 
-async fn release(State(store): State<Arc<Store>>, body: Bytes) -> Response {
-    let mut req: ReleaseRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(why) => return bad_request(why),
-    };
+async fn release(State(store): State<Arc<Store>>, body: Bytes) -> Answer {
+    let mut req: ReleaseRequest = parse(&body)?;
     req.trace_id = safe_trace_id(&req.trace_id);
     // key and owner were checked by their types (idem_core::protocol::OpKey, OwnerToken) while parsing.
     let answer = store.release(&req).await;
-    (ack_status(answer.outcome), Json(answer)).into_response()
+    Ok((ack_status(answer.outcome), Json(answer)).into_response())
 }
 
-async fn renew(State(store): State<Arc<Store>>, body: Bytes) -> Response {
-    let req: RenewRequest = match parse(&body) {
-        Ok(r) => r,
-        Err(why) => return bad_request(why),
-    };
+async fn renew(State(store): State<Arc<Store>>, body: Bytes) -> Answer {
+    let req: RenewRequest = parse(&body)?;
     if let Some(l) = req.leases.iter().find(|l| l.lease_ms > MAX_LEASE_MS) {
-        return bad_request(format!("{}: lease_ms must be at most {MAX_LEASE_MS}", l.key));
+        return Err(Refused::BadRequest(format!("{}: lease_ms must be at most {MAX_LEASE_MS}", l.key)));
     }
     if req.leases.len() > MAX_RENEWALS {
-        return bad_request(format!("at most {MAX_RENEWALS} leases per renewal"));
+        return Err(Refused::BadRequest(format!("at most {MAX_RENEWALS} leases per renewal")));
     }
     match store.renew(&req).await {
-        Ok(answer) => (StatusCode::OK, Json(answer)).into_response(),
+        Ok(answer) => Ok((StatusCode::OK, Json(answer)).into_response()),
         Err(e) => {
             tracing::warn!(error = %e, "SQL renew failed: STORE_UNAVAILABLE");
-            (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"error": "STORE_UNAVAILABLE"}))).into_response()
+            Err(Refused::Unavailable(json!({"error": "STORE_UNAVAILABLE"})))
         }
     }
 }
 
-async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>, RawQuery(query): RawQuery) -> Response {
-    if let Err(why) = check_key("key", &key) {
-        return bad_request(why);
-    }
-    let exp = match lookup_exp(query.as_deref()) {
-        Ok(exp) => exp,
-        Err(why) => return bad_request(why),
-    };
+async fn operation(State(store): State<Arc<Store>>, Path(key): Path<String>, RawQuery(query): RawQuery) -> Answer {
+    check_key("key", &key)?;
+    let exp = lookup_exp(query.as_deref())?;
     match store.lookup(&key, exp).await {
-        Lookup::Found(view) => (StatusCode::OK, Json(view)).into_response(),
-        Lookup::NotFound(body) => (StatusCode::NOT_FOUND, Json(body)).into_response(),
-        Lookup::Unavailable => {
-            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "store_unavailable"}))).into_response()
-        }
+        Lookup::Found(view) => Ok((StatusCode::OK, Json(view)).into_response()),
+        Lookup::NotFound(body) => Ok((StatusCode::NOT_FOUND, Json(body)).into_response()),
+        Lookup::Unavailable => Err(Refused::Unavailable(json!({"error": "store_unavailable"}))),
     }
 }
 
-async fn security_event(State(store): State<Arc<Store>>, body: Bytes) -> Response {
+async fn security_event(State(store): State<Arc<Store>>, body: Bytes) -> Answer {
     if body.len() > MAX_EVENT_BYTES {
-        return bad_request(format!("a security event report is at most {MAX_EVENT_BYTES} bytes"));
+        return Err(Refused::BadRequest(format!("a security event report is at most {MAX_EVENT_BYTES} bytes")));
     }
-    let report: SecurityEventReport = match parse(&body) {
-        Ok(r) => r,
-        Err(why) => return bad_request(why),
-    };
-    if let Err(why) = check_event(&report) {
-        return bad_request(why);
-    }
+    let report: SecurityEventReport = parse(&body)?;
+    check_event(&report)?;
     // The client's `x-request-id`, as the filter passed it on: never a reason to refuse (issue 35).
     let trace_id = safe_trace_id(&report.trace_id);
     tracing::warn!(
@@ -232,8 +206,8 @@ async fn security_event(State(store): State<Arc<Store>>, body: Bytes) -> Respons
     };
     // The write goes on in its own task even if the filter has gone away.
     match store.security_event(event).await {
-        Ok(true) => (StatusCode::ACCEPTED, Json(json!({"outcome": "OK"}))).into_response(),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"outcome": "STORE_UNAVAILABLE"}))).into_response(),
+        Ok(true) => Ok((StatusCode::ACCEPTED, Json(json!({"outcome": "OK"}))).into_response()),
+        _ => Err(Refused::Unavailable(json!({"outcome": "STORE_UNAVAILABLE"}))),
     }
 }
 
@@ -316,9 +290,34 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
     serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))
 }
 
-fn bad_request(detail: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({"error": "bad_request", "detail": detail}))).into_response()
+/// A `/v1/*` call refused: the caller's mistake (400, with the reason; nothing was done), or a store that
+/// cannot answer now (503, with the body that endpoint's callers read for it; nothing is known to be done).
+#[derive(Debug)]
+enum Refused {
+    BadRequest(String),
+    Unavailable(serde_json::Value),
 }
+
+/// The checks and the parser say why in words: each is a bad request.
+impl From<String> for Refused {
+    fn from(why: String) -> Self {
+        Refused::BadRequest(why)
+    }
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::BadRequest(detail) => {
+                (StatusCode::BAD_REQUEST, Json(json!({"error": "bad_request", "detail": detail}))).into_response()
+            }
+            Refused::Unavailable(body) => (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response(),
+        }
+    }
+}
+
+/// What a `/v1/*` handler answers.
+type Answer = Result<Response, Refused>;
 
 /// Every `/v1/*` call in one span (DESIGN §8): a child of the caller's trace
 /// context (the filter's `traceparent`) when traces are exported, the parent
