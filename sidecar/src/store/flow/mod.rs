@@ -432,6 +432,70 @@ mod tests {
         }
     }
 
+    /// The model runs each store call as a step of its own, and takes the time and a fresh owner where
+    /// the flow stands: which calls are which is that contract.
+    #[test]
+    fn only_the_time_and_a_fresh_owner_are_not_store_calls() {
+        assert!(!Call::Now.is_store() && !Call::NewOwner.is_store());
+        assert!(Call::SqlGet { key: "k".into() }.is_store());
+        assert!(Call::RedisRelease { key: "k".into(), owner: "o".into() }.is_store());
+    }
+
+    /// Each typed call gives back what its reply holds; a reply of another kind (Redis giving none, a
+    /// driver's mistake) reads as no answer, never as a made-up value.
+    #[test]
+    fn each_typed_call_reads_its_own_reply_and_nothing_else() {
+        let owner = |reply: Reply| Flow::new(|io| async move { io.new_owner().await }).run_with(|_| reply.clone());
+        assert_eq!(owner(Reply::Owner("0123".into())), "0123");
+        assert_eq!(owner(Reply::RedisDown), "");
+        let release = || Call::RedisRelease { key: "k".into(), owner: "o".into() };
+        let write =
+            |reply: Reply| Flow::new(|io| async move { io.redis_write(release()).await }).run_with(|_| reply.clone());
+        assert_eq!(write(Reply::Write(WriteReply::NotOwner)), Some(WriteReply::NotOwner));
+        assert_eq!(write(Reply::RedisDown), None);
+        let row = ApprovalRow {
+            key: "k".into(),
+            state: idem_core::protocol::ApprovalState::Approved,
+            param_hash: "p".into(),
+            subject_hash: "s".into(),
+            scope: "pay".into(),
+            fields: "{}".into(),
+            fp_exp_ms: 9,
+            created_at_ms: 1,
+            updated_at_ms: 2,
+            decided_by: Some("carol".into()),
+            reason: None,
+        };
+        let approval =
+            |reply: Reply| Flow::new(|io| async move { io.sql_approval("k").await }).run_with(|_| reply.clone());
+        assert_eq!(approval(Reply::Sql(Ok(SqlAnswer::Approval(Some(row.clone()))))), Ok(Some(row)));
+        assert!(matches!(approval(Reply::Sql(Ok(SqlAnswer::Changed(true)))), Err(SqlFail::Down(_))));
+    }
+
+    /// Notes reach the driver (idemd counts them in its metrics) once each, as the flow takes them.
+    #[test]
+    fn a_flows_notes_are_handed_to_its_driver_once() {
+        let mut flow = Flow::new(|io| async move {
+            io.note(Note::Awaiting);
+            let t = io.now().await;
+            io.note(Note::LeaseRenewal(false));
+            t
+        });
+        assert!(matches!(flow.next(None), Next::Call(Call::Now)));
+        assert_eq!(flow.notes(), vec![Note::Awaiting]);
+        assert!(flow.notes().is_empty(), "taken once");
+        assert!(matches!(flow.next(Some(Reply::Now(4))), Next::Done(4)));
+        assert_eq!(flow.notes(), vec![Note::LeaseRenewal(false)]);
+    }
+
+    /// What an operator reads in idemd's log when SQL gives no answer.
+    #[test]
+    fn a_sql_failure_says_what_happened() {
+        assert_eq!(SqlFail::Timeout.to_string(), "SQL call timed out");
+        assert_eq!(SqlFail::Corrupt("state \"X\" of k".into()).to_string(), "unreadable row: state \"X\" of k");
+        assert_eq!(SqlFail::Down("connection refused".into()).to_string(), "connection refused");
+    }
+
     #[test]
     fn a_replayed_flow_stands_where_its_replies_left_it() {
         let (_, next) = Flow::new(two_reads).replayed(&[Reply::Now(3)]);
