@@ -85,6 +85,8 @@ pub struct Config {
     /// Whether the paths of the design must each be reached (`props::REACHES_*`): on in the
     /// checks of the design, off in the mutation runs (they look for one counterexample).
     pub reachability: bool,
+    /// idemd replicas that reconcile (each with its own pass, claiming rows against the others).
+    pub reconcilers: u8,
     /// The reaper's clock-skew allowance (`world::SKEW_MS`, or idemd's own 5 s where reaping must
     /// stay past the horizon: with approval, docs/model.md "What the check found").
     pub skew_ms: i64,
@@ -121,6 +123,7 @@ impl Config {
             routes: Routes::RuledFirst,
             reachability: true,
             skew_ms: world::SKEW_MS,
+            reconcilers: 1,
         }
     }
 

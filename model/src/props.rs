@@ -81,7 +81,7 @@ pub fn settled(s: &State) -> bool {
     s.streams.is_empty()
         && s.upstream.late_until.is_none()
         && s.orphans.is_empty()
-        && s.pass.is_none()
+        && s.passes.iter().all(Option::is_none)
         && s.stores.sql.as_ref().is_none_or(|r| r.state != St::InFlight)
         && s.agents.iter().all(|a| a.last.as_ref().is_none_or(|t| t.answer.is_settled()))
 }
@@ -164,8 +164,8 @@ impl World {
             Upstream { .. } => Some(2),
             LateExecute | Orphan(_) => Some(3),
             Lapse => Some(4),
-            Reconcile { lookup_fails: false } => Some(1),
-            ReconcileStart => s
+            Reconcile { lookup_fails: false, .. } => Some(1),
+            ReconcileStart(_) => s
                 .stores
                 .sql
                 .as_ref()

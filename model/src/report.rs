@@ -181,9 +181,9 @@ pub fn describe(world: &World, last: &State, action: Action, next: &State) -> St
             format!("idemd: the next store call of a late {path} its filter gave up on")
         }
         Action::Tick => "clock +1 s (leases renewed, TTLs run)".into(),
-        Action::ReconcileStart => "reconciler pass: selects the expired row, claims it".into(),
-        Action::Reconcile { lookup_fails } => {
-            format!("reconciler: its next call{}", if lookup_fails { " (the status lookup fails)" } else { "" })
+        Action::ReconcileStart(n) => format!("reconciler {n} pass: selects the expired row, claims it"),
+        Action::Reconcile { by, lookup_fails } => {
+            format!("reconciler {by}: its next call{}", if lookup_fails { " (the status lookup fails)" } else { "" })
         }
         Action::Reap => "reaper deletes the terminal row".into(),
         Action::RedisUp | Action::SqlUp => format!("{action:?} (back)"),

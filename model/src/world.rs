@@ -169,10 +169,10 @@ pub struct State {
     pub faults: u8,
     /// Callouts the filter gave up on that may still reach idemd.
     pub orphans: Vec<Orphan>,
-    /// The reconciler's pass in progress.
-    pub pass: Option<Pass>,
-    /// The reconciler ran in the current second (it runs once a second at most).
-    pub reconciled: bool,
+    /// Each reconciler's pass in progress (one per idemd replica that reconciles: `Config::reconcilers`).
+    pub passes: Vec<Option<Pass>>,
+    /// Each reconciler ran in the current second (it runs once a second at most).
+    pub reconciled: Vec<bool>,
     pub ghost: Ghost,
 }
 
@@ -227,14 +227,15 @@ pub enum Action {
     },
     LateExecute,
     Tick,
-    /// The reconciler's pass selects the row (its lease ran out) and claims it.
-    ReconcileStart,
-    /// The pass's next call: the status lookup (`lookup_fails`: it fails) or a write.
+    /// Reconciler `n`'s pass selects the row (its lease ran out) and claims it.
+    ReconcileStart(u8),
+    /// Reconciler `by`'s next call: the status lookup (`lookup_fails`: it fails) or a write.
     Reconcile {
+        by: u8,
         lookup_fails: bool,
     },
-    /// The reconciler dies mid-row (the claim holds the row until it runs out).
-    CrashReconciler,
+    /// Reconciler `n` dies mid-row (the claim holds the row until it runs out).
+    CrashReconciler(u8),
     Reap,
     /// The approver decides (`POST /v1/approvals/{key}`), at any moment, late ones too.
     Decide {
@@ -258,9 +259,9 @@ impl Action {
         matches!(
             self,
             Action::Idemd { crash: Some(_), .. }
-                | Action::CrashReconciler
+                | Action::CrashReconciler(_)
                 | Action::Upstream { how: Up::Busy | Up::Refuse | Up::CommitThenReset | Up::Timeout, .. }
-                | Action::Reconcile { lookup_fails: true }
+                | Action::Reconcile { lookup_fails: true, .. }
                 | Action::CrashFilter(_)
                 | Action::RedisFlush
                 | Action::RedisFailover
@@ -297,8 +298,8 @@ impl World {
             upstream: Upstream::default(),
             faults: 0,
             orphans: Vec::new(),
-            pass: None,
-            reconciled: false,
+            passes: vec![None; usize::from(self.cfg.reconcilers)],
+            reconciled: vec![false; usize::from(self.cfg.reconcilers)],
             ghost: Ghost::default(),
         }
     }
@@ -379,16 +380,18 @@ impl World {
             .as_ref()
             .is_some_and(|r| r.state == St::InFlight && rules::claimable(&r.record(), now_ms(s.now_s)))
             && !s.stores.sql_down;
-        match &s.pass {
-            None if reconcilable && !s.reconciled => out.push(Action::ReconcileStart),
-            None => {}
-            Some(p) => {
-                out.push(Action::Reconcile { lookup_fails: false });
-                if faults && p.at_lookup {
-                    out.push(Action::Reconcile { lookup_fails: true });
-                }
-                if faults {
-                    out.push(Action::CrashReconciler);
+        for (n, pass) in (0u8..).zip(&s.passes) {
+            match pass {
+                None if reconcilable && !s.reconciled[usize::from(n)] => out.push(Action::ReconcileStart(n)),
+                None => {}
+                Some(p) => {
+                    out.push(Action::Reconcile { by: n, lookup_fails: false });
+                    if faults && p.at_lookup {
+                        out.push(Action::Reconcile { by: n, lookup_fails: true });
+                    }
+                    if faults {
+                        out.push(Action::CrashReconciler(n));
+                    }
                 }
             }
         }
@@ -534,7 +537,7 @@ impl World {
                     }
                 }
                 s.now_s += 1;
-                s.reconciled = false;
+                s.reconciled.iter_mut().for_each(|r| *r = false);
                 for a in &mut s.agents {
                     if let Some(t) = &mut a.last {
                         t.fresh = false;
@@ -542,17 +545,17 @@ impl World {
                 }
                 self.tick(&mut s);
             }
-            Action::ReconcileStart => {
-                s.reconciled = true;
+            Action::ReconcileStart(n) => {
+                *s.reconciled.get_mut(usize::from(n))? = true;
                 let read = s.stores.sql.clone()?;
                 let mut pass = Pass { read, progress: Vec::new(), at_lookup: false };
-                self.reconcile(&mut s, &mut pass, false);
+                self.reconcile(&mut s, n, &mut pass, false);
             }
-            Action::Reconcile { lookup_fails } => {
-                let mut pass = s.pass.take()?;
-                self.reconcile(&mut s, &mut pass, lookup_fails);
+            Action::Reconcile { by, lookup_fails } => {
+                let mut pass = s.passes.get_mut(usize::from(by))?.take()?;
+                self.reconcile(&mut s, by, &mut pass, lookup_fails);
             }
-            Action::CrashReconciler => s.pass = None,
+            Action::CrashReconciler(n) => *s.passes.get_mut(usize::from(n))? = None,
             Action::Reap => {
                 if !im::reap(&mut s.stores, s.now_s, &self.cfg) {
                     return None;
@@ -618,7 +621,7 @@ impl World {
 
     /// One call of the reconciler's pass: the status endpoint tells the truth (done with the
     /// execution's id, or 404) unless the lookup fails.
-    fn reconcile(&self, s: &mut State, pass: &mut Pass, lookup_fails: bool) {
+    fn reconcile(&self, s: &mut State, by: u8, pass: &mut Pass, lookup_fails: bool) {
         let upstream = s.upstream.clone();
         let cfg = &self.cfg;
         let honoured = cfg.upstream == crate::config::UpstreamKeys::Honoured;
@@ -643,7 +646,9 @@ impl World {
             Stepped::Waiting => {
                 let (_, next) = im::settle_flow(cfg, &pass.read.record()).replayed(&pass.progress);
                 pass.at_lookup = matches!(next, Next::Call(Call::Lookup { .. }));
-                s.pass = Some(pass.clone());
+                if let Some(slot) = s.passes.get_mut(usize::from(by)) {
+                    *slot = Some(pass.clone());
+                }
             }
             Stepped::Answered(RowOutcome::Decided(Decision::Release, _)) => {
                 s.ghost.reached |= reached::RECONCILER_RELEASE

@@ -35,6 +35,14 @@ fn the_design_holds_with_an_upstream_that_ignores_keys() {
     holds(UpstreamKeys::Ignored);
 }
 
+/// Two idemd replicas reconcile (DESIGN §4: every replica runs the reconciler): each pass's select,
+/// claim, lookup and write are steps of their own, so one replica's pass interleaves with the
+/// other's, with the filters' calls and with the faults; the claim is what keeps them apart.
+#[test]
+fn the_design_holds_with_two_reconcilers() {
+    holds_in(Config { reconcilers: 2, ..Config::bounded(UpstreamKeys::Ignored) });
+}
+
 /// Approval (docs/approvals.md): a person approves or rejects at any moment (late too), idemd
 /// lapses what nobody approved by `exp`, and retries may take the scope's route without the rule.
 #[test]
