@@ -87,6 +87,9 @@ pub struct Config {
     pub reachability: bool,
     /// idemd replicas that reconcile (each with its own pass, claiming rows against the others).
     pub reconcilers: u8,
+    /// How far the second reconciler's replica's clock runs ahead of the others' (seconds): what it
+    /// calls now, for its claim, its reading of the lease and the grace, and its writes.
+    pub clock_ahead_s: u8,
     /// The reaper's clock-skew allowance (`world::SKEW_MS`, or idemd's own 5 s where reaping must
     /// stay past the horizon: with approval, docs/model.md "What the check found").
     pub skew_ms: i64,
@@ -124,6 +127,7 @@ impl Config {
             reachability: true,
             skew_ms: world::SKEW_MS,
             reconcilers: 1,
+            clock_ahead_s: 0,
         }
     }
 

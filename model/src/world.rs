@@ -374,15 +374,16 @@ impl World {
         if bounded && (!budgets || s.now_s < u64::from(cfg.horizon_s)) {
             out.push(Action::Tick);
         }
-        let reconcilable = s
-            .stores
-            .sql
-            .as_ref()
-            .is_some_and(|r| r.state == St::InFlight && rules::claimable(&r.record(), now_ms(s.now_s)))
-            && !s.stores.sql_down;
+        // Each reconciler judges "expired" by its own replica's clock.
+        let reconcilable =
+            |n: u8| {
+                s.stores.sql.as_ref().is_some_and(|r| {
+                    r.state == St::InFlight && rules::claimable(&r.record(), now_ms(self.clock_of(s, n)))
+                }) && !s.stores.sql_down
+            };
         for (n, pass) in (0u8..).zip(&s.passes) {
             match pass {
-                None if reconcilable && !s.reconciled[usize::from(n)] => out.push(Action::ReconcileStart(n)),
+                None if reconcilable(n) && !s.reconciled[usize::from(n)] => out.push(Action::ReconcileStart(n)),
                 None => {}
                 Some(p) => {
                     out.push(Action::Reconcile { by: n, lookup_fails: false });
@@ -621,6 +622,15 @@ impl World {
 
     /// One call of the reconciler's pass: the status endpoint tells the truth (done with the
     /// execution's id, or 404) unless the lookup fails.
+    /// Reconciler `n`'s replica's clock (seconds): reconciler 1's runs `Config::clock_ahead_s` ahead.
+    fn clock_of(&self, s: &State, n: u8) -> u64 {
+        if n == 1 {
+            s.now_s + u64::from(self.cfg.clock_ahead_s)
+        } else {
+            s.now_s
+        }
+    }
+
     fn reconcile(&self, s: &mut State, by: u8, pass: &mut Pass, lookup_fails: bool) {
         let upstream = s.upstream.clone();
         let cfg = &self.cfg;
@@ -642,7 +652,8 @@ impl World {
             im::asked(cfg, rec, answer)
         };
         let flow = im::settle_flow(cfg, &pass.read.record());
-        match im::step(flow, &mut pass.progress, &mut s.stores, s.now_s, cfg, &lookup) {
+        let now_s = self.clock_of(s, by);
+        match im::step(flow, &mut pass.progress, &mut s.stores, now_s, cfg, &lookup) {
             Stepped::Waiting => {
                 let (_, next) = im::settle_flow(cfg, &pass.read.record()).replayed(&pass.progress);
                 pass.at_lookup = matches!(next, Next::Call(Call::Lookup { .. }));

@@ -43,6 +43,13 @@ fn the_design_holds_with_two_reconcilers() {
     holds_in(Config { reconcilers: 2, ..Config::bounded(UpstreamKeys::Ignored) });
 }
 
+/// The same, the second replica's clock a second ahead (the skew the bounded world allows, `world::SKEW_MS`):
+/// it finds leases expired and the grace passed a second early.
+#[test]
+fn the_design_holds_with_a_reconciler_whose_clock_runs_ahead() {
+    holds_in(Config { reconcilers: 2, clock_ahead_s: 1, ..Config::bounded(UpstreamKeys::Ignored) });
+}
+
 /// Approval (docs/approvals.md): a person approves or rejects at any moment (late too), idemd
 /// lapses what nobody approved by `exp`, and retries may take the scope's route without the rule.
 #[test]
