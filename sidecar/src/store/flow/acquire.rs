@@ -408,3 +408,127 @@ pub async fn refresh_cache(io: &Port, s: &Settings, key: &str, now: Option<&Reco
         restore(io, s, rec).await;
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::store::flow::Flow;
+
+    pub(crate) const KEY: &str = "0123456789abcdef0123456789abcdef";
+    const OWNER: &str = "fedcba9876543210fedcba9876543210";
+    const STALE_MS: i64 = 5_000;
+
+    pub(crate) fn settings() -> Settings {
+        let store = StoreSettings { lease_ms: 30_000, terminal_retention_ms: 60_000, stale_in_flight_ms: 5_000 };
+        Settings { store, console: None, clock_skew_ms: 0, broken: Broken::None }
+    }
+
+    fn request() -> AcquireRequest {
+        let json = serde_json::json!({"key": KEY, "param_hash": "p", "subject_hash": "u", "scope": "payments.transfer",
+            "lease_ms": 1000});
+        serde_json::from_value(json).unwrap_or_else(|e| panic!("a request: {e}"))
+    }
+
+    /// The acquire with the stores scripted by `answer` (the time and the owner are fixed): its
+    /// answer and every call it made.
+    fn acquire_with(mut answer: impl FnMut(&Call) -> Reply) -> (AcquireResponse, Vec<Call>) {
+        let mut calls = Vec::new();
+        let (req, s) = (request(), settings());
+        let got = Flow::new(|io| async move { acquire_answer(io, req, s).await }).run_with(|call| {
+            let reply = match &call {
+                Call::Now => Reply::Now(1_000),
+                Call::NewOwner => Reply::Owner(OWNER.into()),
+                other => answer(other),
+            };
+            calls.push(call);
+            reply
+        });
+        (got.answer, calls)
+    }
+
+    fn released_in_redis(calls: &[Call]) -> Vec<&str> {
+        calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::RedisRelease { owner, .. } => Some(owner.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// An insert that failed leaves nothing a retry would wait for: the Redis gate this attempt took
+    /// goes, and where the insert may have committed (a timeout), the row it may have written too.
+    #[test]
+    fn a_failed_insert_leaves_nothing_behind() {
+        for (fail, detached) in [(SqlFail::Timeout, true), (SqlFail::Down("refused".into()), false)] {
+            let (answer, calls) = acquire_with(|call| match call {
+                Call::RedisAcquire { .. } => Reply::Acquire(AcquireReply::Acquired),
+                Call::SqlInsertInFlight { .. } => Reply::Sql(Err(fail.clone())),
+                _ => Reply::Done,
+            });
+            assert_eq!(answer.outcome, AcquireOutcome::StoreUnavailable, "{fail:?}");
+            assert_eq!(released_in_redis(&calls), [OWNER], "{fail:?}: {calls:?}");
+            let row_released =
+                calls.iter().any(|c| matches!(c, Call::SqlReleaseDetached { owner, .. } if owner == OWNER));
+            assert_eq!(row_released, detached, "{fail:?}: {calls:?}");
+        }
+    }
+
+    /// Redis says another owner holds it and SQL has no row: the holder may be inserting it right
+    /// now, so it is in flight, until the Redis copy is older than `stale_in_flight_ms`; then a
+    /// release reached only SQL, the copy is dropped, and the acquire starts over.
+    #[test]
+    fn a_redis_holder_without_a_row_is_dropped_only_once_stale() {
+        for (age_ms, dropped) in [(STALE_MS - 1, false), (STALE_MS, false), (STALE_MS + 1, true)] {
+            let mut asked = 0;
+            let (answer, calls) = acquire_with(|call| match call {
+                Call::RedisAcquire { .. } => {
+                    asked += 1;
+                    Reply::Acquire(match asked {
+                        1 => AcquireReply::InFlight { owner: "holder".into(), age_ms },
+                        _ => AcquireReply::Acquired,
+                    })
+                }
+                Call::SqlGet { .. } => Reply::Sql(Ok(SqlAnswer::Row(None))),
+                Call::SqlInsertInFlight { .. } => Reply::Sql(Ok(SqlAnswer::Changed(true))),
+                Call::RedisRelease { .. } => Reply::Write(crate::store::redis::WriteReply::Ok),
+                _ => Reply::Done,
+            });
+            let released = released_in_redis(&calls);
+            if dropped {
+                assert_eq!((answer.outcome, released), (AcquireOutcome::Acquired, vec!["holder"]), "{age_ms}");
+            } else {
+                assert_eq!(answer.outcome, AcquireOutcome::InFlight, "{age_ms}");
+                assert!(released.is_empty(), "{age_ms}: {calls:?}");
+            }
+        }
+    }
+
+    /// Redis says another owner holds it and SQL has the row: SQL answers, and where SQL moved on
+    /// (another state or another owner), the Redis copy is put right.
+    #[test]
+    fn a_redis_holder_is_checked_against_the_row() {
+        let row = |state: OpState, owner: &str| Record {
+            state,
+            owner: Some(owner.into()),
+            ..crate::reconcile::decide::tests::rec(2_000, 0)
+        };
+        for (rec, restored) in [
+            (row(OpState::InFlight, "holder"), false),
+            (row(OpState::InFlight, "another"), true),
+            (row(OpState::Failed, "holder"), true),
+        ] {
+            let state = rec.state;
+            let (answer, calls) = acquire_with(|call| match call {
+                Call::RedisAcquire { .. } => {
+                    Reply::Acquire(AcquireReply::InFlight { owner: "holder".into(), age_ms: 1 })
+                }
+                Call::SqlGet { .. } => Reply::Sql(Ok(SqlAnswer::Row(Some(rec.clone())))),
+                _ => Reply::Done,
+            });
+            let want = if state == OpState::InFlight { AcquireOutcome::InFlight } else { AcquireOutcome::Failed };
+            assert_eq!(answer.outcome, want, "{state:?}");
+            assert_eq!(calls.iter().any(|c| matches!(c, Call::RedisRestore { .. })), restored, "{state:?}: {calls:?}");
+        }
+    }
+}

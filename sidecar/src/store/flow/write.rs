@@ -137,3 +137,78 @@ pub async fn lookup(io: Port, key: String, exp: Option<u64>, s: Settings) -> Loo
         Err(_) => Lookup::Unavailable,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::flow::acquire::tests::{settings, KEY};
+    use crate::store::flow::{Flow, Reply, SqlAnswer};
+    use crate::store::record::Record;
+    use idem_core::protocol::{OpState, StoredResult};
+
+    const OWNER: &str = "fedcba9876543210fedcba9876543210";
+
+    /// A renewal where SQL's owner-checked write answers `changed`: what it returned and every call.
+    fn renew_with(changed: bool) -> (Result<bool, SqlFail>, Vec<Call>) {
+        let mut calls = Vec::new();
+        let lease: LeaseRenewal =
+            serde_json::from_value(serde_json::json!({"key": KEY, "owner": OWNER, "lease_ms": 50_000}))
+                .unwrap_or_else(|e| panic!("a lease: {e}"));
+        let got = Flow::new(|io| async move { renew(io, lease, settings()).await }).run_with(|call| {
+            let reply = match &call {
+                Call::Now => Reply::Now(1_000),
+                Call::SqlRenew { .. } => Reply::Sql(Ok(SqlAnswer::Changed(changed))),
+                _ => Reply::Write(WriteReply::Ok),
+            };
+            calls.push(call);
+            reply
+        });
+        (got, calls)
+    }
+
+    /// SQL decides a renewal (the reconciler claims by SQL's lease), for the longer of the route's and
+    /// the configured lease; Redis follows only a renewal SQL took.
+    #[test]
+    fn a_renewal_is_sqls_and_redis_follows_it() {
+        let (renewed, calls) = renew_with(true);
+        assert_eq!(renewed, Ok(true));
+        let until = calls.iter().find_map(|c| match c {
+            Call::SqlRenew { until_ms, .. } => Some(*until_ms),
+            _ => None,
+        });
+        assert_eq!(until, Some(1_000 + 50_000), "the route's lease, longer than the configured 30 s");
+        assert!(calls.iter().any(|c| matches!(c, Call::RedisRenew { lease_ms: 50_000, .. })), "{calls:?}");
+        let (renewed, calls) = renew_with(false);
+        assert_eq!(renewed, Ok(false), "the owner no longer holds it");
+        assert!(!calls.iter().any(|c| matches!(c, Call::RedisRenew { .. })), "{calls:?}");
+    }
+
+    /// A complete SQL did not take is a success only when it repeats what the row holds (the filter
+    /// retried one whose answer it lost): the same owner, state and result. Anything else is NOT_OWNER.
+    #[test]
+    fn a_complete_not_taken_is_ok_only_as_a_repeat() {
+        let result = StoredResult { status: 201, headers: vec![], body_b64: "e30=".into() };
+        let req: CompleteRequest = serde_json::from_value(serde_json::json!({
+            "key": KEY, "owner": OWNER, "state": "DONE", "result": result }))
+        .unwrap_or_else(|e| panic!("a complete: {e}"));
+        let done = Record {
+            state: OpState::Done,
+            owner: Some(OWNER.into()),
+            result: Some(result.clone()),
+            ..crate::reconcile::decide::tests::rec(0, 0)
+        };
+        let failed = Record { state: OpState::Failed, ..done.clone() };
+        let another = Record { owner: Some("another".into()), ..done.clone() };
+        for (row, want) in [(done, Ack::Ok), (failed, Ack::NotOwner), (another, Ack::NotOwner)] {
+            let req = req.clone();
+            let state = (row.state, row.owner.clone());
+            let got = Flow::new(|io| async move { complete(io, req, settings()).await }).run_with(|call| match call {
+                Call::Now => Reply::Now(1_000),
+                Call::SqlComplete { .. } => Reply::Sql(Ok(SqlAnswer::Changed(false))),
+                Call::SqlGet { .. } => Reply::Sql(Ok(SqlAnswer::Row(Some(row.clone())))),
+                _ => Reply::Write(WriteReply::Ok),
+            });
+            assert_eq!(got, want, "{state:?}");
+        }
+    }
+}
