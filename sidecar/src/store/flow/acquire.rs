@@ -431,9 +431,13 @@ pub(crate) mod tests {
 
     /// The acquire with the stores scripted by `answer` (the time and the owner are fixed): its
     /// answer and every call it made.
-    fn acquire_with(mut answer: impl FnMut(&Call) -> Reply) -> (AcquireResponse, Vec<Call>) {
+    fn acquire_with(answer: impl FnMut(&Call) -> Reply) -> (AcquireResponse, Vec<Call>) {
+        acquire_of(request(), answer)
+    }
+
+    fn acquire_of(req: AcquireRequest, mut answer: impl FnMut(&Call) -> Reply) -> (AcquireResponse, Vec<Call>) {
         let mut calls = Vec::new();
-        let (req, s) = (request(), settings());
+        let s = settings();
         let got = Flow::new(|io| async move { acquire_answer(io, req, s).await }).run_with(|call| {
             let reply = match &call {
                 Call::Now => Reply::Now(1_000),
@@ -501,6 +505,69 @@ pub(crate) mod tests {
                 assert_eq!(answer.outcome, AcquireOutcome::InFlight, "{age_ms}");
                 assert!(released.is_empty(), "{age_ms}: {calls:?}");
             }
+        }
+    }
+
+    /// An insert that found no row and inserted none was refused, or the row went meanwhile. Refused:
+    /// by an approval not given (its answer), or by a business reference another operation of the
+    /// scope holds (REFERENCE_IN_USE); the Redis gate goes either way. A reference this operation
+    /// holds itself refuses nothing: the insert is tried again.
+    #[test]
+    fn an_insert_refused_says_why_and_one_not_refused_is_tried_again() {
+        let awaiting = ApprovalRow {
+            key: KEY.into(),
+            state: idem_core::protocol::ApprovalState::AwaitingApproval,
+            param_hash: "p".into(),
+            subject_hash: "u".into(),
+            scope: "payments.transfer".into(),
+            fields: "{}".into(),
+            fp_exp_ms: 9_000_000,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            decided_by: None,
+            reason: None,
+        };
+        let with_ref = || AcquireRequest { business_ref: Some("R-1".into()), ..request() };
+        for (req, approval, holder, want) in [
+            (request(), Some(awaiting), None, AcquireOutcome::AwaitingApproval),
+            (with_ref(), None, Some("ffffffffffffffffffffffffffffffff"), AcquireOutcome::ReferenceInUse),
+            (with_ref(), None, Some(KEY), AcquireOutcome::Acquired),
+        ] {
+            let mut inserts = 0;
+            let (answer, calls) = acquire_of(req, |call| match call {
+                Call::RedisAcquire { .. } => Reply::Acquire(AcquireReply::Acquired),
+                Call::SqlInsertInFlight { .. } => {
+                    inserts += 1;
+                    Reply::Sql(Ok(SqlAnswer::Changed(inserts > 1)))
+                }
+                Call::SqlGet { .. } => Reply::Sql(Ok(SqlAnswer::Row(None))),
+                Call::SqlApproval { .. } => Reply::Sql(Ok(SqlAnswer::Approval(approval.clone()))),
+                Call::SqlReferenceHolder { .. } => Reply::Sql(Ok(SqlAnswer::Holder(holder.map(str::to_string)))),
+                _ => Reply::Write(crate::store::redis::WriteReply::Ok),
+            });
+            assert_eq!(answer.outcome, want, "{holder:?}: {calls:?}");
+            let gate_dropped = released_in_redis(&calls) == [OWNER];
+            assert_eq!(gate_dropped, want != AcquireOutcome::Acquired, "{want:?}: {calls:?}");
+        }
+    }
+
+    /// Redis says a person decides; SQL has the last word: an operator may have resolved it there, and
+    /// then the Redis copy is dropped and refilled from the row (a restore never moves it backwards).
+    #[test]
+    fn a_redis_needs_review_is_checked_against_the_row() {
+        let row = |state: OpState| Record { state, ..crate::reconcile::decide::tests::rec(2_000, 0) };
+        for (state, refilled) in [(OpState::NeedsReview, false), (OpState::Failed, true)] {
+            let rec = row(state);
+            let (answer, calls) = acquire_with(|call| match call {
+                Call::RedisAcquire { .. } => Reply::Acquire(AcquireReply::NeedsReview),
+                Call::SqlGet { .. } => Reply::Sql(Ok(SqlAnswer::Row(Some(rec.clone())))),
+                _ => Reply::Done,
+            });
+            let want = if refilled { AcquireOutcome::Failed } else { AcquireOutcome::NeedsReview };
+            assert_eq!(answer.outcome, want, "{state:?}");
+            let evicted = calls.iter().any(|c| matches!(c, Call::RedisEvict { .. }));
+            let restored = calls.iter().any(|c| matches!(c, Call::RedisRestore { .. }));
+            assert_eq!((evicted, restored), (refilled, refilled), "{state:?}: {calls:?}");
         }
     }
 
