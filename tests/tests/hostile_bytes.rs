@@ -136,6 +136,8 @@ const WASM_CONFIGS: [&str; 8] = [
     "soak.yaml",
 ];
 const NATIVE_CONFIGS: [&str; 2] = ["gateway-native-like.yaml", "native.yaml"];
+/// The committed configurations whose agent filter is Envoy's ext_proc filter in front of idemd.
+const EXT_PROC_CONFIGS: [&str; 1] = ["ext-proc.yaml"];
 
 /// A `.wasm` that traps anyway fails one stream, never the worker: every committed configuration
 /// that loads the `.wasm` through Envoy's own filter reloads a failed VM for the next request
@@ -190,7 +192,7 @@ fn every_committed_configuration_answers_a_cut_answer_with_the_envelope() -> Tes
         assert_eq!(text.matches("status: in_progress").count(), listeners, "{config}");
     }
     seen.sort();
-    let mut expected: Vec<&str> = WASM_CONFIGS.iter().copied().chain(NATIVE_CONFIGS).collect();
+    let mut expected: Vec<&str> = WASM_CONFIGS.iter().copied().chain(NATIVE_CONFIGS).chain(EXT_PROC_CONFIGS).collect();
     expected.sort();
     assert_eq!(seen, expected);
     Ok(())

@@ -23,7 +23,12 @@ fn root() -> &'static Path {
 
 /// The code of a file without comments and without its trailing `mod tests { … }`.
 fn code(text: &str) -> String {
-    let text = text.find("#[cfg(test)]\nmod tests {").map_or(text, |i| &text[..i]);
+    // The unit tests' module, private or shared with other tests (`pub(crate) mod tests`).
+    let tests = text.match_indices("#[cfg(test)]\n").map(|(i, _)| i).find(|&i| {
+        let next = text[i..].lines().nth(1).unwrap_or_default();
+        next.ends_with("mod tests {") && matches!(next.split_whitespace().next(), Some("mod" | "pub" | "pub(crate)"))
+    });
+    let text = tests.map_or(text, |i| &text[..i]);
     text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
 }
 
