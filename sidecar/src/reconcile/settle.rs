@@ -141,17 +141,14 @@ async fn apply(
 mod tests {
     use super::*;
     use crate::store::flow::{Flow, SqlAnswer};
-    use crate::store::rules::Broken;
-    use crate::store::StoreSettings;
     use idem_core::protocol::StoredResult;
 
     fn settings() -> SettleSettings {
-        let store = StoreSettings { lease_ms: 30_000, terminal_retention_ms: 60_000, stale_in_flight_ms: 5_000 };
         SettleSettings {
             rules: super::super::decide::Rules { grace_ms: 1_000, retry_budget: 3, readings: Default::default() },
             claim_ms: 10_000,
             actor: "reconciler:test".into(),
-            store: Settings { store, console: None, clock_skew_ms: 0, broken: Broken::None },
+            store: crate::store::flow::acquire::tests::settings(),
         }
     }
 

@@ -415,12 +415,31 @@ pub(crate) mod tests {
     use crate::store::flow::Flow;
 
     pub(crate) const KEY: &str = "0123456789abcdef0123456789abcdef";
-    const OWNER: &str = "fedcba9876543210fedcba9876543210";
+    pub(crate) const OWNER: &str = "fedcba9876543210fedcba9876543210";
     const STALE_MS: i64 = 5_000;
 
+    /// The store settings every flow test runs with.
     pub(crate) fn settings() -> Settings {
-        let store = StoreSettings { lease_ms: 30_000, terminal_retention_ms: 60_000, stale_in_flight_ms: 5_000 };
+        let store =
+            StoreSettings { lease_ms: 30_000, terminal_retention_ms: 60_000, stale_in_flight_ms: STALE_MS as u64 };
         Settings { store, console: None, clock_skew_ms: 0, broken: Broken::None }
+    }
+
+    /// An approval row of [`KEY`] in `state`, undecided, lapsing far past the tests' clock.
+    pub(crate) fn approval_row(state: idem_core::protocol::ApprovalState) -> ApprovalRow {
+        ApprovalRow {
+            key: KEY.into(),
+            state,
+            param_hash: "p".into(),
+            subject_hash: "u".into(),
+            scope: "payments.transfer".into(),
+            fields: "{}".into(),
+            fp_exp_ms: 9_000_000,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            decided_by: None,
+            reason: None,
+        }
     }
 
     fn request() -> AcquireRequest {
@@ -514,19 +533,7 @@ pub(crate) mod tests {
     /// holds itself refuses nothing: the insert is tried again.
     #[test]
     fn an_insert_refused_says_why_and_one_not_refused_is_tried_again() {
-        let awaiting = ApprovalRow {
-            key: KEY.into(),
-            state: idem_core::protocol::ApprovalState::AwaitingApproval,
-            param_hash: "p".into(),
-            subject_hash: "u".into(),
-            scope: "payments.transfer".into(),
-            fields: "{}".into(),
-            fp_exp_ms: 9_000_000,
-            created_at_ms: 0,
-            updated_at_ms: 0,
-            decided_by: None,
-            reason: None,
-        };
+        let awaiting = approval_row(idem_core::protocol::ApprovalState::AwaitingApproval);
         let with_ref = || AcquireRequest { business_ref: Some("R-1".into()), ..request() };
         for (req, approval, holder, want) in [
             (request(), Some(awaiting), None, AcquireOutcome::AwaitingApproval),

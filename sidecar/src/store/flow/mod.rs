@@ -454,17 +454,8 @@ mod tests {
         assert_eq!(write(Reply::Write(WriteReply::NotOwner)), Some(WriteReply::NotOwner));
         assert_eq!(write(Reply::RedisDown), None);
         let row = ApprovalRow {
-            key: "k".into(),
-            state: idem_core::protocol::ApprovalState::Approved,
-            param_hash: "p".into(),
-            subject_hash: "s".into(),
-            scope: "pay".into(),
-            fields: "{}".into(),
-            fp_exp_ms: 9,
-            created_at_ms: 1,
-            updated_at_ms: 2,
             decided_by: Some("carol".into()),
-            reason: None,
+            ..acquire::tests::approval_row(idem_core::protocol::ApprovalState::Approved)
         };
         let approval =
             |reply: Reply| Flow::new(|io| async move { io.sql_approval("k").await }).run_with(|_| reply.clone());

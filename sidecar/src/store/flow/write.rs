@@ -141,12 +141,10 @@ pub async fn lookup(io: Port, key: String, exp: Option<u64>, s: Settings) -> Loo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::flow::acquire::tests::{settings, KEY};
+    use crate::store::flow::acquire::tests::{settings, KEY, OWNER};
     use crate::store::flow::{Flow, Reply, SqlAnswer};
     use crate::store::record::Record;
     use idem_core::protocol::{OpState, StoredResult};
-
-    const OWNER: &str = "fedcba9876543210fedcba9876543210";
 
     /// A renewal where SQL's owner-checked write answers `changed`: what it returned and every call.
     fn renew_with(changed: bool) -> (Result<bool, SqlFail>, Vec<Call>) {
