@@ -1,0 +1,42 @@
+//! The end-to-end suite as one test binary: one module per area (each file beside this one), so
+//! tokio, reqwest, sqlx, h2 and rmcp link once instead of once per file.
+
+mod approval;
+mod approval_console;
+mod binding;
+mod bypass;
+mod bypass_headers;
+mod bypass_mcp;
+mod bypass_sweep;
+mod check_ext_proc;
+mod check_live;
+mod client_key;
+mod confirm;
+mod docs;
+mod envoy_gateway;
+mod ext_proc_deploy;
+mod fingerprint;
+mod frameworks;
+mod generated_configs;
+mod hostile_bytes;
+mod hostile_clients;
+mod istio;
+mod jwt_subject;
+mod mcp;
+mod mcp_sdk;
+mod native;
+mod no_key_upstream;
+mod observability;
+mod paths;
+mod preview_stream;
+mod quote;
+mod rds;
+mod reconcile;
+mod replay_cache;
+mod retention;
+mod rule_methods;
+mod security_events;
+mod self_named;
+mod structure;
+mod tracing;
+mod trust;
