@@ -11,7 +11,7 @@
 //!   pointer: every per-stream callback as a safe method, Envoy's bytes copied
 //!   before the callback returns;
 //! - `host`: `idem_adapter::Host` over an `EnvoyStream` (no `unsafe` of its own
-//!   but the configuration pointer);
+//!   but the two configuration pointers, the filter's and the route's);
 //! - `log`: Envoy's log, reachable from every other module without a circle;
 //! - `config`: the plugin configuration (the same JSON as the `.wasm`'s) and
 //!   the per-route configuration (the route annotation as JSON);

@@ -233,42 +233,25 @@ fn every_make_target_the_docs_name_exists() -> TestResult {
 }
 
 /// sidecar/README.md's file map: its first fenced block, one entry per line (`src/store/sql/mod.rs  what it
-/// holds`, continued on indented lines). A directory entry (`src/check/`) covers a file in it when its
-/// description names the file (`clusters` for `clusters.rs`; `mod.rs` is the directory itself).
-fn unmapped(map: &str, files: &[String]) -> Vec<String> {
-    let mut entries: Vec<(String, String)> = Vec::new();
-    for line in map.lines() {
-        match line.split_whitespace().next() {
-            Some(path) if !line.starts_with(' ') => {
-                entries.push((path.to_string(), line.get(path.len()..).unwrap_or_default().to_string()))
-            }
-            _ => {
-                if let Some(last) = entries.last_mut() {
-                    last.1.push_str(line);
-                }
-            }
-        }
-    }
-    let named = |text: &str, stem: &str| {
-        text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-')).any(|word| word == stem)
-    };
-    files
-        .iter()
-        .filter(|file| {
-            let (dir, name) = file.rsplit_once('/').map_or(("", file.as_str()), |(d, n)| (d, n));
-            let stem = name.trim_end_matches(".rs");
-            !entries.iter().any(|(path, text)| {
-                path == *file || (path.strip_suffix('/') == Some(dir) && (stem == "mod" || named(text, stem)))
-            })
-        })
-        .cloned()
-        .collect()
+/// holds`, continued on indented lines), each under `src/` naming one file. The paths it names, in order.
+fn map_paths(readme: &str) -> Result<Vec<&str>, &'static str> {
+    let map = readme.split("```").nth(1).ok_or("sidecar/README.md has no file map")?;
+    Ok(map.lines().filter(|line| !line.starts_with(' ')).filter_map(|line| line.split_whitespace().next()).collect())
 }
 
-/// Every source file of idemd is on sidecar/README.md's map, so the map a new engineer reads first
-/// is the territory.
-#[test]
-fn every_idemd_source_file_is_on_the_sidecar_readme_map() -> TestResult {
+/// The files without an entry of their own on the map.
+fn unmapped(paths: &[&str], files: &[String]) -> Vec<String> {
+    files.iter().filter(|file| !paths.contains(&file.as_str())).cloned().collect()
+}
+
+/// The map's entries under `src/` that name no file: one moved, renamed or removed, or a directory
+/// standing in for its files.
+fn unknown<'a>(paths: &[&'a str], files: &[String]) -> Vec<&'a str> {
+    paths.iter().copied().filter(|path| path.starts_with("src/") && !files.iter().any(|f| f == path)).collect()
+}
+
+/// idemd's source files as the map names them, from sidecar/ (`src/store/sql/mod.rs`), sorted.
+fn idemd_sources() -> std::io::Result<Vec<String>> {
     fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) -> std::io::Result<()> {
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
@@ -285,20 +268,50 @@ fn every_idemd_source_file_is_on_the_sidecar_readme_map() -> TestResult {
     let mut files = Vec::new();
     walk(&sidecar.join("src"), &sidecar, &mut files)?;
     files.sort();
+    Ok(files)
+}
+
+/// Every source file of idemd has its own line on sidecar/README.md's map, so the map a new engineer
+/// reads first is the territory.
+#[test]
+fn every_idemd_source_file_is_on_the_sidecar_readme_map() -> TestResult {
+    let files = idemd_sources()?;
     assert!(files.len() > 40, "{files:?}");
     let readme = read("sidecar/README.md")?;
-    let map = readme.split("```").nth(1).ok_or("sidecar/README.md has no file map")?;
-    let missing = unmapped(map, &files);
+    let missing = unmapped(&map_paths(&readme)?, &files);
     assert!(missing.is_empty(), "sidecar/README.md's file map does not name {missing:?}");
     Ok(())
 }
 
+/// Everything sidecar/README.md's map names is there, once: no entry outlives its file.
 #[test]
-fn the_map_check_sees_a_file_left_off() {
-    let map = "\nsrc/api.rs   handlers\nsrc/check/   (model: what is read;\n             ttl: the rules)\n";
+fn every_file_the_sidecar_readme_map_names_exists() -> TestResult {
+    let files = idemd_sources()?;
+    let readme = read("sidecar/README.md")?;
+    let paths = map_paths(&readme)?;
+    assert!(paths.len() > 40, "{paths:?}");
+    let gone = unknown(&paths, &files);
+    assert!(gone.is_empty(), "sidecar/README.md's file map names {gone:?}: no such file under sidecar/src/");
+    // Outside src/ an entry is a directory, perhaps a pattern (`migrations/<dialect>/`): its fixed part exists.
+    let sidecar = repo_root().join("sidecar");
+    let absent: Vec<&&str> =
+        paths.iter().filter(|p| !sidecar.join(p.split('<').next().unwrap_or_default()).exists()).collect();
+    assert!(absent.is_empty(), "sidecar/README.md's file map names {absent:?}: not in sidecar/");
+    let twice: BTreeSet<&&str> = paths.iter().filter(|p| paths.iter().filter(|q| q == p).count() > 1).collect();
+    assert!(twice.is_empty(), "sidecar/README.md's file map names {twice:?} twice");
+    Ok(())
+}
+
+#[test]
+fn the_map_check_sees_a_file_left_off_and_one_that_is_gone() -> TestResult {
+    let readme = "# idemd\n\n```\nsrc/api.rs       handlers\nsrc/check/       (model: what is read;\n                 \
+                  ways: the rules)\nsrc/gone.rs      moved\nmigrations/      schema\n```\n\n```\nsrc/lib.rs\n```\n";
+    let paths = map_paths(readme)?;
+    assert_eq!(paths, ["src/api.rs", "src/check/", "src/gone.rs", "migrations/"]);
     let files: Vec<String> =
-        ["src/api.rs", "src/check/mod.rs", "src/check/model.rs", "src/check/ttl.rs", "src/check/ways.rs", "src/lib.rs"]
-            .map(String::from)
-            .to_vec();
-    assert_eq!(unmapped(map, &files), ["src/check/ways.rs", "src/lib.rs"]);
+        ["src/api.rs", "src/check/mod.rs", "src/check/ways.rs", "src/lib.rs"].map(String::from).to_vec();
+    // A directory's entry names none of its files, however its text reads.
+    assert_eq!(unmapped(&paths, &files), ["src/check/mod.rs", "src/check/ways.rs", "src/lib.rs"]);
+    assert_eq!(unknown(&paths, &files), ["src/check/", "src/gone.rs"]);
+    Ok(())
 }

@@ -10,10 +10,11 @@
 //! - `approval`: a confirm route's approval rule (DESIGN §4, "Approval");
 //! - `template`: a route's path template;
 //! - `pairs`: the bytes Envoy hands a route's metadata struct over in, which both hosts use;
-//! - `error`: the one error all of them refuse with, naming the field.
+//! - `error`: the one error a configuration is refused with, naming the field.
 //!
-//! The dependencies run one way (`tests/tests/structure.rs` finds no circle): `plugin` → `rules` →
-//! `route` → `approval`, `template`, `pairs`; each of them → `error`.
+//! The dependencies run one way (`tests/tests/structure.rs` finds no circle): `plugin` → `rules`,
+//! `route`, `error`; `rules` → `route`, `template`, `pairs`, `error`; `route` → `approval`, `template`,
+//! `pairs`, `error`; `approval` → `error`. `template`, `pairs` and `error` use none of the others.
 
 pub mod approval;
 mod error;
