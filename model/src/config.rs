@@ -39,11 +39,16 @@ pub enum Mutation {
     /// `exp` it cannot see): a person decides an approval that lapsed but was not yet swept.
     /// Checked with approval on.
     DecideAfterLapse,
+    /// A status reading that does not know the upstream's word for a refusal
+    /// (`--status-reading pay=failed=declined` where the endpoint says `"failed"`): the reconciler
+    /// reads a committed refusal as executed (`Reading::parse`, `decide`'s default "anything not
+    /// failed is done").
+    MisdeclaredReading,
 }
 
 impl Mutation {
     /// Every variant the mutation check runs.
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 8] = [
         Mutation::Store(Broken::CompleteWithoutOwnerCheck),
         Mutation::Store(Broken::ReapBeforeExp),
         Mutation::ExpiryBeforeLookup,
@@ -51,6 +56,7 @@ impl Mutation {
         Mutation::AcquiredByRedisAlone,
         Mutation::CacheNonTerminal,
         Mutation::LeaseShorterThanEnvoyWait,
+        Mutation::MisdeclaredReading,
     ];
 
     /// The mutations of approval, checked with [`Config::approval`] on.
@@ -93,6 +99,10 @@ pub struct Config {
     /// The reaper's clock-skew allowance (`world::SKEW_MS`, or idemd's own 5 s where reaping must
     /// stay past the horizon: with approval, docs/model.md "What the check found").
     pub skew_ms: i64,
+    /// How long the upstream's status endpoint answers 404 for a record it already wrote (seconds;
+    /// its index lags). The design assumes a record shows within the reconciler's grace
+    /// (`world::STATUS_LAG_S`); `IDEM_MODEL_STATUS_LAG` in the deep run.
+    pub status_lag_s: u8,
 }
 
 /// The routes of the approval scope a confirm may take.
@@ -128,6 +138,7 @@ impl Config {
             skew_ms: world::SKEW_MS,
             reconcilers: 1,
             clock_ahead_s: 0,
+            status_lag_s: world::STATUS_LAG_S,
         }
     }
 
@@ -162,6 +173,10 @@ pub mod world {
     pub const RETENTION_MS: u64 = 2_000;
     /// The reconciler's grace after a lease ended before a 404 proves "never ran".
     pub const GRACE_MS: u64 = 1_000;
+    /// The status endpoint's lag in the checks of the design (`Config::status_lag_s`): a record
+    /// shows within the grace, as the design assumes (a record younger than this is a 404).
+    pub const STATUS_LAG_S: u8 = 1;
+    const _: () = assert!(STATUS_LAG_S as u64 * 1_000 <= GRACE_MS, "the design's lag is within the grace");
     /// Failed status lookups before NEEDS_REVIEW: one, so that the bounded check (one fault)
     /// reaches NEEDS_REVIEW (a failed lookup after a complete that never arrived).
     pub const RETRY_BUDGET: u32 = 1;

@@ -370,6 +370,11 @@ impl Answer {
         self.said == Said::Reset || self.tells() == Some(Tells::Unknowing)
     }
 
+    /// A definite failure: a replayed FAILED (`already_failed`), or the upstream's own 4xx.
+    pub fn says_failed(&self) -> bool {
+        self.tells() == Some(Tells::Failed) || (self.said == Said::Upstream && (400..500).contains(&self.http))
+    }
+
     /// A result the agent may report: the upstream's own, or a replay.
     pub fn is_result(&self) -> bool {
         (self.said == Said::Upstream && self.http < 300) || self.tells() == Some(Tells::Ran)

@@ -12,7 +12,7 @@ use idem_core::protocol::{
     self, AckResponse, AcquireOutcome, AcquireRequest, ApprovalState, CompleteRequest, LeaseRenewal, OpState,
     ReleaseRequest, StoredResult,
 };
-use idemd::reconcile::decide::{Asked, Rules, StatusAnswer};
+use idemd::reconcile::decide::{Asked, Reading, Rules, StatusAnswer};
 use idemd::reconcile::settle::{settle, RowOutcome, SettleSettings};
 use idemd::reconcile::target::target;
 use idemd::store::flow::acquire::Settings;
@@ -331,8 +331,19 @@ fn ack(a: protocol::Ack) -> (u16, Vec<u8>) {
 
 /// The reconciler's flow for the row as its pass read it.
 pub fn settle_flow(cfg: &Config, read: &Record) -> Flow<RowOutcome> {
+    // The scope's `--status-reading`: the default (`/status` "failed" is FAILED), or, broken, one
+    // that calls a refusal by another word than the endpoint's.
+    let readings = if cfg.is(Mutation::MisdeclaredReading) {
+        [(crate::filter::SCOPE.to_string(), Reading::parse("failed=declined").unwrap_or_default())].into()
+    } else {
+        Default::default()
+    };
     let s = SettleSettings {
-        rules: Rules { grace_ms: world::GRACE_MS, retry_budget: world::RETRY_BUDGET, readings: Default::default() },
+        rules: Rules {
+            grace_ms: world::GRACE_MS,
+            retry_budget: world::RETRY_BUDGET,
+            readings: std::sync::Arc::new(readings),
+        },
         claim_ms: CLAIM_MS,
         actor: "reconciler:model".into(),
         store: settings(cfg),

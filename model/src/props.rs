@@ -12,6 +12,8 @@ pub const AT_MOST_ONCE: &str = "at most one execution per operation";
 pub const NOTHING_RAN_IS_TRUE: &str = "no agent is told nothing ran about an operation that executed";
 pub const TERMINAL_KEPT: &str = "a terminal record is never overwritten";
 pub const FIRST_RESULT: &str = "every result an agent gets is the first execution's";
+pub const FAILED_IS_TRUE: &str =
+    "an agent is told failed only about an operation the upstream refused and never ran, and ran only about one that ran";
 pub const SETTLES: &str = "with faults off, every state settles within the bound";
 pub const APPROVED_FIRST: &str = "nothing executes unless its approval is APPROVED";
 pub const REFUSED_NEVER_RUNS: &str = "a rejected or lapsed operation never executes";
@@ -28,6 +30,8 @@ pub const REACHES_RECONCILER_RELEASE: &str = "reached: the reconciler releases a
 pub const REACHES_REAP: &str = "reached: the reaper deletes a terminal row";
 pub const REACHES_REPLAY_CACHE_HIT: &str = "reached: a filter answers from its replay cache";
 pub const REACHES_RECORD_EXPIRED: &str = "reached: an agent is told record_expired";
+pub const REACHES_RECONCILED_FAILED: &str =
+    "reached: the reconciler decides FAILED from the status endpoint and an agent is told already_failed";
 
 pub fn properties(cfg: &Config) -> Vec<Property<World>> {
     let mut p = vec![
@@ -35,6 +39,7 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
         Property::always(NOTHING_RAN_IS_TRUE, |_, s: &State| !s.ghost.told_nothing_ran_after_it_ran),
         Property::always(TERMINAL_KEPT, |_, s: &State| !s.ghost.overwritten),
         Property::always(FIRST_RESULT, |_, s: &State| !s.ghost.told_another_result),
+        Property::always(FAILED_IS_TRUE, |_, s: &State| !s.ghost.failed_misreported),
     ];
     if !cfg.approval && cfg.reachability {
         use crate::world::reached;
@@ -48,6 +53,9 @@ pub fn properties(cfg: &Config) -> Vec<Property<World>> {
             s.ghost.reached & reached::REPLAY_CACHE_HIT != 0
         }));
         p.push(Property::sometimes(REACHES_RECORD_EXPIRED, |_, s: &State| told(s, ReplyKind::RecordGone)));
+        p.push(Property::sometimes(REACHES_RECONCILED_FAILED, |_, s: &State| {
+            s.ghost.reached & reached::RECONCILED_FAILED != 0 && told(s, ReplyKind::AlreadyFailed)
+        }));
     }
     if cfg.approval {
         p.push(Property::always(APPROVED_FIRST, |_, s: &State| !s.ghost.ran_unapproved));

@@ -18,6 +18,9 @@ pub struct Outcome {
     pub properties: Vec<&'static str>,
     /// `sometimes` properties no explored state satisfied: the paths they name were not checked.
     pub unreached: Vec<&'static str>,
+    /// The check stopped at its first counterexample to this property ([`check_until`]): the
+    /// states it did not explore were not judged.
+    pub stopped_at: Option<&'static str>,
 }
 
 impl std::fmt::Display for Outcome {
@@ -30,9 +33,14 @@ impl std::fmt::Display for Outcome {
             self.max_depth,
             self.took.as_secs_f64()
         )?;
+        if let Some(p) = self.stopped_at {
+            writeln!(f, "  (stopped at the first counterexample to \"{p}\": the rest not explored)")?;
+        }
         for p in &self.properties {
             let verdict = if self.violations.iter().any(|(v, _)| v == p) {
                 "VIOLATED"
+            } else if self.stopped_at.is_some() {
+                "unjudged"
             } else if self.unreached.contains(p) {
                 "UNREACHED"
             } else {
@@ -51,11 +59,20 @@ impl std::fmt::Display for Outcome {
 /// ([`crate::symmetry`]; stateright reduces by symmetry only depth first, and depth first keeps
 /// only a fingerprint per state where breadth first also queues whole states).
 pub fn check(cfg: Config, threads: usize) -> Result<Outcome, String> {
-    check_telling(cfg, threads, None)
+    run(cfg, threads, None, None)
 }
 
 /// [`check`], printing the counts so far to stderr every `every` (the deep run's progress).
 pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Result<Outcome, String> {
+    run(cfg, threads, every, None)
+}
+
+/// [`check`] that stops at its first counterexample to `property` (a check that expects one).
+pub fn check_until(cfg: Config, threads: usize, property: &'static str) -> Result<Outcome, String> {
+    run(cfg, threads, None, Some(property))
+}
+
+fn run(cfg: Config, threads: usize, every: Option<Duration>, until: Option<&'static str>) -> Result<Outcome, String> {
     let world = World::new(cfg)?;
     let properties: Vec<&'static str> = world.properties().iter().map(|p| p.name).collect();
     let sometimes: Vec<&'static str> = world
@@ -65,7 +82,11 @@ pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Re
         .map(|p| p.name)
         .collect();
     let started = Instant::now();
-    let checker = world.checker().threads(threads).symmetry_fn(crate::symmetry::representative).spawn_dfs();
+    let mut builder = world.checker().threads(threads).symmetry_fn(crate::symmetry::representative);
+    if let Some(p) = until {
+        builder = builder.finish_when(stateright::HasDiscoveries::AnyOf([p].into()));
+    }
+    let checker = builder.spawn_dfs();
     if let Some(every) = every {
         while !checker.is_done() {
             std::thread::sleep(every);
@@ -88,6 +109,7 @@ pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Re
         .map(|(name, path)| (name, trace(checker.model(), &path.into_vec())))
         .collect();
     violations.sort_by_key(|(n, _)| *n);
+    let stopped_at = until.filter(|p| violations.iter().any(|(v, _)| v == p));
     Ok(Outcome {
         states: checker.state_count(),
         unique: checker.unique_state_count(),
@@ -96,6 +118,7 @@ pub fn check_telling(cfg: Config, threads: usize, every: Option<Duration>) -> Re
         violations,
         properties,
         unreached,
+        stopped_at,
     })
 }
 
@@ -209,5 +232,13 @@ fn summary(s: &State) -> String {
         None => String::new(),
         Some(a) => format!("approval {:?}, ", a.state),
     };
-    format!("sql {sql}, {approval}redis {redis}, executions {}, streams {}", s.upstream.executions, s.streams.len())
+    let refused = match s.upstream.refusals {
+        0 => String::new(),
+        n => format!(" (refused {n})"),
+    };
+    format!(
+        "sql {sql}, {approval}redis {redis}, executions {}{refused}, streams {}",
+        s.upstream.executions,
+        s.streams.len()
+    )
 }

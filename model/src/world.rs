@@ -96,15 +96,38 @@ pub struct Stream {
     pub sent_key: Option<String>,
 }
 
+/// What the upstream did with a request it took in: ran it (execution `n`, money moved) or
+/// refused it (422 insufficient_funds: committed as refused, nothing moved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Ran(u8),
+    Refused,
+}
+
+/// One record of the upstream's, as its status endpoint shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UpstreamRecord {
+    pub outcome: Outcome,
+    /// Its status endpoint answers 404 for it until this model second (`Config::status_lag_s`: the
+    /// endpoint's index lags the upstream's writes); `None`: shown. Cleared by the tick that reaches
+    /// it, so that only a record still hidden carries a time.
+    pub shown_from: Option<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Upstream {
     /// Executions so far; execution `n` answers `{"id":"T-<n>"}`.
     pub executions: u8,
-    /// The execution recorded under the operation's business reference (the first).
-    pub recorded: Option<u8>,
-    /// What an upstream that honours keys ran under each `Idempotency-Key` value it was sent:
-    /// it deduplicates by the value, whatever it is.
-    pub by_key: Vec<(String, u8)>,
+    /// Refusals so far (each committed: its status endpoint reports it `failed`). Not executions:
+    /// nothing moved (docs/model.md, "What a refusal counts as").
+    pub refusals: u8,
+    /// The record under the operation's business reference: the first execution, or a refusal
+    /// while nothing under it ran.
+    pub recorded: Option<UpstreamRecord>,
+    /// What an upstream that honours keys did under each `Idempotency-Key` value it was sent: it
+    /// deduplicates by the value, whatever it is, and answers the first outcome again (a refusal
+    /// too).
+    pub by_key: Vec<(String, UpstreamRecord)>,
     /// A request Envoy gave up on (timeout, a killed Envoy) that the upstream may still run,
     /// until this model second (the upstream's worst case).
     pub late_until: Option<u64>,
@@ -113,14 +136,18 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// What its status endpoint finds: by key (an upstream that honours keys) or by business
-    /// reference (one that ignores them, `recorded`).
-    pub fn found(&self, honoured: bool, key: &str) -> Option<u8> {
-        if honoured {
-            self.by_key.iter().find(|(k, _)| k == key).map(|(_, n)| *n)
-        } else {
-            self.recorded
-        }
+    /// What the upstream did under `key` (its own deduplication: every record, shown or not).
+    fn did(&self, key: &str) -> Option<Outcome> {
+        self.by_key.iter().find(|(k, _)| k == key).map(|(_, r)| r.outcome)
+    }
+
+    /// What its status endpoint finds at `now_s`: by key (an upstream that honours keys) or by
+    /// business reference (one that ignores them, `recorded`); a record it does not show yet is
+    /// not found (404).
+    pub fn found(&self, honoured: bool, key: &str, now_s: u64) -> Option<Outcome> {
+        let record =
+            if honoured { self.by_key.iter().find(|(k, _)| k == key).map(|(_, r)| r) } else { self.recorded.as_ref() };
+        record.filter(|r| r.shown_from.is_none_or(|t| now_s >= t)).map(|r| r.outcome)
     }
 }
 
@@ -135,6 +162,11 @@ pub struct Ghost {
     pub told_nothing_ran_after_it_ran: bool,
     /// An agent was given a result other than the first execution's.
     pub told_another_result: bool,
+    /// An agent was told the operation failed (`already_failed`, or the upstream's own 4xx).
+    pub told_failed: bool,
+    /// An agent was told it failed about an operation the upstream did not refuse or that ran, or
+    /// told it ran while the upstream ran nothing; or it ran after an agent was told it failed.
+    pub failed_misreported: bool,
     /// Approval: what the operation's approval came to, once it is final (REJECTED, or LAPSED /
     /// an agent told `approval_lapsed`): every later answer must say it.
     pub verdict: Option<Ap>,
@@ -155,6 +187,8 @@ pub mod reached {
     pub const REAP: u8 = 2;
     /// A filter answered from its replay cache.
     pub const REPLAY_CACHE_HIT: u8 = 4;
+    /// The reconciler decided FAILED from the status endpoint's record.
+    pub const RECONCILED_FAILED: u8 = 8;
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -192,7 +226,8 @@ pub enum Up {
     Execute,
     /// 503, nothing ran.
     Busy,
-    /// 422: the upstream refuses the operation (nothing ran; the filter records FAILED).
+    /// 422: the upstream refuses the operation (nothing ran; the filter records FAILED). The
+    /// refusal is committed: its status endpoint reports it `failed`.
     Refuse,
     /// It runs, then the connection drops before the answer (Envoy: reset).
     CommitThenReset,
@@ -487,24 +522,27 @@ impl World {
             Action::Upstream { stream, how } => {
                 let key = s.streams[stream].sent_key.clone();
                 let ev = match how {
-                    Up::Execute => {
-                        let n = self.execute(&mut s, key.as_deref());
-                        Ev::Response { now_s: now, status: 201, details: "via_upstream", body: transfer(n) }
-                    }
+                    // Refuse: it commits a refusal. Either way an upstream that honours keys answers
+                    // what it did under the key before (a refusal again, or the first result).
+                    Up::Execute | Up::Refuse => match self.execute(&mut s, key.as_deref(), how == Up::Refuse) {
+                        Outcome::Ran(n) => {
+                            Ev::Response { now_s: now, status: 201, details: "via_upstream", body: transfer(n) }
+                        }
+                        Outcome::Refused => Ev::Response {
+                            now_s: now,
+                            status: 422,
+                            details: "via_upstream",
+                            body: br#"{"error":"insufficient_funds"}"#.to_vec(),
+                        },
+                    },
                     Up::Busy => Ev::Response {
                         now_s: now,
                         status: 503,
                         details: "via_upstream",
                         body: br#"{"error":"busy"}"#.to_vec(),
                     },
-                    Up::Refuse => Ev::Response {
-                        now_s: now,
-                        status: 422,
-                        details: "via_upstream",
-                        body: br#"{"error":"insufficient_funds"}"#.to_vec(),
-                    },
                     Up::CommitThenReset => {
-                        self.execute(&mut s, key.as_deref());
+                        self.execute(&mut s, key.as_deref(), false);
                         self.envoy_reply(now, "upstream_reset_before_response_started{connection_termination}")
                     }
                     Up::Timeout => {
@@ -524,7 +562,7 @@ impl World {
             Action::LateExecute => {
                 s.upstream.late_until = None;
                 let key = s.upstream.late_key.take();
-                self.execute(&mut s, key.as_deref());
+                self.execute(&mut s, key.as_deref(), false);
             }
             Action::Tick => {
                 // A callout still out when time passes has hit the filter's sidecar timeout (shorter
@@ -620,8 +658,6 @@ impl World {
         Some(im::step(flow, &mut c.progress, &mut s.stores, s.now_s, &self.cfg, &none))
     }
 
-    /// One call of the reconciler's pass: the status endpoint tells the truth (done with the
-    /// execution's id, or 404) unless the lookup fails.
     /// Reconciler `n`'s replica's clock (seconds): reconciler 1's runs `Config::clock_ahead_s` ahead.
     fn clock_of(&self, s: &State, n: u8) -> u64 {
         if n == 1 {
@@ -631,22 +667,31 @@ impl World {
         }
     }
 
+    /// One call of the reconciler's pass. The status endpoint answers what the upstream did
+    /// (`done` with the execution's id, `failed` for a refusal) or 404 (nothing under the key or
+    /// the reference, or a record its index does not show yet: `Config::status_lag_s`), unless
+    /// the lookup fails (a fault).
     fn reconcile(&self, s: &mut State, by: u8, pass: &mut Pass, lookup_fails: bool) {
         let upstream = s.upstream.clone();
+        let now_s = s.now_s;
         let cfg = &self.cfg;
         let honoured = cfg.upstream == crate::config::UpstreamKeys::Honoured;
         let lookup = |rec: &idemd::store::record::Record| {
-            let answer = match (lookup_fails, upstream.found(honoured, &rec.key)) {
+            // The upstream's record carries the transfer's fields, the reference's too.
+            let record = |what: String| StatusAnswer::Found {
+                content_type: Some("application/json".into()),
+                body: format!(
+                    r#"{{{what},"amount":"10.00","currency":"EUR","ref":"{}"}}"#,
+                    crate::filter::BUSINESS_REF
+                )
+                .into_bytes(),
+            };
+            let answer = match (lookup_fails, upstream.found(honoured, &rec.key, now_s)) {
                 (true, _) => StatusAnswer::Failed("timed out".into()),
-                (false, Some(n)) => StatusAnswer::Found {
-                    content_type: Some("application/json".into()),
-                    // The upstream's record carries the transfer's fields, the reference's too.
-                    body: format!(
-                        r#"{{"status":"done","id":"T-{n}","amount":"10.00","currency":"EUR","ref":"{}"}}"#,
-                        crate::filter::BUSINESS_REF
-                    )
-                    .into_bytes(),
-                },
+                (false, Some(Outcome::Ran(n))) => record(format!(r#""status":"done","id":"T-{n}""#)),
+                (false, Some(Outcome::Refused)) => {
+                    record(r#""status":"failed","error":"insufficient_funds""#.to_string())
+                }
                 (false, None) => StatusAnswer::NotFound,
             };
             im::asked(cfg, rec, answer)
@@ -664,29 +709,49 @@ impl World {
             Stepped::Answered(RowOutcome::Decided(Decision::Release, _)) => {
                 s.ghost.reached |= reached::RECONCILER_RELEASE
             }
+            Stepped::Answered(RowOutcome::Decided(Decision::Failed(_), _)) => {
+                s.ghost.reached |= reached::RECONCILED_FAILED
+            }
             Stepped::Answered(_) => {}
         }
     }
 
-    /// The upstream runs a request: execution `n`, or the recorded one when it deduplicates.
-    /// `key`: the `Idempotency-Key` it carries; an upstream that honours keys answers what it ran
-    /// under that value, and runs anything it has not seen (no key is a new request each time).
-    fn execute(&self, s: &mut State, key: Option<&str>) -> u8 {
+    /// The upstream takes a request in: it runs it (execution `n`) or, `refuse`, commits a
+    /// refusal; an upstream that honours keys answers what it did under that `Idempotency-Key`
+    /// value before, and takes in anything it has not seen (no key is a new request each time).
+    /// The record is hidden from its status endpoint for `Config::status_lag_s` seconds.
+    fn execute(&self, s: &mut State, key: Option<&str>, refuse: bool) -> Outcome {
         let up = &mut s.upstream;
         let honoured = self.cfg.upstream == crate::config::UpstreamKeys::Honoured;
         let key = key.filter(|k| honoured && !k.is_empty());
-        if let Some(n) = key.and_then(|k| up.found(true, k)) {
-            return n;
+        if let Some(done) = key.and_then(|k| up.did(k)) {
+            return done;
         }
-        up.executions += 1;
-        up.recorded = up.recorded.or(Some(up.executions));
+        let outcome = if refuse {
+            up.refusals += 1;
+            Outcome::Refused
+        } else {
+            up.executions += 1;
+            Outcome::Ran(up.executions)
+        };
+        let lag = u64::from(self.cfg.status_lag_s);
+        let record = UpstreamRecord { outcome, shown_from: (lag > 0).then_some(s.now_s + lag) };
+        // Under the reference: the first execution; a refusal only while nothing under it ran.
+        if up.recorded.is_none_or(|r| r.outcome == Outcome::Refused && !refuse) {
+            up.recorded = Some(record);
+        }
         if let Some(k) = key {
-            up.by_key.push((k.to_string(), up.executions));
+            up.by_key.push((k.to_string(), record));
         }
-        if self.cfg.approval && s.stores.approval.as_ref().is_none_or(|a| a.state != Ap::Approved) {
-            s.ghost.ran_unapproved = true;
+        if !refuse {
+            if self.cfg.approval && s.stores.approval.as_ref().is_none_or(|a| a.state != Ap::Approved) {
+                s.ghost.ran_unapproved = true;
+            }
+            if s.ghost.told_failed {
+                s.ghost.failed_misreported = true;
+            }
         }
-        s.upstream.executions
+        outcome
     }
 
     fn envoy_reply(&self, now: u64, details: &'static str) -> Ev {
@@ -721,6 +786,14 @@ impl World {
         if s.upstream.late_until.is_some_and(|t| s.now_s > t) {
             s.upstream.late_until = None;
             s.upstream.late_key = None;
+        }
+        // A record the status endpoint shows from now on no longer needs its time.
+        let now_s = s.now_s;
+        let up = &mut s.upstream;
+        for r in up.recorded.iter_mut().chain(up.by_key.iter_mut().map(|(_, r)| r)) {
+            if r.shown_from.is_some_and(|t| now_s >= t) {
+                r.shown_from = None;
+            }
         }
         s.orphans.retain(|o| s.now_s <= o.until);
         // An expired replay-cache entry is a miss to every lookup (`replay_cache::lookup`), the
@@ -843,6 +916,16 @@ impl World {
         }
         if answer.is_result() && answer.execution != Some(1) {
             s.ghost.told_another_result = true;
+        }
+        // Failed only about a refusal of an operation that never ran; ran only about one that ran.
+        if answer.says_failed() {
+            s.ghost.told_failed = true;
+            if s.upstream.refusals == 0 || s.upstream.executions > 0 {
+                s.ghost.failed_misreported = true;
+            }
+        }
+        if answer.is_result() && s.upstream.executions == 0 {
+            s.ghost.failed_misreported = true;
         }
         if self.cfg.approval && !answer.is_unknowing() {
             const REJECTED: Said = Said::Guard(ReplyKind::Rejected);

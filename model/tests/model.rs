@@ -5,7 +5,7 @@ use idem_core::reply::ReplyKind;
 use idem_model::config::{Broken, Config, Mutation, UpstreamKeys};
 use idem_model::filter::Said;
 use idem_model::props;
-use idem_model::report::check;
+use idem_model::report::{check, check_until};
 use idem_model::symmetry::{renamed, representative};
 use idem_model::world::{State, Wait, World};
 
@@ -63,13 +63,14 @@ fn the_design_holds_with_approval_and_an_upstream_that_ignores_keys() {
 }
 
 /// Each mutation, the upstream it is checked against, and the property that must refute it.
-fn refuted(m: Mutation, upstream: UpstreamKeys, property: &str) {
+fn refuted(m: Mutation, upstream: UpstreamKeys, property: &'static str) {
     refuted_in(Config::bounded(upstream), m, property);
 }
 
-fn refuted_in(cfg: Config, m: Mutation, property: &str) {
+fn refuted_in(cfg: Config, m: Mutation, property: &'static str) {
     let cfg = Config { check_settle: false, ..cfg }.mutated(m);
-    let outcome = check(cfg, threads()).expect("model");
+    // Stopped at the first counterexample to the property that must refute it: what the test asks.
+    let outcome = check_until(cfg, threads(), property).expect("model");
     println!("{m:?}: {outcome}");
     let found = outcome.violations.iter().find(|(p, _)| *p == property);
     assert!(found.is_some(), "{m:?} was not refuted by \"{property}\": {outcome}");
@@ -111,6 +112,32 @@ fn caching_a_non_terminal_answer_is_refuted() {
 #[test]
 fn a_lease_shorter_than_envoys_wait_is_refuted() {
     refuted(Mutation::LeaseShorterThanEnvoyWait, UpstreamKeys::Honoured, props::NOTHING_RAN_IS_TRUE);
+}
+
+/// A `--status-reading` that calls a refusal by another word than the status endpoint's
+/// (`failed=declined` where the endpoint says `"failed"`): the reconciler reads a committed refusal
+/// as executed and writes DONE, and an agent is told `already_completed` about a payment that
+/// never moved money.
+#[test]
+fn a_status_reading_that_misses_the_refusal_is_refuted() {
+    refuted(Mutation::MisdeclaredReading, UpstreamKeys::Honoured, props::FAILED_IS_TRUE);
+}
+
+/// The design assumes the status endpoint shows a record within the reconciler's grace
+/// (`Config::status_lag_s`, 1 s in the checks above). An endpoint whose index lags longer answers
+/// 404 for a request that ran after Envoy gave up on it; past the grace the reconciler releases
+/// the row, and a retry after `exp` is told `fingerprint_expired` about an operation that
+/// executed. The model's lease outlasts the upstream's last act by two seconds, so a lag of 3 s
+/// still holds in this world (docs/model.md, "A status endpoint that lags"); 4 s is refuted.
+#[test]
+fn a_status_endpoint_lagging_past_the_grace_is_refuted() {
+    let cfg =
+        Config { status_lag_s: 4, check_settle: false, reachability: false, ..Config::bounded(UpstreamKeys::Honoured) };
+    // The whole check (about as fast as stopping at the counterexample): the lie is all that breaks.
+    let outcome = check(cfg, threads()).expect("model");
+    println!("{outcome}");
+    let violated: Vec<&str> = outcome.violations.iter().map(|(p, _)| *p).collect();
+    assert_eq!(violated, [props::NOTHING_RAN_IS_TRUE], "{outcome}");
 }
 
 /// Without the insert's `NOT EXISTS` over `idem_approval`, a retry on the scope's route that lacks

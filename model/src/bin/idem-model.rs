@@ -2,7 +2,8 @@
 //! than `make test`'s (`IDEM_MODEL_FAULTS`, `IDEM_MODEL_CONFIRMS`, `IDEM_MODEL_POLLS`,
 //! `IDEM_MODEL_HORIZON`), printing the figures docs/model.md quotes. `IDEM_MODEL_APPROVAL=1`: the
 //! confirm route asks a person first; `IDEM_MODEL_ROUTES=ruled|any`: which routes of its scope a
-//! confirm may take (`config::Routes`); `IDEM_MODEL_RECONCILERS=2`: two idemd replicas reconcile.
+//! confirm may take (`config::Routes`); `IDEM_MODEL_RECONCILERS=2`: two idemd replicas reconcile;
+//! `IDEM_MODEL_STATUS_LAG`: seconds the upstream's status endpoint answers 404 for a record it wrote.
 
 #![forbid(unsafe_code)]
 
@@ -24,6 +25,7 @@ fn main() -> std::process::ExitCode {
             horizon_s: env("IDEM_MODEL_HORIZON", 8),
             approval: env("IDEM_MODEL_APPROVAL", 0) == 1,
             reconcilers: env("IDEM_MODEL_RECONCILERS", 1).max(1),
+            status_lag_s: env("IDEM_MODEL_STATUS_LAG", idem_model::config::world::STATUS_LAG_S),
             routes: match std::env::var("IDEM_MODEL_ROUTES").as_deref() {
                 Ok("ruled") => Routes::Ruled,
                 Ok("any") => Routes::Any,

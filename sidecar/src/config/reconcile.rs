@@ -47,7 +47,9 @@ pub struct StatusArgs {
 
     /// A 404 from the status endpoint proves "never executed" only once the
     /// lease ended at least this long ago: it covers a request still sitting
-    /// in the upstream's queue.
+    /// in the upstream's queue, and must be no shorter than the time the
+    /// status endpoint takes to show a record the upstream wrote (its index
+    /// lag; docs/model.md, "A status endpoint that lags").
     #[arg(long, env = "IDEM_RECONCILE_GRACE_MS", default_value_t = 30_000)]
     pub reconcile_grace_ms: u64,
 }
