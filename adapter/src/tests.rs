@@ -591,8 +591,8 @@ fn route_rules_guard_routes_without_metadata_and_metadata_wins() -> TestResult {
     let size = s.host().request_body.len();
     s.on_request_body(size, true);
     assert_eq!(s.host().last_reply_json()["status"], "fingerprint_missing");
-    // Other methods on the guarded path are refused, nothing forwarded (issue 35, hole 9: a PUT reached an
-    // upstream that serves any method); other paths pass, and a path no rule has is told from the path alone
+    // Other methods on the guarded path are refused, nothing forwarded (unguarded, a PUT would reach
+    // an upstream that serves any method); other paths pass, and a path no rule has is told from the path alone
     // (one header read).
     for method in ["GET", "PUT", "PATCH", "DELETE"] {
         let (action, s) = start(method, "/v1/transfers", false);

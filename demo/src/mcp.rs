@@ -247,8 +247,8 @@ fn tool_result(value: Value) -> CallToolResult {
 
 /// A refusal: `isError: true` and the REST error body as the text block, without `structuredContent`.
 /// The body does not conform to the tool's `outputSchema`, and the official TypeScript SDK validates an
-/// error's `structuredContent` against it too (its issue #1943): a client on it would get an exception
-/// instead of the refusal. (The Python SDK validates results that are not errors only.)
+/// error's `structuredContent` against it too (modelcontextprotocol/typescript-sdk#1943): a client on it
+/// would get an exception instead of the refusal. (The Python SDK validates results that are not errors only.)
 fn tool_error(value: Value) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(value.to_string())])
 }

@@ -185,7 +185,7 @@ async fn security_event(State(store): State<Arc<Store>>, body: Bytes) -> Answer 
     }
     let report: SecurityEventReport = parse(&body)?;
     check_event(&report)?;
-    // The client's `x-request-id`, as the filter passed it on: never a reason to refuse (issue 35).
+    // The client's `x-request-id`, as the filter passed it on: never a reason to refuse.
     let trace_id = safe_trace_id(&report.trace_id);
     tracing::warn!(
         kind = report.kind.as_str(),

@@ -572,8 +572,8 @@ fn a_retried_confirm_needs_the_attempt_count_and_an_upstream_that_honours_keys()
     Ok(())
 }
 
-// Hole 8 (issue 35): every way to a guarded upstream path that does not pass the guard. Each configuration below
-// is a committed one changed the way the issue found it live (tests/tests/check_live.rs runs them in Envoy).
+// Every way to a guarded upstream path that does not pass the guard. Each configuration below is a committed
+// one changed the way it was found live (tests/tests/check_live.rs runs them in Envoy).
 
 fn doc(text: &str) -> Result<Doc, Box<dyn std::error::Error>> {
     Doc::parse(text)
@@ -919,7 +919,7 @@ fn a_route_rule_guards_its_path_for_every_method_but_the_safe_ones_it_lets_pass(
     )?;
     let run = check_text(dir.path(), "istio-rewrite.yaml", &rewritten)?;
     assert_refused(&run, "catch-all-to-guarded-cluster", "istio-rewrite.yaml: listener virtualInbound");
-    // A rule guards its path for every method (issue 35, hole 9): a POST-only rule refuses the other methods,
+    // A rule guards its path for every method: a POST-only rule refuses the other methods,
     // so a route that lets every method through to that rule's path is accepted; so is a rule that lets a GET
     // list endpoint pass beside its POST-only confirm; one that lets a mutating method pass is refused.
     let gateway = committed("gateway-like.yaml")?;

@@ -1,4 +1,4 @@
-//! The truth never goes back in time (DESIGN §4; issue 37): a replicated Postgres fails over under a
+//! The truth never goes back in time (DESIGN §4): a replicated Postgres fails over under a
 //! running idemd, in the worst window (the acquire committed on the primary, the standby not caught up).
 //!
 //! Real parts only: a private primary and a streaming standby made with `pg_basebackup -R`
@@ -338,7 +338,7 @@ fn unseen_async_standby_refuses_keyless_acquires_and_serves_honoured_keys() {
     assert_eq!(now["outcome"], "ACQUIRED", "{now}");
 }
 
-/// The operator accepted the risk: what issue 37 measured without idemd knowing, now chosen and flagged.
+/// The operator accepted the risk: what an async standby costs when idemd does not know, now chosen and flagged.
 /// An acquire for an upstream that ignores keys is lost by the failover, and the retry gets a new owner: a
 /// second execution.
 #[test]

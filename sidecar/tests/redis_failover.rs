@@ -1,4 +1,4 @@
-//! Redis goes back in time (DESIGN §4; issue 37): a replica that stopped receiving writes is promoted
+//! Redis goes back in time (DESIGN §4): a replica that stopped receiving writes is promoted
 //! (`REPLICAOF NO ONE`) after its primary is killed, and the one address idemd uses moves to it, as Sentinel
 //! and a Service do. The promoted replica lacks the newest gate, and still holds IN_FLIGHT copies of operations
 //! SQL has since completed or released. None of it costs a second execution or a wrong answer: SQL decides.

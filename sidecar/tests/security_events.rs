@@ -207,7 +207,7 @@ async fn strangers_get_401_and_bad_bodies_400_and_nothing_is_written() {
     assert_eq!(events_of(&store, &scope).await.len(), 1);
 }
 
-/// Issue 35: a security event whose trace id (the client's `x-request-id`, passed on by the filter)
+/// A security event whose trace id (the client's `x-request-id`, passed on by the filter)
 /// holds a space, a non-ASCII character, a line break or more than the column takes was refused
 /// whole (400), so a forgery sent with such an id left no audit line and no count. Each is now
 /// written and counted, its trace id made safe in the audit (percent-encoded, cut at a whole

@@ -1,4 +1,4 @@
-//! `idemd check` on the ext_proc host (issue 40): every committed Envoy configuration the e2e suite runs on the
+//! `idemd check` on the ext_proc host: every committed Envoy configuration the e2e suite runs on the
 //! ext_proc host (`IDEM_E2E_HOST=extproc`: its `.wasm` filter converted to Envoy's ext_proc filter by
 //! tests/src/ext_proc.rs, in both body modes) gets the verdict its `.wasm` original gets, checked with the plugin
 //! configuration idemd's ext_proc host runs (`--ext-proc-config`, the file `idemd serve --ext-proc-config`

@@ -1,4 +1,4 @@
-//! The short run of the generated configurations `make test` does (issue 35): a fixed seed, a few dozen Envoy
+//! The short run of the generated configurations `make test` does: a fixed seed, a few dozen Envoy
 //! configurations derived from the committed ones by mutation; `idemd check` refuses some, and every one it
 //! accepts runs in a real Envoy with idemd and the demo and is probed for a way around the guard and a second
 //! execution. `make soak` runs the same thing long (`config-soak`, `CONFIGS=`). Writes target/soak/configs.md.

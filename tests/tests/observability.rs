@@ -1,4 +1,4 @@
-//! Day-one operations (issue 23): the shipped alert rules, dashboard and runbook
+//! Day-one operations: the shipped alert rules, dashboard and runbook
 //! (deploy/observability/, docs/operations.md), tested twice.
 //!
 //! - promtool: `promtool check rules` and the unit tests in alerts.test.yaml, and
@@ -93,7 +93,7 @@ fn every_alert_has_its_runbook_entry_and_a_firing_and_a_quiet_unit_test() -> Tes
     let tests = yaml(&observability("alerts.test.yaml"))?;
     let cases: Vec<Yaml> = seq(&tests, "tests").iter().flat_map(|t| seq(t, "alert_rule_test")).collect();
     let rules = alert_rules()?;
-    assert!(rules.len() >= 11, "the alerts issue 23 lists: {}", rules.len());
+    assert!(rules.len() >= 11, "the day-one alerts: {}", rules.len());
     for rule in &rules {
         let name = text(rule, &["alert"]);
         assert!(matches!(text(rule, &["labels", "severity"]), "warning" | "critical"), "{name}: severity");
@@ -116,7 +116,7 @@ fn every_alert_has_its_runbook_entry_and_a_firing_and_a_quiet_unit_test() -> Tes
     Ok(())
 }
 
-/// The dashboard's panels: the ones issue 23 lists, each with queries on the Prometheus datasource variable.
+/// The dashboard's panels: the day-one ones, each with queries on the Prometheus datasource variable.
 #[test]
 fn the_dashboard_has_the_panels_an_operator_needs() -> TestResult {
     let dash: Value = serde_json::from_str(&std::fs::read_to_string(observability("dashboard.json"))?)?;

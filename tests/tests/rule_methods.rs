@@ -1,4 +1,4 @@
-//! A guarded path is guarded for every method (DESIGN §6, issue 35 hole 9), under route rules
+//! A guarded path is guarded for every method (DESIGN §6), under route rules
 //! (envoy/istio-like.yaml's shape, both builds): with `match.method: POST` on the confirm, a PUT,
 //! PATCH or DELETE on the same path is refused (400 `path_not_canonical`), and nothing reaches the
 //! upstream; a method the rule lists in `pass_methods` passes unguarded. The mesh's catch-all

@@ -1,4 +1,4 @@
-//! The fingerprint the agent sees is the gateway's only (DESIGN §6, issue 35 hole 5), on both
+//! The fingerprint the agent sees is the gateway's only (DESIGN §6), on both
 //! builds: an upstream whose preview answer writes a top-level `fingerprint` of its own (in any
 //! case, or JSON-escaped as `\u0066ingerprint`) never hands its value to the agent, whether the
 //! answer streams (the first one on a worker) or is held (every one after, on that route). A

@@ -1,4 +1,4 @@
-//! The layout shows the architecture (issue 21): within each crate, the top-level modules depend on
+//! The layout shows the architecture: within each crate, the top-level modules depend on
 //! one another in one direction. A module that reaches `crate::x` while `x` reaches back is an import
 //! circle; this finds every one (the mutually reachable modules over the `crate::` references outside
 //! comments and test modules) and fails on any not listed below as known, so no new circle creeps in

@@ -243,7 +243,7 @@ impl StreamSplice {
         let last = end_of_stream || self.seen.saturating_add(chunk.len() as u64) >= self.total;
         self.seen = self.seen.saturating_add(chunk.len() as u64);
         if self.keys.found && !was_named && self.collected.is_none() && !self.blanking {
-            // The upstream writes the fingerprint itself (issue 35, hole 5): nothing of its value
+            // The upstream writes the fingerprint itself: nothing of its value
             // may reach the agent. All of the answer still in hand: collect it and rewrite it
             // whole; some already went on: blank the rest.
             if self.passed {
@@ -516,7 +516,7 @@ mod tests {
         }
     }
 
-    /// Issue 35, hole 5: the upstream writes the fingerprint itself, at the top level, in any case
+    /// The upstream writes the fingerprint itself, at the top level, in any case
     /// or escaping. In one chunk (nothing gone yet): rewritten, the gateway's field in its place,
     /// at the announced length. After part of it went: the rest is spaces, its value never sent.
     #[test]

@@ -1046,9 +1046,9 @@ fn touches_body(step: &Step) -> bool {
     step.effects.iter().any(|e| matches!(e, Effect::Rewrite(_) | Effect::ReplaceResponseBody(_)))
 }
 
-/// Issue 35, hole 2: a quote header that is past, unreadable, not text or missing, read with the
+/// A quote header that is past, unreadable, not text or missing, read with the
 /// answer's head. The answer is held and replaced once whole (`quote_unusable`), never from the
-/// headers callback; an answer with no body is answered locally. Hole 3: two copies of the header
+/// headers callback; an answer with no body is answered locally. Two copies of the header
 /// (+600 s and +2 s) are refused, never one picked, in either order.
 #[test]
 fn an_unusable_or_repeated_quote_header_holds_the_answer_and_replaces_it_whole() -> TestResult {
@@ -1131,7 +1131,7 @@ fn the_answer_head_picks_no_copy_of_a_header_the_guard_reads() {
     assert_eq!(retry_after_ms(&twice[..1]), Some(7000));
 }
 
-/// Issue 35: a header value that is not UTF-8. One the guard reads (the subject, the fingerprint,
+/// A header value that is not UTF-8. One the guard reads (the subject, the fingerprint,
 /// a client's key, the MCP headers) is a 400 before anything is read or forwarded; one it does
 /// not read (the request id, the trace context) decides nothing and is as if absent.
 #[test]
@@ -1744,7 +1744,7 @@ fn mcp_tools_list_declares_the_replay_property_in_confirm_schemas() -> TestResul
 
 /// A replay's last content block is the envelope as an embedded JSON resource: a framework
 /// that hands the model `structuredContent` only while every block is text maps the content
-/// once one is not, so the model reads that this call ran nothing (issue 38: pydantic-ai).
+/// once one is not, so the model reads that this call ran nothing (pydantic-ai is one).
 fn assert_replay_resource(result: &Value, status: &str) -> TestResult {
     let content = result["content"].as_array().ok_or("no content")?;
     let last = content.last().ok_or("empty content")?;

@@ -628,7 +628,7 @@ mod tests {
         // The method, in another case or from an override header, is read leniently too.
         assert_eq!(r.lenient_match(&["post"], "h", "/v1/transfers").as_deref(), Some("/v1/transfers"));
         assert!(r.lenient_match(&["GET", "POST"], "h", "/v1/transfers").is_some());
-        // Another method on the guarded path is refused as well, unless the rule lets it pass (hole 9).
+        // Another method on the guarded path is refused as well, unless the rule lets it pass.
         assert!(r.lenient_match(&["GET"], "h", "/v1/transfers").is_some());
         let passing = rules(json!([{"name": "confirm", "match": {"method": "POST", "path": "/v1/transfers"},
             "pass_methods": ["GET"], "role": "confirm", "upstream_keys": "honoured", "scope": "pay", "bind": "/amount", "lease_ms": 60000}]))?;
@@ -643,7 +643,7 @@ mod tests {
         Ok(())
     }
 
-    /// Issue 35, hole 9: a rule's path is guarded for every method. Its own method runs the role;
+    /// A rule's path is guarded for every method. Its own method runs the role;
     /// `pass_methods` pass unguarded; every other method is refused (`method_refused` says why).
     #[test]
     fn a_guarded_path_is_guarded_for_every_method_but_those_the_rule_lets_pass() -> Result<(), Error> {

@@ -2,7 +2,7 @@
 //! (`adapter/src/stream.rs`): the upstream's header map as bytes (`ResponseHead::from_headers`,
 //! names and values the fuzzer's, repeats and bytes that are not UTF-8 included), then its body in
 //! chunks, into a preview (plain, a quote expiry in a header, a quote expiry in the body), a
-//! forwarded confirm and a status lookup (issue 35: nothing an upstream sends may panic the filter).
+//! forwarded confirm and a status lookup (nothing an upstream sends may panic the filter: DESIGN §6).
 //!
 //! Input: `[role, flags, header count, (name len, name, value len, value)*, body…]`.
 //!

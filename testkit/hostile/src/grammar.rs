@@ -81,8 +81,8 @@ impl Spelling {
 pub enum NamedValue {
     /// Something that is no fingerprint at all.
     Garbage,
-    /// A fingerprint the upstream saw in an earlier request (another operation's, most likely): the echo of
-    /// issue 35's hole 5. Garbage when it has seen none yet.
+    /// A fingerprint the upstream saw in an earlier request (another operation's, most likely): the echo of an
+    /// upstream that writes the fingerprint itself (DESIGN §6). Garbage when it has seen none yet.
     Stale,
 }
 

@@ -1,4 +1,4 @@
-//! `config-soak [--count N] [--seed N] [--probes N]`: the long run of the generated configurations (issue 35):
+//! `config-soak [--count N] [--seed N] [--probes N]`: the long run of the generated configurations:
 //! N Envoy configurations derived from the committed ones by mutation, each checked by `idemd check`, each one it
 //! accepts run in a real Envoy with idemd and the demo and probed. Writes target/soak/configs.md; exit 1 when an
 //! accepted configuration let a probe around the guard or ran a confirm twice. `make soak CONFIGS=500` runs it.
