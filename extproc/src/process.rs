@@ -38,6 +38,11 @@ impl Counters {
         }
     }
 
+    /// Every counter and its value.
+    pub fn values(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
+        Counter::ALL.iter().copied().zip(self.values.iter().map(|v| v.load(Ordering::Relaxed)))
+    }
+
     /// `name: value` lines, as Envoy's `/stats` shows the filters' counters (the same names).
     pub fn text(&self) -> String {
         Counter::ALL

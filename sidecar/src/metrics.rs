@@ -46,6 +46,13 @@ struct EventLabels {
     event: &'static str,
 }
 
+/// A filter counter of the ext_proc host, by its name on the filter hosts' Envoy
+/// (`idem.rejected.params_changed` is `rejected_params_changed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FilterEventLabels {
+    event: String,
+}
+
 pub const RECONCILE_DECISIONS: [&str; 6] = ["done", "failed", "released", "needs_review", "retry", "skipped_grace"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,6 +138,9 @@ pub struct Metrics {
     sql_sync_standbys: Gauge,
     replication_refused: Family<ModeLabels, Counter>,
     async_risk_accepted: Gauge,
+    /// The ext_proc host's filter counters, copied from its own (`idem_extproc::Counters`) at each scrape.
+    filter_events: Family<FilterEventLabels, Counter>,
+    ext_proc: std::sync::OnceLock<std::sync::Arc<idem_extproc::Counters>>,
 }
 
 impl Default for Metrics {
@@ -170,6 +180,7 @@ impl Metrics {
         let sql_sync_standbys = Gauge::default();
         let replication_refused = Family::<ModeLabels, Counter>::default();
         let async_risk_accepted = Gauge::default();
+        let filter_events = Family::<FilterEventLabels, Counter>::default();
 
         // Counters get their `_total` suffix from the OpenMetrics encoder.
         registry.register("idem_acquire", "Acquire answers by outcome and key mode", acquire.clone());
@@ -301,6 +312,13 @@ impl Metrics {
              upstreams that ignore keys too, and a failover may run such an operation twice",
             async_risk_accepted.clone(),
         );
+        registry.register(
+            "idem_ext_proc_filter_events",
+            "What the ext_proc host's filter did (idemd serve --ext-proc), by event: the counters the .wasm and the \
+             native module keep in Envoy's stats (idem.<event>), under one name; alerts.yaml's idem:filter_events_total \
+             adds them to the filters'",
+            filter_events.clone(),
+        );
         for event in APPROVAL_EVENTS {
             drop(approvals.get_or_create(&EventLabels { event }));
         }
@@ -340,7 +358,14 @@ impl Metrics {
             sql_sync_standbys,
             replication_refused,
             async_risk_accepted,
+            filter_events,
+            ext_proc: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The ext_proc host's counters, exported from now on as `idem_ext_proc_filter_events_total`.
+    pub fn ext_proc_counters(&self, counters: std::sync::Arc<idem_extproc::Counters>) {
+        let _ = self.ext_proc.set(counters);
     }
 
     /// The replication state just read: `current` at 1, every other mode of `modes` at 0 (so each series
@@ -464,6 +489,14 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
+        if let Some(counters) = self.ext_proc.get() {
+            // Both only grow: add what the host counted since the last scrape.
+            for (counter, value) in counters.values() {
+                let event = counter.name().trim_start_matches("idem.").replace('.', "_");
+                let series = self.filter_events.get_or_create(&FilterEventLabels { event });
+                series.inc_by(value.saturating_sub(series.get()));
+            }
+        }
         let mut out = String::new();
         // Writing into a String cannot fail; an empty answer is still valid.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

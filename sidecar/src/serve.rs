@@ -172,9 +172,10 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         let _ = tcp.set_nodelay(true);
     });
+    let metrics = Arc::clone(store.metrics());
     let api = crate::api::router_with(store, tokens, approvers, Some(lookups));
     let api = match &args.ext_proc.ext_proc {
-        Some(addr) => start_ext_proc(*addr, &args.ext_proc, api).await?,
+        Some(addr) => start_ext_proc(*addr, &args.ext_proc, api, &metrics).await?,
         None => api,
     };
     axum::serve(listener, api)
@@ -183,11 +184,13 @@ pub async fn run(args: ServeArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("server: {e}")))
 }
 
-/// Bind and start the ext_proc host; the API gains its counters (`/ext-proc/stats`).
+/// Bind and start the ext_proc host; the API gains its counters (`/ext-proc/stats`, and `/metrics`'s
+/// `idem_ext_proc_filter_events_total`).
 async fn start_ext_proc(
     addr: std::net::SocketAddr,
     args: &crate::config::ExtProcArgs,
     api: axum::Router,
+    metrics: &Metrics,
 ) -> Result<axum::Router, Failure> {
     let path = args
         .ext_proc_config
@@ -198,6 +201,7 @@ async fn start_ext_proc(
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {addr} (ext_proc): {e}")))?;
     let counters = Arc::new(idem_extproc::Counters::default());
+    metrics.ext_proc_counters(Arc::clone(&counters));
     let server = idem_extproc::start(
         listener,
         api.clone(),

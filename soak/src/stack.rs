@@ -209,6 +209,16 @@ impl SoakStack {
             }
             .for_ports(&ports)
         });
+        let (config, edits) = envoy_edits(sidecar_ports[1], hostile_port, &access_log);
+        if idem_e2e::FilterHost::current()?.is_ext_proc() {
+            // Both replicas are the filter (the ext_proc host), with the soak's own plugin configuration.
+            let text = idem_e2e::envoy_text(config, &ports, &edits)?;
+            let plugin =
+                idem_e2e::ext_proc::plugin_config_of(&text).ok_or("the soak's config has no plugin configuration")?;
+            for port in sidecar_ports {
+                idem_e2e::ext_proc::prepare(port, &plugin, dir.path())?;
+            }
+        }
         let a = start_idemd(&sidecar_opts[0], 0, sidecar_ports[0], dir.path()).await?;
         let b = start_idemd(&sidecar_opts[1], 1, sidecar_ports[1], dir.path()).await?;
         let mut stack = SoakStack {
@@ -412,6 +422,17 @@ fn spawn_envoy(
     access_log: &std::path::Path,
     dir: &std::path::Path,
 ) -> Result<Proc, BoxError> {
+    let (config, edits) = envoy_edits(second_sidecar, hostile, access_log);
+    start_envoy_workers(config, ports, &edits, dir, 2)
+}
+
+/// The config under envoy/ the soak runs and its edits: the second idemd's port, and in the hostile
+/// world the hostile upstream's port and the access log's path.
+fn envoy_edits(
+    second_sidecar: u16,
+    hostile: Option<u16>,
+    access_log: &std::path::Path,
+) -> (&'static str, Vec<(String, String)>) {
     let mut edits = vec![(SECOND_SIDECAR_PLACEHOLDER.to_owned(), format!("port_value: {second_sidecar}"))];
     let config = match hostile {
         Some(port) => {
@@ -421,7 +442,7 @@ fn spawn_envoy(
         }
         None => ENVOY_CONFIG,
     };
-    start_envoy_workers(config, ports, &edits, dir, 2)
+    (config, edits)
 }
 
 async fn start_idemd(opts: &SidecarOpts, i: usize, port: u16, dir: &std::path::Path) -> Result<Proc, BoxError> {

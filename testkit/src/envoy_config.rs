@@ -12,6 +12,8 @@ pub type Error = Box<dyn std::error::Error>;
 
 /// The agent filter's namespace: `root_id` of the `.wasm`, `filter_name` of the native module.
 pub const AGENT: &str = "agent_idempotency";
+/// The `@type` of Envoy's ext_proc filter (the agent filter on the ext_proc host).
+pub const EXT_PROC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor";
 
 /// A parsed Envoy configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,14 +99,18 @@ impl Doc {
             .ok_or_else(|| format!("no route named {name}").into())
     }
 
-    /// The agent filter's index in the manager's `http_filters`, and its name there.
+    /// The agent filter's index in the manager's `http_filters`, and its name there (the `.wasm`, the native
+    /// module, or the ext_proc filter in front of idemd's ext_proc host).
     pub fn agent_filter(&self, manager: &str) -> Option<(usize, String)> {
         let filters = self.0.pointer(&format!("{manager}/http_filters")).and_then(Value::as_array)?;
         filters.iter().enumerate().find_map(|(i, f)| {
             let typed = f.get("typed_config")?;
             let wasm = typed.pointer("/config/root_id").and_then(Value::as_str) == Some(AGENT);
             let native = typed.get("filter_name").and_then(Value::as_str) == Some(AGENT);
-            (wasm || native).then(|| (i, f.get("name").and_then(Value::as_str).unwrap_or_default().to_string()))
+            // The ext_proc host: Envoy's own ext_proc filter sends every stream to idemd, which is the filter.
+            let ext_proc = typed.get("@type").and_then(Value::as_str) == Some(EXT_PROC_TYPE);
+            (wasm || native || ext_proc)
+                .then(|| (i, f.get("name").and_then(Value::as_str).unwrap_or_default().to_string()))
         })
     }
 

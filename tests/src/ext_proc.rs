@@ -34,6 +34,11 @@ fn registry() -> std::sync::MutexGuard<'static, Vec<Registered>> {
     REGISTERED.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The plugin configuration the idemd on `sidecar_port` was started with, if it runs the host.
+pub fn runs(sidecar_port: u16) -> Option<String> {
+    registry().iter().find(|r| r.sidecar == sidecar_port).map(|r| r.config.clone())
+}
+
 /// The plugin configuration (JSON text) of the first proxy-wasm filter in an Envoy config.
 pub fn plugin_config_of(yaml: &str) -> Option<String> {
     let lines: Vec<&str> = yaml.lines().collect();
@@ -87,23 +92,31 @@ pub fn sidecar_args(port: u16, dir: &Path) -> Result<Vec<String>, BoxError> {
     ])
 }
 
-/// The port of the endpoint of the cluster the plugin configuration calls idemd on
-/// (`sidecar_cluster`) in a rendered config.
-fn sidecar_port(yaml: &str) -> Option<u16> {
-    let config: serde_json::Value = serde_json::from_str(&plugin_config_of(yaml)?).ok()?;
-    let cluster = config.get("sidecar_cluster")?.as_str()?;
+/// The ports of the endpoints of the cluster the plugin configuration calls idemd on
+/// (`sidecar_cluster`) in a rendered config: one idemd, or several replicas (the soak's two).
+fn sidecar_ports(yaml: &str) -> Vec<u16> {
+    let Some(config) = plugin_config_of(yaml).and_then(|c| serde_json::from_str::<serde_json::Value>(&c).ok()) else {
+        return Vec::new();
+    };
+    let Some(cluster) = config.get("sidecar_cluster").and_then(|c| c.as_str()) else { return Vec::new() };
     let lines: Vec<&str> = yaml.lines().collect();
-    let start = lines.iter().position(|l| {
+    let Some(start) = lines.iter().position(|l| {
         let l = l.trim_start();
         l == format!("- name: {cluster}")
             || l == format!("- name: \"{cluster}\"")
             || l == format!("- name: '{cluster}'")
-    })?;
-    lines[start..].iter().find_map(|l| {
-        let (_, rest) = l.split_once("port_value:")?;
-        let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().ok()
-    })
+    }) else {
+        return Vec::new();
+    };
+    let end = block_end(&lines, start);
+    lines[start..end]
+        .iter()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("port_value:")?;
+            let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
 }
 
 /// Rewrite every proxy-wasm filter into Envoy's `ext_proc` filter (BUFFERED both ways, trailers
@@ -124,23 +137,76 @@ pub fn to_ext_proc(yaml: &str) -> Result<String, BoxError> {
 
 /// [`to_ext_proc`] with another body mode for both directions (`FULL_DUPLEX_STREAMED`, …).
 pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
-    let sidecar = sidecar_port(yaml).ok_or("no cluster named by the plugin's sidecar_cluster to find idemd by")?;
-    let config = plugin_config_of(yaml).ok_or("a wasm filter without an inline `configuration.value`")?;
-    let ext_proc = {
-        let reg = registry();
-        match reg.iter().find(|r| r.sidecar == sidecar) {
-            Some(r) if r.config.trim() != config.trim() => {
-                return Err(format!(
-                    "the ext_proc host on idemd :{sidecar} runs another plugin configuration than this Envoy \
-                     config's; start its idemd with this one (ext_proc::prepare)"
-                )
-                .into())
-            }
-            Some(r) => r.ext_proc,
-            // No idemd of this stack (`--mode validate`): any port.
-            None => 9191,
+    Ok(with_processor_failure_envelope(&ext_proc_filters(yaml, body_mode)?))
+}
+
+/// The §7 `status_unavailable` envelope for the ext_proc filter's own failure replies (idemd unreachable, its stream broken
+/// or timed out: no response flag, code details `ext_proc_error_…`), first among the mappers of
+/// every `local_reply_config`, as envoy/ext-proc.yaml has it (`idemd check`'s local-reply rule).
+fn with_processor_failure_envelope(yaml: &str) -> String {
+    let mut out = Vec::new();
+    let mut after_local_reply = false;
+    for line in yaml.lines() {
+        out.push(line.to_string());
+        let trimmed = line.trim_start();
+        if after_local_reply && trimmed == "mappers:" {
+            let pad = " ".repeat(line.len() - trimmed.len());
+            out.extend(
+                [
+                    "- filter:",
+                    "    extension_filter:",
+                    "      name: envoy.access_loggers.extension_filters.cel",
+                    "      typed_config:",
+                    "        \"@type\": type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+                    "        expression: \"response.code_details.startsWith('ext_proc_error')\"",
+                    "  status_code: 503",
+                    "  body_format_override:",
+                    "    json_format:",
+                    "      status: status_unavailable",
+                    "      meaning: \"The gateway could not check this call, because a service it needs is temporarily unavailable. The operation may or may not have been executed, by this call or by an earlier one with this fingerprint.\"",
+                    "      instruction: \"Do not tell the user it was not done and do not start a new preview. Wait 2 seconds, then call this tool again with exactly the same arguments and the same fingerprint: that is safe, it cannot execute twice, and it reports the outcome once the gateway can check it.\"",
+                    "      retryable: true",
+                    "      poll_after_ms: 2000",
+                    "      trace_id: \"%REQ(X-REQUEST-ID)%\"",
+                ]
+                .map(|l| format!("{pad}{l}")),
+            );
         }
-    };
+        if !trimmed.is_empty() {
+            after_local_reply = trimmed == "local_reply_config:";
+        }
+    }
+    out.join("\n") + "\n"
+}
+
+fn ext_proc_filters(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
+    let sidecars = sidecar_ports(yaml);
+    if sidecars.is_empty() {
+        return Err("no cluster named by the plugin's sidecar_cluster to find idemd by".into());
+    }
+    let config = plugin_config_of(yaml).ok_or("a wasm filter without an inline `configuration.value`")?;
+    // Every idemd the filter would call serves the ext_proc host: Envoy's cluster to it has each one.
+    let mut ext_procs = Vec::new();
+    {
+        let reg = registry();
+        for sidecar in &sidecars {
+            match reg.iter().find(|r| r.sidecar == *sidecar) {
+                Some(r) if r.config.trim() != config.trim() => {
+                    return Err(format!(
+                        "the ext_proc host on idemd :{sidecar} runs another plugin configuration than this Envoy \
+                         config's; start its idemd with this one (ext_proc::prepare)"
+                    )
+                    .into())
+                }
+                Some(r) => ext_procs.push(r.ext_proc),
+                None => {}
+            }
+        }
+    }
+    // No idemd of this stack (`--mode validate`): any port.
+    if ext_procs.is_empty() {
+        ext_procs.push(9191);
+    }
     replace_wasm_filters(
         yaml,
         EXT_PROC_FILTER,
@@ -160,10 +226,14 @@ pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError>
                         format!("{pad}    cluster_name: {EXT_PROC_CLUSTER}"),
                         format!("{pad}    endpoints:"),
                         format!("{pad}    - lb_endpoints:"),
-                        format!(
-                            "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ext_proc} }} }} }}"
-                        ),
                 ]
+                .into_iter()
+                .chain(ext_procs.iter().map(|port| {
+                    format!(
+                        "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"
+                    )
+                }))
+                .collect()
             })
         },
         |pad, _block| {
@@ -209,6 +279,11 @@ mod tests {
             assert!(converted.contains("failure_mode_allow: false"), "{config}");
             assert!(converted.contains(&format!("- name: {EXT_PROC_CLUSTER}")), "{config}");
             assert!(!converted.contains("\"sidecar_cluster\""), "{config}: the plugin configuration is idemd's");
+            assert_eq!(
+                converted.matches("startsWith('ext_proc_error')").count(),
+                text.matches("local_reply_config:").count(),
+                "{config}: the processor's failure answered with the envelope"
+            );
         }
         Ok(())
     }

@@ -194,9 +194,12 @@ impl Stack {
         if FilterHost::current()?.is_ext_proc() {
             // idemd runs the host: it takes the plugin configuration this stack's Envoy config carries.
             let text = envoy_text(opts.envoy_config, &ports, &opts.envoy_edits)?;
-            let config =
-                ext_proc::plugin_config_of(&text).ok_or("the stack's Envoy config has no plugin configuration")?;
-            ext_proc::prepare(ports.sidecar, &config, dir.path())?;
+            // A config that loads the native module itself (envoy/native.yaml) runs as it is, on any host.
+            if !text.contains("DynamicModuleFilter") {
+                let config =
+                    ext_proc::plugin_config_of(&text).ok_or("the stack's Envoy config has no plugin configuration")?;
+                ext_proc::prepare(ports.sidecar, &config, dir.path())?;
+            }
         }
         let mut sidecar = start_sidecar(&opts.sidecar.for_ports(&ports), ports.sidecar, dir.path())?;
         wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
@@ -204,6 +207,24 @@ impl Stack {
         wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         Ok(Stack { dir, ports, opts, demo, sidecar, envoy, http })
+    }
+
+    /// What this stack runs: its Envoy config (`name`, as written into its directory) and, on the
+    /// ext_proc host, the plugin configuration idemd runs the host with (which Envoy's config no
+    /// longer carries: its filter is Envoy's own `ext_proc`).
+    pub fn ran(&self, name: &str) -> Result<String, BoxError> {
+        let mut text = std::fs::read_to_string(self.dir.path().join(name))?;
+        if FilterHost::current()?.is_ext_proc() {
+            text.push('\n');
+            text.push_str(&std::fs::read_to_string(ext_proc::config_file(self.ports.sidecar, self.dir.path()))?);
+        }
+        Ok(text)
+    }
+
+    /// The log the filter writes its lines to: Envoy's, or idemd's on the ext_proc host (idemd is
+    /// the filter there).
+    pub fn filter_log(&self) -> Result<String, BoxError> {
+        Ok(if FilterHost::current()?.is_ext_proc() { self.sidecar.log_text() } else { self.envoy.log_text() })
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -651,6 +672,18 @@ pub fn wasm_only(why: &str) -> Result<bool, BoxError> {
         eprintln!("*** not applicable to the {:?} host: {why}", FilterHost::current()?);
     }
     Ok(other)
+}
+
+/// True (and says so) when the stack runs the ext_proc host and the calling test is about something
+/// only a filter inside Envoy does (goes on while idemd is gone, keeps Envoy's replay cache, writes
+/// Envoy's log): there idemd is the filter, and what an agent gets when it is gone is the connection
+/// manager's envelope for a processor's failure (`confirm.rs`, `trust.rs`, `reconcile.rs` check it).
+pub fn in_envoy_only(why: &str) -> Result<bool, BoxError> {
+    let ext_proc = FilterHost::current()?.is_ext_proc();
+    if ext_proc {
+        eprintln!("*** not applicable to the ExtProc host: {why}");
+    }
+    Ok(ext_proc)
 }
 
 /// Run `envoy --mode validate` on a config under envoy/ (with the real .wasm path; with

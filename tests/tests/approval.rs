@@ -393,7 +393,7 @@ async fn a_route_rule_asks_a_person_and_the_approved_confirm_executes_once() -> 
         }
     })?;
     let stack = Stack::start(opts).await?;
-    let ran = std::fs::read_to_string(stack.dir.path().join("envoy-istio-like.yaml"))?;
+    let ran = stack.ran("envoy-istio-like.yaml")?;
     assert!(ran.contains("\"routes\":[") && ran.contains("\"approval\":{"), "the rules carry the approval rule");
     assert_eq!(ran.contains("DynamicModuleFilter"), FilterHost::current()?.is_native(), "the build under test runs");
 

@@ -421,7 +421,13 @@ async fn many_or_huge_headers_are_refused_or_guarded() -> TestResult {
     ]
     .concat();
     let x = wire::exchange(stack.ports.listener, &[head, b.clone()].concat(), false, Duration::from_secs(10)).await?;
-    assert_eq!(x.answer.as_ref().map(|a| a.status), Some(431), "{x:?}");
+    if FilterHost::current()?.is_ext_proc() {
+        // Envoy sends its own 431 through the filters' answer path, and the ext_proc filter opens a stream to
+        // idemd for it; the codec error closes the connection first: no answer, and nothing went upstream.
+        assert!(x.answer.as_ref().is_none_or(|a| a.status == 431), "{x:?}");
+    } else {
+        assert_eq!(x.answer.as_ref().map(|a| a.status), Some(431), "{x:?}");
+    }
     let mut req = H2Request::post("/v1/transfers").header("x-agent-subject", SUBJECT).header("agent-fingerprint", &fp);
     for i in 0..150 {
         req = req.header(&format!("x-junk-{i}"), &i.to_string());
@@ -430,8 +436,13 @@ async fn many_or_huge_headers_are_refused_or_guarded() -> TestResult {
         assert!(r.answer.status >= 400, "150 headers over HTTP/2: {}", show(&r.answer));
     }
     let huge = "v".repeat(70 * 1024);
-    let a = send(&stack, "POST", "/v1/transfers", &[("agent-fingerprint", &fp), ("x-huge", &huge)], b).await?;
-    assert_eq!(a.status, 431, "{}", show(&a));
+    let huge_headers = [("agent-fingerprint", fp.as_str()), ("x-huge", huge.as_str())];
+    match send(&stack, "POST", "/v1/transfers", &huge_headers, b).await {
+        Ok(a) => assert_eq!(a.status, 431, "{}", show(&a)),
+        // The same as above: on the ext_proc host the connection closes before Envoy's 431 is written.
+        Err(e) if FilterHost::current()?.is_ext_proc() => eprintln!("70 KiB header, no answer: {e}"),
+        Err(e) => return Err(e),
+    }
     seen(&stack).await?.assert_same(before, "requests over the header limits");
 
     let many: Vec<(String, String)> = (0..80).map(|i| (format!("x-junk-{i}"), i.to_string())).collect();

@@ -1,4 +1,4 @@
-//! Issue 35, hole 8, live: the configurations `idemd check` accepted that skip the guard or run a confirm
+//! Live: the configurations `idemd check` once accepted that skip the guard or run a confirm
 //! twice, each run in a real Envoy (both builds: `IDEM_E2E_HOST=native` runs the native module) with idemd and
 //! the demo, the bypass or double execution shown by the demo's ledger and Envoy's access log, and the check's
 //! verdict on the very file Envoy ran: refused, by the rule named for that way. The generated configurations'
@@ -67,8 +67,8 @@ async fn ran(rig: &Rig, key: &str) -> Result<u64, BoxError> {
 
 #[tokio::test]
 async fn an_unannotated_route_to_the_confirm_in_another_virtual_host_runs_it_unguarded_and_is_refused() -> TestResult {
-    let rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
-    let mut doc = configs::base(&rig, "e2e.yaml")?;
+    let mut rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
+    let mut doc = configs::base(&mut rig, "e2e.yaml").await?;
     // What envoy/e2e.yaml had: `other.example` sent /v1/transfers straight to the demo.
     let other = doc
         .routes()
@@ -90,8 +90,8 @@ async fn an_unannotated_route_to_the_confirm_in_another_virtual_host_runs_it_ung
 
 #[tokio::test]
 async fn a_rewrite_onto_the_confirm_path_runs_it_unguarded_and_is_refused() -> TestResult {
-    let rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
-    let mut doc = configs::base(&rig, "e2e.yaml")?;
+    let mut rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
+    let mut doc = configs::base(&mut rig, "e2e.yaml").await?;
     // What envoy/e2e.yaml had: /plain/v1/transfers, prefix_rewrite /v1/transfers; and the same by regex_rewrite.
     let plain = route(&doc, "/plain/v1/transfers")?;
     doc.object_mut(&format!("{plain}/route"))?.insert("prefix_rewrite".into(), json!("/v1/transfers"));
@@ -132,8 +132,8 @@ async fn a_rewrite_onto_the_confirm_path_runs_it_unguarded_and_is_refused() -> T
 
 #[tokio::test]
 async fn a_second_listener_without_the_filter_runs_confirms_unguarded_and_is_refused() -> TestResult {
-    let rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
-    let mut doc = configs::base(&rig, "e2e.yaml")?;
+    let mut rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
+    let mut doc = configs::base(&mut rig, "e2e.yaml").await?;
     // The same routes on another port, without the agent filter (port 0: Envoy picks it).
     let copy = doc.copy_listener(0, "side_door", 0, true)?;
     doc.add_listener(copy)?;
@@ -160,8 +160,8 @@ async fn a_second_listener_without_the_filter_runs_confirms_unguarded_and_is_ref
 /// and accepted the file; the filter's settings and annotations were all still there to read.
 #[tokio::test]
 async fn a_filter_disabled_on_its_entry_and_enabled_nowhere_runs_confirms_unguarded_and_is_refused() -> TestResult {
-    let rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
-    let mut doc = configs::base(&rig, "e2e.yaml")?;
+    let mut rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
+    let mut doc = configs::base(&mut rig, "e2e.yaml").await?;
     let manager = doc.managers().into_iter().next().ok_or("no connection manager")?;
     let (index, _) = doc.agent_filter(&manager).ok_or("no agent filter")?;
     doc.object_mut(&format!("{manager}/http_filters/{index}"))?.insert("disabled".into(), json!(true));
@@ -177,8 +177,8 @@ async fn a_filter_disabled_on_its_entry_and_enabled_nowhere_runs_confirms_unguar
 #[tokio::test]
 async fn a_mirrored_confirm_whose_upstream_ignores_keys_runs_twice_and_is_refused() -> TestResult {
     // The demo as an upstream without key support: every confirm that arrives executes.
-    let rig = Rig::start(DemoOpts { no_keys: true, ..Default::default() }).await?;
-    let mut doc = configs::base(&rig, "e2e.yaml")?;
+    let mut rig = Rig::start(DemoOpts { no_keys: true, ..Default::default() }).await?;
+    let mut doc = configs::base(&mut rig, "e2e.yaml").await?;
     let confirm = doc.route_named("nokey_confirm")?;
     doc.object_mut(&format!("{confirm}/route"))?
         .insert("request_mirror_policies".into(), json!([{ "cluster": "demo" }]));

@@ -1,4 +1,4 @@
-//! The documentation stays true where a machine can tell (issue 21): every relative link in the
+//! The documentation stays true where a machine can tell: every relative link in the
 //! Markdown pages points at a file that exists and, for `#anchor` links into a page, at one of its
 //! headings; and the reference pages name every reply status, problem type, filter counter,
 //! `idemd serve` option and make target the code has, each in the page where that reference lives.
@@ -313,5 +313,62 @@ fn the_map_check_sees_a_file_left_off_and_one_that_is_gone() -> TestResult {
     // A directory's entry names none of its files, however its text reads.
     assert_eq!(unmapped(&paths, &files), ["src/check/mod.rs", "src/check/ways.rs", "src/lib.rs"]);
     assert_eq!(unknown(&paths, &files), ["src/check/", "src/gone.rs"]);
+    Ok(())
+}
+
+/// The pages that describe the design as built: the pages above and every `*/README.md`. Not CHANGELOG.md,
+/// which keeps the history.
+fn design_pages() -> Result<Vec<PathBuf>, std::io::Error> {
+    let root = repo_root();
+    let mut found: BTreeSet<PathBuf> = pages()?.into_iter().collect();
+    for entry in std::fs::read_dir(&root)? {
+        let readme = entry?.path().join("README.md");
+        if readme.is_file() {
+            found.insert(readme);
+        }
+    }
+    found.remove(&root.join("CHANGELOG.md"));
+    Ok(found.into_iter().collect())
+}
+
+/// A page's pointers into the project's history, each with its line: an issue, a stop or an issue's hole by
+/// number ("issue 35", "Issue #20's", "stop 32", "hole 9"), even across a line break.
+fn history_citations(text: &str) -> Vec<String> {
+    let words: Vec<(usize, &str)> =
+        text.lines().enumerate().flat_map(|(i, line)| line.split_whitespace().map(move |w| (i + 1, w))).collect();
+    words
+        .windows(2)
+        .filter(|pair| {
+            let word = pair[0].1.trim_start_matches(|c: char| !c.is_alphanumeric()).to_lowercase();
+            let number = pair[1].1.trim_start_matches('#');
+            matches!(word.as_str(), "issue" | "issues" | "stop" | "stops" | "hole" | "holes")
+                && number.starts_with(|c: char| c.is_ascii_digit())
+        })
+        .map(|pair| format!("{}: {} {}", pair[0].0, pair[0].1, pair[1].1))
+        .collect()
+}
+
+/// The docs state the design as built; which issue or stop found what, and when, is CHANGELOG.md's.
+#[test]
+fn no_page_cites_an_issue_or_a_stop() -> TestResult {
+    let mut found = Vec::new();
+    for page in design_pages()? {
+        let name = page.strip_prefix(repo_root()).unwrap_or(&page).display().to_string();
+        let text = std::fs::read_to_string(&page)?;
+        found.extend(history_citations(&text).into_iter().map(|citation| format!("{name}:{citation}")));
+    }
+    assert!(found.is_empty(), "history belongs in CHANGELOG.md, not the docs:\n{}", found.join("\n"));
+    assert!(read("README.md")?.contains("(CHANGELOG.md)"), "README.md does not link CHANGELOG.md");
+    Ok(())
+}
+
+#[test]
+fn the_citation_check_sees_issues_stops_and_holes() -> TestResult {
+    let text = "Fixed (issue 35, hole 9).\nIssue #20's incident; until stop\n32. Not: envoy#22028, seed 11's #47, \
+                the issues, stop. `make soak` stops.";
+    assert_eq!(history_citations(text), ["1: (issue 35,", "1: hole 9).", "2: Issue #20's", "2: stop 32."]);
+    let pages = design_pages()?;
+    assert!(pages.contains(&repo_root().join("sidecar/README.md")), "{pages:?}");
+    assert!(!pages.iter().any(|p| p.ends_with("CHANGELOG.md")), "{pages:?}");
     Ok(())
 }

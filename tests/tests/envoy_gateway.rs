@@ -54,6 +54,9 @@ fn gateway_opts(extra: Vec<(String, String)>) -> Result<StackOpts, BoxError> {
 
 #[tokio::test]
 async fn preview_confirm_replay_and_tamper_the_envoy_gateway_way() -> TestResult {
+    if in_envoy_only("Envoy Gateway's translation of the extProc policy was not run here (docs/deploy.md); the .wasm and native policies are this test's, on their hosts")? {
+        return Ok(());
+    }
     set_secret_env();
     let stack = Stack::start(gateway_opts(Vec::new())?).await?;
     // A client's own x-verified-sub is overwritten by jwt_authn: it never names the subject.

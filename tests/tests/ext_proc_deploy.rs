@@ -91,13 +91,18 @@ fn deploy_docs(rel: &str) -> Result<Vec<Value>, BoxError> {
 
 /// The ext_proc filter deploy/istio/ext-proc/envoyfilter.yaml inserts, as written.
 fn istio_ext_proc_filter() -> Result<Value, BoxError> {
+    istio_ext_proc_patch("HTTP_FILTER")
+}
+
+/// The value of the EnvoyFilter's patch that applies to `applies_to`.
+fn istio_ext_proc_patch(applies_to: &str) -> Result<Value, BoxError> {
     let docs = deploy_docs("istio/ext-proc/envoyfilter.yaml")?;
     let patches = docs.first().and_then(|d| d.pointer("/spec/configPatches")).and_then(Value::as_array);
     let patch = patches
         .into_iter()
         .flatten()
-        .find(|p| p["applyTo"] == "HTTP_FILTER")
-        .ok_or("no HTTP_FILTER patch in deploy/istio/ext-proc/envoyfilter.yaml")?;
+        .find(|p| p["applyTo"] == applies_to)
+        .ok_or_else(|| format!("no {applies_to} patch in deploy/istio/ext-proc/envoyfilter.yaml"))?;
     Ok(patch["patch"]["value"].clone())
 }
 
@@ -128,7 +133,21 @@ fn istio_ext_proc_edits(port: u16) -> Result<Vec<(String, String)>, BoxError> {
          cluster_name: \"{cluster}\"\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{ address: {{ \
          socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}\n"
     );
-    Ok(vec![(wasm, ext_proc), ("  clusters:\n".into(), h2_cluster)])
+    // The connection manager's local replies as the EnvoyFilter's MERGE patch sets them (istiod's own manager has
+    // none): Envoy's ext_proc failures are answered by them.
+    let manager = istio_ext_proc_patch("NETWORK_FILTER")?;
+    let local_reply = manager
+        .pointer("/typed_config/local_reply_config")
+        .ok_or("the EnvoyFilter's NETWORK_FILTER patch sets no local_reply_config")?;
+    let indent = "          ";
+    let from =
+        text.find(&format!("{indent}local_reply_config:\n")).ok_or("no local_reply_config in istio-like.yaml")?;
+    let block_end = text[from + indent.len()..]
+        .find(&format!("\n{indent}normalize_path:"))
+        .ok_or("istio-like.yaml's local_reply_config is not followed by normalize_path")?;
+    let block = &text[from..from + indent.len() + block_end + 1];
+    let merged = format!("{indent}local_reply_config: {}\n", serde_json::to_string(local_reply)?);
+    Ok(vec![(wasm, ext_proc), ("  clusters:\n".into(), h2_cluster), (block.to_owned(), merged)])
 }
 
 /// The ConfigMap's config.json of deploy/istio/ext-proc, written to `dir`.

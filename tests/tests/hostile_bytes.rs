@@ -1,4 +1,4 @@
-//! Nothing an upstream or a client sends may panic the filter (DESIGN §6, issue 35 holes 2 and 3),
+//! Nothing an upstream or a client sends may panic the filter (DESIGN §6),
 //! on both builds (`IDEM_E2E_HOST=native` for the module), in real Envoy with one worker: a panic
 //! of the `.wasm` would leave that worker's VM dead, and the request after it is the witness.
 //!
@@ -54,7 +54,7 @@ async fn an_unusable_quote_header_is_quote_unusable_and_the_worker_lives() -> Te
     Ok(())
 }
 
-/// Hole 3: `+600` beside `+2`, in either order: no fingerprint, so nothing can be confirmed after
+/// Two quote headers, `+600` beside `+2`, in either order: no fingerprint, so nothing can be confirmed after
 /// the 2-second quote expired.
 #[tokio::test]
 async fn a_repeated_quote_header_is_refused_never_one_picked() -> TestResult {
@@ -207,6 +207,9 @@ fn every_committed_configuration_answers_a_cut_answer_with_the_envelope() -> Tes
 /// stream on it, guarded or not, gets the §7 refusal, and nothing reaches the upstream.
 #[tokio::test]
 async fn a_stream_without_a_usable_filter_is_refused_and_nothing_reaches_the_upstream() -> TestResult {
+    if in_envoy_only("the fault is in the filter's VM or module inside Envoy; idemd's host refuses to start on a configuration it cannot use")? {
+        return Ok(());
+    }
     let mut opts = sqlite_only(false);
     if FilterHost::current()?.is_native() {
         // Envoy inherits this process's environment (each test runs in a process of its own).

@@ -1,4 +1,4 @@
-//! The standing attack suite, part 5: hostile clients (issue 35), in a real Envoy on both builds
+//! The standing attack suite, part 5: hostile clients, in a real Envoy on both builds
 //! (`IDEM_E2E_HOST=native` for the native module). Odd but possible clients on every surface — REST
 //! preview/confirm, MCP `tools/call` quote/execute, client keys (`Idempotency-Key` routes), approval,
 //! status lookups — and for each what the agent hears (the DESIGN §7 envelope, a 4xx for bad input)
@@ -12,7 +12,7 @@
 //!
 //! * **odd request ids** (a space, non-ASCII UTF-8, a would-be log field, 4 KiB, empty; a non-UTF-8
 //!   byte): a forged fingerprint under each is still audited and counted by idemd, its id made safe
-//!   (percent-encoded, cut at 128) in the audit and in idemd's log line (issue 35 hole 6), on a
+//!   (percent-encoded, cut at 128) in the audit and in idemd's log line, on a
 //!   confirm, a status lookup and an MCP execute; on every surface such an id changes no answer and
 //!   no execution; and (open) a burst of forgeries leaves every one in the audit, and the filter's
 //!   own warning line carries no field a client wrote;
@@ -182,7 +182,7 @@ async fn approve(stack: &Stack, key: &str) -> TestResult {
     Ok(())
 }
 
-// ---------------------------------------------------------------- odd request ids: security events (hole 6)
+// ---------------------------------------------------------------- odd request ids: security events
 
 /// `idemd ops events --json` of this stack (its own SQLite), once `want` are there (at most `within`).
 async fn events(stack: &Stack, want: usize, within: Duration) -> Result<Vec<Value>, BoxError> {
@@ -200,7 +200,7 @@ async fn events(stack: &Stack, want: usize, within: Duration) -> Result<Vec<Valu
     }
 }
 
-/// Issue 35, hole 6: a forged fingerprint sent with an `x-request-id` holding a space, non-ASCII
+/// A forged fingerprint sent with an `x-request-id` holding a space, non-ASCII
 /// characters, a would-be log field, or 4 KiB (on a confirm; and on a status lookup and an MCP
 /// execute): each refusal is reported, and idemd records every one (an audit line, a count) with the
 /// id made safe — percent-encoded, cut at 128 — in the audit and in its log line. It once refused the whole report (the id was not "printable ASCII without
@@ -311,7 +311,7 @@ async fn the_filters_warning_line_carries_no_field_a_client_wrote() -> TestResul
         "fingerprint_invalid",
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let log = stack.envoy.log_text();
+    let log = stack.filter_log()?;
     let lines: Vec<&str> =
         log.lines().filter(|l| l.contains("agent_idempotency security_event=bad_signature")).collect();
     assert_eq!(lines.len(), 1, "one warning line:\n{log}");

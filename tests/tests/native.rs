@@ -1,7 +1,7 @@
 //! What only the native module has: its own committed config (`envoy/native.yaml`)
 //! with per-route configuration beside route metadata, checked when Envoy loads it.
 //! These tests run the native module whatever `IDEM_E2E_HOST` says; the rest of
-//! the suite runs on both hosts (`make test` runs it twice).
+//! the suite runs on every host (`make test` runs it on the `.wasm`, the module and the ext_proc host).
 
 use idem_e2e::*;
 use serde_json::json;

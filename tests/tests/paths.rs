@@ -387,7 +387,7 @@ fn rules_shape() -> Result<Option<StackOpts>, BoxError> {
 async fn rules_stack() -> Result<Option<Stack>, BoxError> {
     let Some(opts) = rules_shape()? else { return Ok(None) };
     let stack = Stack::start(opts).await?;
-    let ran = std::fs::read_to_string(stack.dir.path().join("envoy-istio-like.yaml"))?;
+    let ran = stack.ran("envoy-istio-like.yaml")?;
     assert_eq!(ran.contains("DynamicModuleFilter"), FilterHost::current()?.is_native(), "the build under test runs");
     assert!(ran.contains("normalize_path: true") && ran.contains("\"routes\":["), "the committed manager and rules");
     Ok(Some(stack))

@@ -28,6 +28,9 @@ const BEFORE_RELEASE: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn a_preview_answer_streams_through_with_the_fingerprint_spliced() -> TestResult {
+    if in_envoy_only("Envoy's ext_proc filter holds a BUFFERED answer whole (the fingerprint is spliced, not streamed); FULL_DUPLEX_STREAMED streams it without content-length")? {
+        return Ok(());
+    }
     let stack = streaming_stack().await?;
     let minted_before = stack.stat("wasmcustom.idem.minted").await?;
     let req = stack

@@ -55,10 +55,26 @@ fn in_trace<'a>(spans: &'a [ReceivedSpan], trace_id: &str, service: &str) -> Vec
     spans.iter().filter(|s| s.trace_id == trace_id && s.service == service).collect()
 }
 
-/// Envoy's one span of the agent's call: a child of the agent's span.
+/// The span Envoy's ext_proc filter makes of its gRPC stream to idemd (the ext_proc host).
+const EXT_PROC_CALL: &str = "async envoy.service.ext_proc.v3.ExternalProcessor.Process egress";
+
+/// Envoy's one span of the agent's call: a child of the agent's span. On the ext_proc host Envoy also
+/// traces its gRPC stream to idemd, as a child of that span.
 fn envoy_span<'a>(spans: &'a [ReceivedSpan], agent: &AgentSpan) -> &'a ReceivedSpan {
-    let envoy = in_trace(spans, &agent.trace_id, ENVOY_SERVICE);
+    let all = in_trace(spans, &agent.trace_id, ENVOY_SERVICE);
+    let (calls, envoy): (Vec<&ReceivedSpan>, Vec<&ReceivedSpan>) =
+        all.into_iter().partition(|s| s.name == EXT_PROC_CALL);
     assert_eq!(envoy.len(), 1, "one Envoy span in the call's trace: {spans:#?}");
+    let ext_proc = FilterHost::current().is_ok_and(|h| h.is_ext_proc());
+    assert_eq!(
+        !calls.is_empty(),
+        ext_proc,
+        "Envoy's gRPC streams to idemd are traced on the ext_proc host only: {calls:#?}"
+    );
+    assert!(
+        calls.iter().all(|c| c.parent == envoy[0].span_id),
+        "each stream to idemd is a child of Envoy's span: {calls:#?}"
+    );
     assert_eq!(envoy[0].parent, agent.span_id, "Envoy's span is a child of the agent's: {:?}", envoy[0]);
     envoy[0]
 }
@@ -226,14 +242,19 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd(sql: Sql
     let m = stack.idemd_metrics().await?;
     assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "DONE")]).unwrap_or(0.0), 0.0, "{m}");
 
-    // A new Envoy has an empty cache: the replay is idemd's, in the replay's trace.
-    stack.restart_envoy().await?;
+    // A new Envoy has an empty cache: the replay is idemd's, in the replay's trace. On the ext_proc host the
+    // cache is in idemd's host (idemd is the filter): a new idemd has an empty one.
+    if FilterHost::current()?.is_ext_proc() {
+        stack.restart_sidecar().await?;
+    } else {
+        stack.restart_envoy().await?;
+    }
     let through = AgentSpan::new(3);
     let tp = through.traceparent();
     let again =
         stack.post("/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("traceparent", &tp)]).await?;
     again.assert_prompt("already_completed");
-    assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 0, "the new Envoy's cache was empty");
+    assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 0, "the new cache was empty");
     let spans = receiver
         .wait_for(WITHIN, "Envoy's span and idemd's acquire of the replay", |s| {
             !in_trace(s, &through.trace_id, ENVOY_SERVICE).is_empty()

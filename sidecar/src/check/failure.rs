@@ -5,7 +5,13 @@
 //!   upstream then cuts or resets goes out as Envoy's own local reply, straight to the client and
 //!   past every filter. The connection manager must map those replies (response flags UR, UC, UPE,
 //!   UT) to the §7 `in_progress` envelope, or the agent reads text/plain about an operation that may
-//!   have run, and runs it again.
+//!   have run, and runs it again. On the ext_proc host, Envoy's ext_proc filter answers for idemd
+//!   when idemd cannot be reached, breaks the stream or times out (500 or 504, no response flag, the
+//!   code details `ext_proc_error_…`), at any point of the stream: before the request went on, or
+//!   after the upstream ran it. Those replies must be mapped to the §7 `status_unavailable` envelope
+//!   ("could not check; it may or may not have run"; a mapper with the CEL filter
+//!   `response.code_details.startsWith('ext_proc_error')`): not `in_progress`, which would tell an
+//!   agent the operation is under way when nothing may hold it.
 //! * `wasm-reload`: a `.wasm` VM that traps fails its stream; `failure_policy: FAIL_RELOAD` gives
 //!   the next request a fresh VM. FAIL_CLOSED (the default) answers 503 to every request of that
 //!   worker until a restart; FAIL_OPEN (or `fail_open: true`) passes requests unguarded. The native
@@ -18,8 +24,12 @@ use serde_json::Value;
 /// The response flags of Envoy's own reply to an answer cut after its headers.
 const CUT_FLAGS: [&str; 4] = ["UR", "UC", "UPE", "UT"];
 
-/// Why the connection manager `hcm` does not answer a cut answer with the envelope (`None`: it does).
-pub fn local_reply_gap(hcm: &Value) -> Option<String> {
+/// The code details of every reply Envoy's ext_proc filter makes when its processor fails.
+const EXT_PROC_ERROR: &str = "ext_proc_error";
+
+/// Why the connection manager `hcm` does not answer a cut answer with the envelope (`None`: it does);
+/// `ext_proc`: its agent filter is Envoy's ext_proc filter, whose own failure replies count as cuts.
+pub fn local_reply_gap(hcm: &Value, ext_proc: bool) -> Option<String> {
     let Some(config) = hcm.get("local_reply_config") else {
         return Some("no `local_reply_config`".into());
     };
@@ -34,15 +44,34 @@ pub fn local_reply_gap(hcm: &Value) -> Option<String> {
     // Envoy applies the first mapper whose filter matches: a cut must reach an envelope mapper first.
     let first = |flag: &str| mappers.iter().find(|m| flags(m).contains(&flag) || m.get("filter").is_none());
     let missing: Vec<&str> = CUT_FLAGS.iter().copied().filter(|f| !first(f).is_some_and(|m| envelope(&m))).collect();
-    if missing.is_empty() {
-        return None;
+    if !missing.is_empty() {
+        return Some(format!(
+            "`local_reply_config` answers Envoy's own replies with response flags {} otherwise than with the §7 \
+             `in_progress` envelope (a mapper with `response_flag_filter: {{ flags: [UR, UC, UPE, UT] }}` and \
+             `body_format_override.json_format.status: in_progress`)",
+            missing.join(", ")
+        ));
     }
-    Some(format!(
-        "`local_reply_config` answers Envoy's own replies with response flags {} otherwise than with the §7 \
-         `in_progress` envelope (a mapper with `response_flag_filter: {{ flags: [UR, UC, UPE, UT] }}` and \
-         `body_format_override.json_format.status: in_progress`)",
-        missing.join(", ")
-    ))
+    // The ext_proc filter's own replies carry no flag: only a CEL filter over the code details finds them.
+    let cel = |m: &Value| {
+        let expression = m.pointer("/filter/extension_filter/typed_config/expression").and_then(Value::as_str);
+        expression.is_some_and(|e| e.contains(EXT_PROC_ERROR))
+    };
+    let unavailable = |m: &&Value| {
+        m.pointer("/body_format_override/json_format/status").and_then(Value::as_str) == Some("status_unavailable")
+    };
+    let first_error = mappers.iter().find(|m| cel(m) || m.get("filter").is_none());
+    if ext_proc && !first_error.is_some_and(|m| unavailable(&m)) {
+        return Some(
+            "`local_reply_config` answers the ext_proc filter's own replies (idemd unreachable, its stream broken or \
+             timed out: code details `ext_proc_error_…`, no response flag) otherwise than with the §7 \
+             `status_unavailable` envelope (a mapper whose `extension_filter` is the CEL filter \
+             `response.code_details.startsWith('ext_proc_error')`, with `status_code: 503` and \
+             `body_format_override.json_format.status: status_unavailable`)"
+                .into(),
+        );
+    }
+    None
 }
 
 /// What the agent filter's entry `entry` does when its VM fails: `None` for the native module (no
@@ -112,6 +141,44 @@ mod tests {
 
         fixture.hcm = hcm(&mapped("UR, UC, UPE, UT", "in_progress"));
         assert!(findings(&fixture, &flags(), "local-reply").is_empty());
+    }
+
+    /// Behind the ext_proc filter, its own failure replies (no flag, `ext_proc_error_…`) need the
+    /// envelope too; a configuration of the other hosts does not.
+    #[test]
+    fn an_ext_proc_manager_without_the_envelope_for_the_processors_failure_is_refused() {
+        let flagged = serde_json::json!({"mappers": [{
+            "filter": {"response_flag_filter": {"flags": ["UR", "UC", "UPE", "UT"]}},
+            "body_format_override": {"json_format": {"status": "in_progress"}}
+        }]});
+        let cel = |status: &str, expression: &str| {
+            serde_json::json!({
+                "filter": {"extension_filter": {
+                    "name": "envoy.access_loggers.extension_filters.cel",
+                    "typed_config": {"expression": expression}
+                }},
+                "status_code": 503,
+                "body_format_override": {"json_format": {"status": status}}
+            })
+        };
+        let with = |extra: Option<serde_json::Value>| {
+            let mut config = flagged.clone();
+            if let (Some(m), Some(list)) = (extra, config["mappers"].as_array_mut()) {
+                list.insert(0, m);
+            }
+            serde_json::json!({ "local_reply_config": config })
+        };
+        assert_eq!(super::local_reply_gap(&with(None), false), None, "the filters' hosts need no more");
+        let gap = super::local_reply_gap(&with(None), true);
+        assert!(gap.as_deref().is_some_and(|g| g.contains("ext_proc_error")), "{gap:?}");
+        let expression = "response.code_details.startsWith('ext_proc_error')";
+        let wrong = super::local_reply_gap(&with(Some(cel("not_executed", expression))), true);
+        assert!(wrong.is_some(), "a processor's failure is never `not_executed`");
+        let pending = super::local_reply_gap(&with(Some(cel("in_progress", expression))), true);
+        assert!(pending.is_some(), "nor `in_progress`: nothing may hold the operation");
+        let other = super::local_reply_gap(&with(Some(cel("status_unavailable", "response.code == 500"))), true);
+        assert!(other.is_some(), "a mapper that does not name the processor's failure");
+        assert_eq!(super::local_reply_gap(&with(Some(cel("status_unavailable", expression))), true), None);
     }
 
     #[test]

@@ -262,7 +262,7 @@ impl EnvoyConfig {
             normalize_path: hcm.get("normalize_path").and_then(Value::as_bool),
             merge_slashes: hcm.get("merge_slashes").and_then(Value::as_bool),
             escaped_slashes: hcm.get("path_with_escaped_slashes_action").and_then(Value::as_str).map(str::to_string),
-            local_reply_gap: failure::local_reply_gap(hcm),
+            local_reply_gap: failure::local_reply_gap(hcm, filter.as_ref().is_some_and(|f| f.ext_proc.is_some())),
             filter,
             routes,
             routes_unread,

@@ -1,4 +1,4 @@
-//! Generated configurations (issue 35): Envoy configurations derived from the
+//! Generated configurations: Envoy configurations derived from the
 //! committed ones by mutation ([`mutate`]), each judged by `idemd check`, and
 //! each one it accepts run in a real Envoy with idemd and the demo and probed
 //! for a way around the guard and a second execution ([`probe`]). Seeded and
@@ -62,8 +62,8 @@ fn bases() -> Result<Vec<&'static str>, BoxError> {
 
 /// A base as data; e2e.yaml without the route it holds misconfigured on purpose for one test
 /// (`approval_confirm_unruled`: `idemd check` refuses it, and would refuse every mutation of it).
-pub fn base(rig: &Rig, name: &str) -> Result<Doc, BoxError> {
-    let mut doc = rig.base(name)?;
+pub async fn base(rig: &mut Rig, name: &str) -> Result<Doc, BoxError> {
+    let mut doc = rig.base(name).await?;
     if name == "e2e.yaml" {
         let r = doc.route_named("approval_confirm_unruled")?;
         let (routes, index) = r.rsplit_once('/').ok_or("a route pointer")?;
@@ -75,7 +75,7 @@ pub fn base(rig: &Rig, name: &str) -> Result<Doc, BoxError> {
 /// Generate, check, run and probe; `progress` hears one line per configuration.
 pub async fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Summary, BoxError> {
     let started = Instant::now();
-    let rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
+    let mut rig = Rig::start(DemoOpts { no_dedup: true, ..Default::default() }).await?;
     let bases = bases()?;
     let ctx = mutate::Ctx { demo_port: rig.ports.demo };
     let mut summary =
@@ -90,7 +90,7 @@ pub async fn run(cfg: &Config, progress: &mut dyn FnMut(&str)) -> Result<Summary
             Some(b) => (*b, 0),
             None => (bases[rng.gen_range(0..bases.len())], rng.gen_range(1..=2)),
         };
-        let mut doc = base(&rig, name)?;
+        let mut doc = base(&mut rig, name).await?;
         let applied = mutate::mutate(&mut doc, &mut rng, &ctx, mutations)?;
         if mutations > 0 {
             summary.generated += 1;

@@ -48,8 +48,21 @@ impl Rig {
 
     /// A committed configuration under envoy/, rendered for this rig and the filter host the tests run
     /// (`IDEM_E2E_HOST`), as data.
-    pub fn base(&self, name: &str) -> Result<Doc, BoxError> {
+    /// On the ext_proc host idemd is the filter and runs one plugin configuration: the rig's idemd is
+    /// restarted with this base's when it runs another.
+    pub async fn base(&mut self, name: &str) -> Result<Doc, BoxError> {
         let text = render_envoy_text(&std::fs::read_to_string(repo_root().join("envoy").join(name))?, &self.ports)?;
+        if filter_host::FilterHost::current()?.is_ext_proc() {
+            let config =
+                crate::ext_proc::plugin_config_of(&text).ok_or_else(|| format!("{name}: no plugin configuration"))?;
+            if crate::ext_proc::runs(self.ports.sidecar).is_none_or(|c| c.trim() != config.trim()) {
+                crate::ext_proc::prepare(self.ports.sidecar, &config, self.dir.path())?;
+                self.sidecar.kill9();
+                self.sidecar =
+                    start_sidecar(&SidecarOpts::default().for_ports(&self.ports), self.ports.sidecar, self.dir.path())?;
+                wait_ready(&format!("http://127.0.0.1:{}/healthz", self.ports.sidecar), &mut self.sidecar).await?;
+            }
+        }
         let text = filter_host::for_current_host(&text, &mut Command::new("true"))?;
         Doc::parse(&text)
     }
