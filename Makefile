@@ -106,13 +106,13 @@ mutants:
 run: build
 	scripts/run.sh $(if $(WALKTHROUGH),--walkthrough)
 
-# DESIGN §9 side by side in one run (tests/src/bin/filter-bench/): idemd's store bench, then the filter against
+# DESIGN §9 side by side in one run (bench/: src/bin/idem-bench.rs, src/bin/filter-bench/): idemd's store bench, then the filter against
 # plain Envoy, an empty proxy-wasm filter and the raw database; writes target/bench/summary.md and chart.svg.
 bench: build
-	cargo run --release -p idemd --bin idem-bench
+	cargo run --release -p idem-bench --bin idem-bench
 	cargo build --release -p idem-demo -p idemd
 	cargo build --profile wasm --target wasm32-wasip1 -p idem-empty-filter
-	IDEM_E2E_PROFILE=release cargo run --release -p idem-e2e --bin filter-bench -- $(FILTER_BENCH_ARGS)
+	IDEM_E2E_PROFILE=release cargo run --release -p idem-bench --bin filter-bench -- $(FILTER_BENCH_ARGS)
 
 # Coverage-guided fuzzing of every parser on the filter path: cargo-fuzz (libFuzzer), one
 # target per parser in fuzz/fuzz_targets, their bodies and invariants in fuzz/harness (whose

@@ -8,7 +8,7 @@
 //! make wasm native
 //! cargo build --release -p idem-demo -p idemd
 //! cargo build --profile wasm --target wasm32-wasip1 -p idem-empty-filter
-//! IDEM_E2E_PROFILE=release cargo run --release -p idem-e2e --bin filter-bench -- [--seconds 2] [--reps 3] [--conns 16]
+//! IDEM_E2E_PROFILE=release cargo run --release -p idem-bench --bin filter-bench -- [--seconds 2] [--reps 3] [--conns 16]
 //! ```
 //!
 //! One Envoy (`--concurrency 1`) runs envoy/bench.yaml: listener `agents` with the

@@ -3,7 +3,7 @@
 //! and the same single-row SQL insert+update measured in the same run. Not a
 //! test: numbers depend on the machine; the ratios are what to read.
 //!
-//! `cargo run --release -p idemd --bin idem-bench -- --seconds 3 --concurrency 16`
+//! `cargo run --release -p idem-bench --bin idem-bench -- --seconds 3 --concurrency 16`
 
 #![forbid(unsafe_code)]
 
