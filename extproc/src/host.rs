@@ -88,6 +88,9 @@ pub struct ExtProcHost {
     /// Callouts dispatched since the driver last collected them.
     pub calls: Vec<(u64, JoinHandle<CalloutAnswer>)>,
     next_token: u64,
+    /// Envoy's span of its gRPC stream to idemd, from the stream's `traceparent` metadata (Envoy's gRPC client
+    /// sends it when it traces): idemd's callout spans become its children, as on the native module.
+    pub span: Option<HostSpan>,
 }
 
 impl ExtProcHost {
@@ -105,8 +108,17 @@ impl ExtProcHost {
             answer: None,
             calls: Vec::new(),
             next_token: 1,
+            span: None,
         }
     }
+}
+
+/// The span a W3C `traceparent` names (`00-<trace id>-<span id>-<flags>`); `Trace::within` checks
+/// the fields before a callout uses them.
+pub fn span_of_traceparent(value: &str) -> Option<HostSpan> {
+    let mut fields = value.trim().split('-');
+    let (_version, trace_id, span_id) = (fields.next()?, fields.next()?, fields.next()?);
+    Some(HostSpan { trace_id: trace_id.to_string(), span_id: span_id.to_string() })
 }
 
 /// Apply a change to the copy of a header map the host reads back (so a later read sees it).
@@ -169,10 +181,10 @@ impl Host for ExtProcHost {
         self.annotation.clone()
     }
 
-    /// Envoy's span is not visible to an external processor: callouts continue the request's own
-    /// `traceparent` (as the `.wasm` does).
+    /// Envoy's span of the gRPC stream that carries this request, when Envoy traces it; else
+    /// callouts continue the request's own `traceparent` (as the `.wasm` does).
     fn active_span(&self) -> Option<HostSpan> {
-        None
+        self.span.clone()
     }
 
     /// `response.code_details` and `xds.route_name` from the attributes Envoy was told to send;

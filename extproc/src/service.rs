@@ -32,6 +32,8 @@ type Reply = Result<ProcessingResponse, Status>;
 struct Job {
     inbound: Streaming<ProcessingRequest>,
     outbound: mpsc::Sender<Reply>,
+    /// Envoy's span of this gRPC stream (its `traceparent` metadata), when Envoy traces.
+    span: Option<idem_core::trace::HostSpan>,
 }
 
 pub struct Processor {
@@ -101,9 +103,11 @@ impl Drop for Outbound {
 }
 
 async fn drive(shared: Rc<Shared>, process: Arc<Process>, job: Job) {
-    let Job { mut inbound, outbound } = job;
+    let Job { mut inbound, outbound, span } = job;
     let mut out = Outbound { tx: outbound, clean: false };
-    let mut driver = Driver::new(shared, ExtProcHost::new(process));
+    let mut host = ExtProcHost::new(process);
+    host.span = span;
+    let mut driver = Driver::new(shared, host);
     let mut calls = FuturesUnordered::new();
     loop {
         tokio::select! {
@@ -154,8 +158,13 @@ impl ExternalProcessor for Processor {
         let (tx, rx) = mpsc::channel(16);
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let worker = self.workers.get(n % self.workers.len().max(1)).ok_or_else(|| Status::unavailable("no worker"))?;
+        let span = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::host::span_of_traceparent);
         worker
-            .send(Job { inbound: request.into_inner(), outbound: tx })
+            .send(Job { inbound: request.into_inner(), outbound: tx, span })
             .map_err(|_| Status::unavailable("agent_idempotency: the processor's worker is gone"))?;
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -79,9 +79,37 @@ fn envoy_span<'a>(spans: &'a [ReceivedSpan], agent: &AgentSpan) -> &'a ReceivedS
     envoy[0]
 }
 
-/// The parent idemd's API spans must have: Envoy's span where the filter can see it, else the agent's.
-fn callout_parent<'a>(envoy: &'a ReceivedSpan, agent: &'a AgentSpan) -> Result<&'a str, BoxError> {
-    Ok(if FilterHost::current()?.is_native() { &envoy.span_id } else { &agent.span_id })
+/// Envoy's span of the call is in, and on the ext_proc host its span of the gRPC stream to idemd too
+/// (Envoy exports each as it ends).
+fn envoy_spans_in(spans: &[ReceivedSpan], trace_id: &str) -> bool {
+    let envoy = in_trace(spans, trace_id, ENVOY_SERVICE);
+    let ext_proc = FilterHost::current().is_ok_and(|h| h.is_ext_proc());
+    envoy.iter().any(|s| s.name != EXT_PROC_CALL) && (!ext_proc || envoy.iter().any(|s| s.name == EXT_PROC_CALL))
+}
+
+/// The parent idemd's API spans must have: Envoy's span where the filter can see it (the native
+/// module), Envoy's span of the gRPC stream that carried the request (the ext_proc host), else the
+/// agent's (the `.wasm`).
+fn callout_parent<'a>(
+    spans: &'a [ReceivedSpan],
+    envoy: &'a ReceivedSpan,
+    agent: &'a AgentSpan,
+) -> Result<&'a str, BoxError> {
+    Ok(match FilterHost::current()? {
+        FilterHost::Native => &envoy.span_id,
+        FilterHost::ExtProc => ext_proc_call(spans, envoy)?,
+        FilterHost::Wasm => &agent.span_id,
+    })
+}
+
+/// The span id of Envoy's gRPC stream to idemd that is a child of `envoy` (the ext_proc host).
+fn ext_proc_call<'a>(spans: &'a [ReceivedSpan], envoy: &ReceivedSpan) -> Result<&'a str, BoxError> {
+    let calls: Vec<&ReceivedSpan> =
+        spans.iter().filter(|s| s.name == EXT_PROC_CALL && s.parent == envoy.span_id).collect();
+    match calls.as_slice() {
+        [one] => Ok(&one.span_id),
+        _ => Err(format!("one gRPC stream to idemd under Envoy's span {}: {calls:#?}", envoy.span_id).into()),
+    }
 }
 
 /// idemd's `name` span in the agent's call trace, with its parent checked and its store calls as children.
@@ -95,7 +123,17 @@ fn idemd_span<'a>(
         in_trace(spans, &agent.trace_id, "idemd").into_iter().filter(|s| s.name == name).collect();
     assert_eq!(api.len(), 1, "one {name:?} span in the call's trace: {spans:#?}");
     let api = api[0];
-    assert_eq!(api.parent, parent, "{name}'s parent (the callout's traceparent): {api:?}");
+    let tree: Vec<String> = spans
+        .iter()
+        .filter(|s| s.trace_id == agent.trace_id)
+        .map(|s| format!("{} {:?} {} <- {}", s.service, s.name, s.span_id, s.parent))
+        .collect();
+    assert_eq!(
+        api.parent,
+        parent,
+        "{name}'s parent (the callout's traceparent): {api:?}\nthe trace:\n{}",
+        tree.join("\n")
+    );
     let store: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.parent == api.span_id).collect();
     assert!(!store.is_empty(), "{name} has store calls as children: {spans:#?}");
     for s in &store {
@@ -208,13 +246,13 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd(sql: Sql
     let spans = receiver
         .wait_for(WITHIN, "Envoy's span and idemd's acquire and complete of the confirm", |s| {
             let idemd = in_trace(s, &agent.trace_id, "idemd");
-            !in_trace(s, &agent.trace_id, ENVOY_SERVICE).is_empty()
+            envoy_spans_in(s, &agent.trace_id)
                 && ["idemd acquire", "idemd complete"].iter().all(|n| idemd.iter().any(|s| s.name == *n))
         })
         .await?;
     assert!(receiver.refused().is_empty(), "{:?}", receiver.refused());
     let envoy = envoy_span(&spans, &agent);
-    let parent = callout_parent(envoy, &agent)?;
+    let parent = callout_parent(&spans, envoy, &agent)?;
     let acquire = idemd_span(&spans, "idemd acquire", &agent, parent)?;
     assert_eq!(acquire.kind, 2, "idemd's API span is a server span");
     // The request id joins them too (docs/operations.md, "Traces"): Envoy's tag, idemd's `trace_id`.
@@ -229,11 +267,8 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd(sql: Sql
         stack.post("/v1/transfers", SUBJECT, &body, &[("agent-fingerprint", &fp), ("traceparent", &tp)]).await?;
     cached.assert_prompt("already_completed");
     assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 1, "the replay was the cache's");
-    let spans = receiver
-        .wait_for(WITHIN, "Envoy's span of the cached replay", |s| {
-            !in_trace(s, &replay.trace_id, ENVOY_SERVICE).is_empty()
-        })
-        .await?;
+    let spans =
+        receiver.wait_for(WITHIN, "Envoy's span of the cached replay", |s| envoy_spans_in(s, &replay.trace_id)).await?;
     envoy_span(&spans, &replay);
     // idemd exports within 100 ms; give it ten times that to show up if it were called.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -257,12 +292,12 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd(sql: Sql
     assert_eq!(stack.stat("wasmcustom.idem.replay_cache_hits").await?, 0, "the new cache was empty");
     let spans = receiver
         .wait_for(WITHIN, "Envoy's span and idemd's acquire of the replay", |s| {
-            !in_trace(s, &through.trace_id, ENVOY_SERVICE).is_empty()
+            envoy_spans_in(s, &through.trace_id)
                 && in_trace(s, &through.trace_id, "idemd").iter().any(|s| s.name == "idemd acquire")
         })
         .await?;
     let envoy = envoy_span(&spans, &through);
-    idemd_span(&spans, "idemd acquire", &through, callout_parent(envoy, &through)?)?;
+    idemd_span(&spans, "idemd acquire", &through, callout_parent(&spans, envoy, &through)?)?;
     let m = stack.idemd_metrics().await?;
     assert_eq!(metric(&m, "idem_acquire_total", &[("outcome", "DONE")]), Some(1.0), "idemd answered the replay: {m}");
     assert_eq!(counts(&stack).await?.0, 1, "one execution");
@@ -270,7 +305,8 @@ async fn a_confirm_and_its_replays_are_one_trace_across_envoy_and_idemd(sql: Sql
 }
 
 /// An agent that sends no `traceparent`: Envoy starts the trace. With the native module idemd's spans are still
-/// children of Envoy's; the `.wasm` cannot see Envoy's span, so its callouts start a trace named after the
+/// children of Envoy's, on the ext_proc host children of Envoy's span of its gRPC stream to idemd; the `.wasm`
+/// cannot see Envoy's span, so its callouts start a trace named after the
 /// request id the replies carry (`x-request-id` without its dashes), which Envoy's span names in its tag.
 async fn without_a_traceparent_the_request_id_names_idemds_trace(sql: Sql, with_redis: bool) -> TestResult {
     let Some(stores) = stores(sql, with_redis)? else { return Ok(()) };
@@ -300,6 +336,15 @@ async fn without_a_traceparent_the_request_id_names_idemds_trace(sql: Sql, with_
             (acquire.trace_id.as_str(), acquire.parent.as_str()),
             (envoy.trace_id.as_str(), envoy.span_id.as_str())
         );
+    } else if FilterHost::current()?.is_ext_proc() {
+        // A child of Envoy's span of the gRPC stream that carried the request, in Envoy's trace.
+        let spans = receiver
+            .wait_for(WITHIN, "Envoy's gRPC stream to idemd", |s| {
+                s.iter().any(|c| c.name == EXT_PROC_CALL && c.parent == envoy.span_id)
+            })
+            .await?;
+        let call = ext_proc_call(&spans, envoy)?;
+        assert_eq!((acquire.trace_id.as_str(), acquire.parent.as_str()), (envoy.trace_id.as_str(), call));
     } else {
         assert_eq!(acquire.trace_id, request_id.replace('-', ""), "the trace is named after the request id");
         assert_ne!(acquire.trace_id, envoy.trace_id, "Envoy's own trace id is its tracer's");
