@@ -1543,10 +1543,36 @@ fn istios_ext_proc_envoyfilter_reaches_idemd_and_never_fails_open() -> TestResul
     // The path normalisation, local replies and route timeout of the .wasm's EnvoyFilter, the same patches.
     let wasm = deploy_docs("istio/envoyfilter.yaml")?;
     let wasm_patches = at(kind_in(&wasm, "EnvoyFilter")?, &["spec", "configPatches"])?.as_sequence().ok_or("none")?;
+    // The connection manager's local replies add one mapper here: Envoy's ext_proc filter's own failure replies
+    // (idemd unreachable, its stream broken or timed out) as the §7 status_unavailable envelope.
     for apply in ["NETWORK_FILTER", "HTTP_ROUTE"] {
-        let ours = patches.iter().find(|p| s(p, "applyTo") == Some(apply));
+        let mut ours = patches.iter().find(|p| s(p, "applyTo") == Some(apply)).cloned();
         let theirs = wasm_patches.iter().find(|p| s(p, "applyTo") == Some(apply));
-        assert!(ours.is_some() && ours == theirs, "{apply}: as in deploy/istio/envoyfilter.yaml");
+        if apply == "NETWORK_FILTER" {
+            let mappers = ours
+                .as_mut()
+                .and_then(|p| p.get_mut("patch"))
+                .and_then(|p| p.get_mut("value"))
+                .and_then(|v| v.get_mut("typed_config"))
+                .and_then(|t| t.get_mut("local_reply_config"))
+                .and_then(|l| l.get_mut("mappers"))
+                .and_then(Value::as_sequence_mut)
+                .ok_or("NETWORK_FILTER: no local_reply_config mappers")?;
+            let processor = |m: &Value| {
+                m.get("filter")
+                    .and_then(|f| f.get("extension_filter"))
+                    .and_then(|f| f.get("typed_config"))
+                    .and_then(|t| t.get("expression"))
+                    .and_then(Value::as_str)
+                    == Some("response.code_details.startsWith('ext_proc_error')")
+            };
+            let added: Vec<Value> = mappers.iter().filter(|m| processor(m)).cloned().collect();
+            mappers.retain(|m| !processor(m));
+            assert_eq!(added.len(), 1, "one mapper for the processor's failure replies");
+            assert_eq!(added[0].get("status_code").and_then(Value::as_u64), Some(503));
+            assert_eq!(text(&added[0], &["body_format_override", "json_format", "status"]), "status_unavailable");
+        }
+        assert!(ours.is_some() && ours.as_ref() == theirs, "{apply}: as in deploy/istio/envoyfilter.yaml");
     }
     // idemd runs the mesh's plugin configuration, and the processor is open to the guarded workload only.
     let wasmplugin: serde_json::Value =
