@@ -51,12 +51,19 @@ pub fn start(
     tokio::spawn(Arc::clone(&process).renew_leases(idem_adapter::sidecar::Sidecar::of(&parsed)));
     Ok(async move {
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .add_service(ExternalProcessorServer::new(processor))
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming(listener), shutdown)
             .await
             .map_err(|e| format!("ext_proc server: {e}"))
     })
+}
+
+/// The connections `listener` accepts, each with `TCP_NODELAY`. Envoy sends each message of a stream
+/// in its own small frame and waits for the answer: with Nagle on, every answer after the first
+/// waits for Envoy's delayed ACK (40 ms on Linux). `Server::tcp_nodelay` does not apply to an
+/// incoming stream handed to the server, so the accepted sockets get it here.
+fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// `GET /ext-proc/stats`: the filter's counters on this host, `name: value` as Envoy's `/stats`
@@ -69,4 +76,21 @@ pub fn stats_router(counters: Arc<Counters>) -> axum::Router {
             async move { counters.text() }
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    /// Every connection idemd's ext_proc service accepts has Nagle off (see `incoming`).
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay() -> Result<(), Box<dyn std::error::Error>> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let mut incoming = super::incoming(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await?;
+        let accepted = incoming.next().await.ok_or("no connection")??;
+        assert!(accepted.nodelay()?, "the accepted socket has TCP_NODELAY");
+        Ok(())
+    }
 }
