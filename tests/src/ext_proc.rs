@@ -137,13 +137,16 @@ pub fn to_ext_proc(yaml: &str) -> Result<String, BoxError> {
 
 /// [`to_ext_proc`] with another body mode for both directions (`FULL_DUPLEX_STREAMED`, …).
 pub fn to_ext_proc_with(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
-    Ok(with_processor_failure_envelope(&ext_proc_filters(yaml, body_mode)?))
+    with_processor_failure_envelope(&ext_proc_filters(yaml, body_mode)?)
 }
 
 /// The §7 `status_unavailable` envelope for the ext_proc filter's own failure replies (idemd unreachable, its stream broken
 /// or timed out: no response flag, code details `ext_proc_error_…`), first among the mappers of
-/// every `local_reply_config`, as envoy/ext-proc.yaml has it (`idemd check`'s local-reply rule).
-fn with_processor_failure_envelope(yaml: &str) -> String {
+/// every `local_reply_config`: the mapper envoy/ext-proc.yaml ships (`idemd check`'s local-reply
+/// rule), read from that file so the e2e suite runs what platform teams copy.
+fn with_processor_failure_envelope(yaml: &str) -> Result<String, BoxError> {
+    let shipped = std::fs::read_to_string(crate::repo_root().join("envoy/ext-proc.yaml"))?;
+    let mapper = processor_failure_mapper(&shipped).ok_or("envoy/ext-proc.yaml has no mapper for `ext_proc_error`")?;
     let mut out = Vec::new();
     let mut after_local_reply = false;
     for line in yaml.lines() {
@@ -151,32 +154,34 @@ fn with_processor_failure_envelope(yaml: &str) -> String {
         let trimmed = line.trim_start();
         if after_local_reply && trimmed == "mappers:" {
             let pad = " ".repeat(line.len() - trimmed.len());
-            out.extend(
-                [
-                    "- filter:",
-                    "    extension_filter:",
-                    "      name: envoy.access_loggers.extension_filters.cel",
-                    "      typed_config:",
-                    "        \"@type\": type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
-                    "        expression: \"response.code_details.startsWith('ext_proc_error')\"",
-                    "  status_code: 503",
-                    "  body_format_override:",
-                    "    json_format:",
-                    "      status: status_unavailable",
-                    "      meaning: \"The gateway could not check this call, because a service it needs is temporarily unavailable. The operation may or may not have been executed, by this call or by an earlier one with this fingerprint.\"",
-                    "      instruction: \"Do not tell the user it was not done and do not start a new preview. Wait 2 seconds, then call this tool again with exactly the same arguments and the same fingerprint: that is safe, it cannot execute twice, and it reports the outcome once the gateway can check it.\"",
-                    "      retryable: true",
-                    "      poll_after_ms: 2000",
-                    "      trace_id: \"%REQ(X-REQUEST-ID)%\"",
-                ]
-                .map(|l| format!("{pad}{l}")),
-            );
+            out.extend(mapper.iter().map(|l| format!("{pad}{l}")));
         }
         if !trimmed.is_empty() {
             after_local_reply = trimmed == "local_reply_config:";
         }
     }
-    out.join("\n") + "\n"
+    Ok(out.join("\n") + "\n")
+}
+
+/// The list item of `yaml`'s `mappers:` whose filter names `ext_proc_error`, its lines without the
+/// list's indentation (comments dropped).
+fn processor_failure_mapper(yaml: &str) -> Option<Vec<String>> {
+    let lines: Vec<&str> = yaml.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let items = lines.iter().enumerate().filter(|(_, l)| l.trim_start().starts_with("- filter:"));
+    items
+        .map(|(i, l)| {
+            let pad = indent(l);
+            let end = (i + 1..lines.len())
+                .find(|&j| {
+                    !lines[j].trim().is_empty()
+                        && (indent(lines[j]) < pad
+                            || (indent(lines[j]) == pad && lines[j].trim_start().starts_with('-')))
+                })
+                .unwrap_or(lines.len());
+            lines[i..end].iter().map(|l| l.get(pad..).unwrap_or("").trim_end().to_string()).collect::<Vec<_>>()
+        })
+        .find(|item| item.iter().any(|l| l.contains("ext_proc_error")))
 }
 
 fn ext_proc_filters(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
@@ -207,34 +212,50 @@ fn ext_proc_filters(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
     if ext_procs.is_empty() {
         ext_procs.push(9191);
     }
+    convert(yaml, EXT_PROC_CLUSTER, body_mode, Some(&ext_procs))
+}
+
+/// One listener block of a config (the bench's `agents`, `rules`) with its proxy-wasm filter made
+/// Envoy's `ext_proc` filter sending its streams on `cluster` ([`cluster`] makes it), and the
+/// processor's failure answered with the envelope, as [`to_ext_proc`] converts a whole config.
+pub fn listener_to_ext_proc(block: &str, cluster: &str, body_mode: &str) -> Result<String, BoxError> {
+    with_processor_failure_envelope(&convert(block, cluster, body_mode, None)?)
+}
+
+/// The cluster `name` of idemd's ext_proc services on `ports` (HTTP/2), as a list item of
+/// `clusters:` indented by `pad`.
+pub fn cluster(name: &str, ports: &[u16], pad: &str) -> Vec<String> {
+    [
+        format!("{pad}- name: {name}"),
+        format!("{pad}  type: STATIC"),
+        format!("{pad}  connect_timeout: 0.5s"),
+        format!("{pad}  typed_extension_protocol_options:"),
+        format!("{pad}    envoy.extensions.upstreams.http.v3.HttpProtocolOptions:"),
+        format!("{pad}      \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+        format!("{pad}      explicit_http_config: {{ http2_protocol_options: {{}} }}"),
+        format!("{pad}  load_assignment:"),
+        format!("{pad}    cluster_name: {name}"),
+        format!("{pad}    endpoints:"),
+        format!("{pad}    - lb_endpoints:"),
+    ]
+    .into_iter()
+    .chain(ports.iter().map(|port| {
+        format!(
+            "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"
+        )
+    }))
+    .collect()
+}
+
+/// Every proxy-wasm filter of `yaml` made the `ext_proc` filter on `cluster`; with `ports`, the
+/// cluster to them first among the clusters.
+fn convert(yaml: &str, cluster_name: &str, body_mode: &str, ports: Option<&[u16]>) -> Result<String, BoxError> {
     replace_wasm_filters(
         yaml,
         EXT_PROC_FILTER,
         |line| {
-            // The processor's cluster, first among the clusters.
             let pad = " ".repeat(line.len() - line.trim_start().len());
-            (line.trim_start() == "clusters:").then(|| {
-                vec![
-                        format!("{pad}- name: {EXT_PROC_CLUSTER}"),
-                        format!("{pad}  type: STATIC"),
-                        format!("{pad}  connect_timeout: 0.5s"),
-                        format!("{pad}  typed_extension_protocol_options:"),
-                        format!("{pad}    envoy.extensions.upstreams.http.v3.HttpProtocolOptions:"),
-                        format!("{pad}      \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
-                        format!("{pad}      explicit_http_config: {{ http2_protocol_options: {{}} }}"),
-                        format!("{pad}  load_assignment:"),
-                        format!("{pad}    cluster_name: {EXT_PROC_CLUSTER}"),
-                        format!("{pad}    endpoints:"),
-                        format!("{pad}    - lb_endpoints:"),
-                ]
-                .into_iter()
-                .chain(ext_procs.iter().map(|port| {
-                    format!(
-                        "{pad}      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"
-                    )
-                }))
-                .collect()
-            })
+            ports.filter(|_| line.trim_start() == "clusters:").map(|ports| cluster(cluster_name, ports, &pad))
         },
         |pad, _block| {
             Ok(vec![
@@ -244,7 +265,7 @@ fn ext_proc_filters(yaml: &str, body_mode: &str) -> Result<String, BoxError> {
                     "{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
                 ),
                 format!("{pad}    grpc_service:"),
-                format!("{pad}      envoy_grpc: {{ cluster_name: {EXT_PROC_CLUSTER} }}"),
+                format!("{pad}      envoy_grpc: {{ cluster_name: {cluster_name} }}"),
                 format!("{pad}    failure_mode_allow: false"),
                 format!("{pad}    message_timeout: {MESSAGE_TIMEOUT}"),
                 format!("{pad}    allow_mode_override: true"),
@@ -285,6 +306,22 @@ mod tests {
                 "{config}: the processor's failure answered with the envelope"
             );
         }
+        Ok(())
+    }
+
+    /// The mapper the conversion adds is envoy/ext-proc.yaml's, whole: its filter, status code and
+    /// every field of the envelope, not the mapper before it (the cut's `in_progress`).
+    #[test]
+    fn the_processor_failure_mapper_is_the_shipped_one() -> Result<(), BoxError> {
+        let shipped = std::fs::read_to_string(crate::repo_root().join("envoy/ext-proc.yaml"))?;
+        let mapper = processor_failure_mapper(&shipped).ok_or("no mapper")?;
+        assert_eq!(mapper.first().map(String::as_str), Some("- filter:"), "{mapper:?}");
+        for line in
+            ["status_code: 503", "status: status_unavailable", "instruction:", "poll_after_ms: 2000", "trace_id:"]
+        {
+            assert!(mapper.iter().any(|l| l.trim_start().starts_with(line)), "{line} in {mapper:?}");
+        }
+        assert!(!mapper.iter().any(|l| l.contains("in_progress") || l.contains("response_flag_filter")), "{mapper:?}");
         Ok(())
     }
 }

@@ -23,7 +23,7 @@ pub enum FilterHost {
 }
 
 impl FilterHost {
-    /// `IDEM_E2E_HOST`: `wasm` (default) or `native`; anything else is an error, never a silent default.
+    /// `IDEM_E2E_HOST`: `wasm` (default), `native` or `extproc`; anything else is an error, never a silent default.
     pub fn current() -> Result<FilterHost, BoxError> {
         match std::env::var("IDEM_E2E_HOST").ok().as_deref().map(str::trim) {
             None | Some("") | Some("wasm") => Ok(FilterHost::Wasm),

@@ -34,16 +34,14 @@ pub fn local_reply_gap(hcm: &Value, ext_proc: bool) -> Option<String> {
         return Some("no `local_reply_config`".into());
     };
     let mappers = config.get("mappers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let envelope = |m: &&Value| {
-        m.pointer("/body_format_override/json_format/status").and_then(Value::as_str) == Some("in_progress")
-    };
     fn flags(m: &Value) -> Vec<&str> {
         let list = m.pointer("/filter/response_flag_filter/flags").and_then(Value::as_array);
         list.into_iter().flatten().filter_map(Value::as_str).collect()
     }
     // Envoy applies the first mapper whose filter matches: a cut must reach an envelope mapper first.
     let first = |flag: &str| mappers.iter().find(|m| flags(m).contains(&flag) || m.get("filter").is_none());
-    let missing: Vec<&str> = CUT_FLAGS.iter().copied().filter(|f| !first(f).is_some_and(|m| envelope(&m))).collect();
+    let missing: Vec<&str> =
+        CUT_FLAGS.iter().copied().filter(|f| !first(f).is_some_and(|m| answers(m, "in_progress", None))).collect();
     if !missing.is_empty() {
         return Some(format!(
             "`local_reply_config` answers Envoy's own replies with response flags {} otherwise than with the §7 \
@@ -57,11 +55,8 @@ pub fn local_reply_gap(hcm: &Value, ext_proc: bool) -> Option<String> {
         let expression = m.pointer("/filter/extension_filter/typed_config/expression").and_then(Value::as_str);
         expression.is_some_and(|e| e.contains(EXT_PROC_ERROR))
     };
-    let unavailable = |m: &&Value| {
-        m.pointer("/body_format_override/json_format/status").and_then(Value::as_str) == Some("status_unavailable")
-    };
     let first_error = mappers.iter().find(|m| cel(m) || m.get("filter").is_none());
-    if ext_proc && !first_error.is_some_and(|m| unavailable(&m)) {
+    if ext_proc && !first_error.is_some_and(|m| answers(m, "status_unavailable", Some(503))) {
         return Some(
             "`local_reply_config` answers the ext_proc filter's own replies (idemd unreachable, its stream broken or \
              timed out: code details `ext_proc_error_…`, no response flag) otherwise than with the §7 \
@@ -72,6 +67,13 @@ pub fn local_reply_gap(hcm: &Value, ext_proc: bool) -> Option<String> {
         );
     }
     None
+}
+
+/// Whether the mapper `m` answers with the §7 envelope of `status` (and, where given, the HTTP
+/// status `code`; unset keeps Envoy's own).
+fn answers(m: &Value, status: &str, code: Option<u64>) -> bool {
+    let word = m.pointer("/body_format_override/json_format/status").and_then(Value::as_str);
+    word == Some(status) && code.is_none_or(|c| m.get("status_code").and_then(Value::as_u64) == Some(c))
 }
 
 /// What the agent filter's entry `entry` does when its VM fails: `None` for the native module (no
@@ -178,6 +180,9 @@ mod tests {
         assert!(pending.is_some(), "nor `in_progress`: nothing may hold the operation");
         let other = super::local_reply_gap(&with(Some(cel("status_unavailable", "response.code == 500"))), true);
         assert!(other.is_some(), "a mapper that does not name the processor's failure");
+        let mut as_500 = cel("status_unavailable", expression);
+        as_500["status_code"] = 500.into();
+        assert!(super::local_reply_gap(&with(Some(as_500)), true).is_some(), "the envelope is §7's 503");
         assert_eq!(super::local_reply_gap(&with(Some(cel("status_unavailable", expression))), true), None);
     }
 
