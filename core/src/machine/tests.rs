@@ -839,6 +839,22 @@ fn values_outside_the_body_are_bound_like_body_fields() -> TestResult {
 /// An answer of known length streams: its headers go on at once with the grown length, every
 /// chunk is read, only the last is rewritten, and the answer is what the held splice would give
 /// less the order of its fields.
+/// On an MCP route too, a body over the limit is refused as it arrives, with a JSON-RPC error
+/// (every answer there is JSON-RPC), and the rest of the stream passes nothing on.
+#[test]
+fn an_mcp_body_over_the_limit_is_refused_before_it_is_read() -> TestResult {
+    let mut env = FixedEnv::at(100, NONCE);
+    let (mut m, _) = Machine::start(mcp_ctx()?, &head(None), false, &mut env);
+    let limit = mcp_ctx()?.config.max_body_bytes;
+    assert_eq!(m.on_request_data(limit, false).flow, Flow::Pause, "up to the limit it is held");
+    let step = m.on_request_data(limit + 1, false);
+    let r = step.reply().ok_or("no reply")?;
+    let v: Value = serde_json::from_slice(&r.body)?;
+    assert_eq!((r.http_status, v["error"]["code"].as_i64()), (413, Some(-32600)), "{v}");
+    assert!(matches!(m, Machine::Pass) && call(&step).is_none());
+    Ok(())
+}
+
 #[test]
 fn a_preview_body_over_the_limit_is_refused_before_it_is_read() -> TestResult {
     let mut env = FixedEnv::at(100, NONCE);
@@ -1830,6 +1846,9 @@ fn mcp_what_could_reach_a_listed_tool_is_answered_never_passed() -> TestResult {
             -32600,
         ),
         (br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call"}"#.to_vec(), -32700),
+        // A call that names no tool is refused, never passed for the server to guess.
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#.to_vec(), -32602),
+        (rpc(json!(1), "tools/call", json!({"arguments": args})), -32602),
     ];
     for (body, code) in cases {
         let (_, step) = mcp_start(&body, &mut env)?;
