@@ -10,7 +10,7 @@ use crate::client::{
 };
 use crate::report::{median, Row, StoreShare};
 use crate::stack::{
-    cpu_ticks, envoy_counter, host_name, replay_hits_counter, server_ticks, store_delta, store_times, BenchStack, HOSTS,
+    cpu_ticks, host_name, replay_hits, replay_hits_counter, server_ticks, store_delta, store_times, BenchStack, HOSTS,
 };
 use crate::standalone::{self, Standalone};
 use crate::Opts;
@@ -156,14 +156,23 @@ pub(crate) fn row(stats: &[SideStats], p: &Pair) -> Row {
 /// Everything a side's run needs from the stack.
 pub(crate) struct Probe {
     envoy: Option<u32>,
-    idemd: Option<u32>,
+    idemds: Vec<u32>,
     admin: u16,
     sidecar_port: u16,
 }
 
 impl Probe {
     pub(crate) fn of(st: &BenchStack) -> Probe {
-        Probe { envoy: st.envoy.pid(), idemd: st.idemd_pid(), admin: st.admin, sidecar_port: st.sidecar_port }
+        Probe { envoy: st.envoy.pid(), idemds: st.idemd_pids(), admin: st.admin, sidecar_port: st.sidecar_port }
+    }
+
+    /// Every host's replay-cache hits: only the host a side runs through adds to them during its run.
+    async fn replay_hits(&self) -> u64 {
+        let mut hits = 0;
+        for host in HOSTS {
+            hits += replay_hits(host, self.admin, self.sidecar_port).await;
+        }
+        hits
     }
 }
 
@@ -202,10 +211,11 @@ async fn run_side(
     // A fresh warm-up runs until its requests run out, which measures the first rate.
     let secs = if warmup && !matches!(side.load, Load::Http { .. }) { secs.max(5.0) } else { secs };
     let proxy = side.proxy_pid.or(probe.envoy);
-    let idemd = probe.idemd.filter(|_| side.proxy_pid.is_none());
+    let idemd = (side.proxy_pid.is_none() && !probe.idemds.is_empty()).then_some(&probe.idemds);
+    let idemd_ticks = |pids: &Vec<u32>| pids.iter().copied().map(cpu_ticks).sum::<u64>();
     let redis = || side.proxy_pid.map(|_| server_ticks(&["redis-server"]));
-    let (envoy0, idemd0, redis0) = (proxy.map(cpu_ticks), idemd.map(cpu_ticks), redis());
-    let (store0, hits0) = (store_times(probe.sidecar_port).await, replay_hits(probe.admin).await);
+    let (envoy0, idemd0, redis0) = (proxy.map(cpu_ticks), idemd.map(idemd_ticks), redis());
+    let (store0, hits0) = (store_times(probe.sidecar_port).await, probe.replay_hits().await);
     let started = unix_now();
     let mut m: Measured = match (&side.load, http) {
         (Load::Raw(db), _) => db.drive(o.conns, secs, run_tag).await,
@@ -213,8 +223,8 @@ async fn run_side(
         (_, None) => Measured::default(),
     };
     let stopped = unix_now();
-    let (envoy1, idemd1, redis1) = (proxy.map(cpu_ticks), idemd.map(cpu_ticks), redis());
-    let (store1, hits1) = (store_times(probe.sidecar_port).await, replay_hits(probe.admin).await);
+    let (envoy1, idemd1, redis1) = (proxy.map(cpu_ticks), idemd.map(idemd_ticks), redis());
+    let (store1, hits1) = (store_times(probe.sidecar_port).await, probe.replay_hits().await);
     if warmup {
         // A fresh warm-up runs its requests out on purpose.
         m.exhausted = false;
@@ -241,15 +251,6 @@ async fn run_side(
 
 fn unix_now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
-
-/// Both hosts' replay-cache hits: only the host a side runs through adds to them during its run.
-async fn replay_hits(admin: u16) -> u64 {
-    let mut hits = 0;
-    for host in HOSTS {
-        hits += envoy_counter(admin, replay_hits_counter(host)).await;
-    }
-    hits
 }
 
 /// Every side warmed up once, then `--reps` timed runs each, the order rotated per rep
@@ -367,8 +368,9 @@ pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Ro
         sides.push(Side::new(format!("filter ({h}), disabled on the route"), same(f.agents, &opted_out, 200)));
     }
     let stats = run_sides("unannotated route", &sides, &probe, o, &mut st.nonces).await?;
-    // Sides: 0 plain, 1 empty filter, then per host (wasm at 2, native at 5): filter, 20 rules, disabled.
-    let (w, n) = (2, 5);
+    // Sides: 0 plain, 1 empty filter, then per host (wasm at 2, native at 5, ext_proc at 8): filter,
+    // 20 rules, disabled.
+    let (w, n, e) = (2, 5, 8);
     let (empty, plain) = ("empty proxy-wasm filter, same request", "plain Envoy, same request");
     push_rows(
         rows,
@@ -381,6 +383,9 @@ pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Ro
             (n + 1, 0, "unannotated route, 20 route rules (native)".into(), plain, Some(0.95)),
             (w + 2, 0, "unannotated route, filter disabled on it (wasm)".into(), plain, Some(0.97)),
             (n + 2, 0, "unannotated route, filter disabled on it (native)".into(), plain, Some(0.97)),
+            (e, 0, "unannotated route (ext_proc)".into(), plain, None),
+            (e + 1, 0, "unannotated route, 20 route rules (ext_proc)".into(), plain, None),
+            (e + 2, 0, "unannotated route, filter disabled on it (ext_proc)".into(), plain, None),
             (1, 0, "(reference) empty proxy-wasm filter".into(), plain, None),
         ],
     );
@@ -403,6 +408,7 @@ pub(crate) async fn proxy_cases(st: &mut BenchStack, o: &Opts, rows: &mut Vec<Ro
         vec![
             (3, 0, "preview (wasm)".into(), plain, Some(0.7)),
             (4, 0, "preview (native)".into(), plain, Some(0.9)),
+            (5, 0, "preview (ext_proc)".into(), plain, None),
             (1, 0, "(reference) preview, empty proxy-wasm filter".into(), plain, None),
             (2, 0, "(reference) preview, Envoy's buffer filter holding the request".into(), plain, None),
         ],
@@ -536,7 +542,7 @@ pub(crate) async fn fresh_case(
     }
     let case = format!("fresh confirm [{}]", st.label);
     let stats = run_sides(&case, &sides, &probe, o, &mut st.nonces).await?;
-    // Sides: 0 plain, 1 raw commit, then the filter per host (wasm at 2, native at 3).
+    // Sides: 0 plain, 1 raw commit, then the filter per host (wasm at 2, native at 3, ext_proc at 4).
     let raw_baseline = format!("raw single-row commit, {dbname}");
     let plain = "plain Envoy, fresh confirm (demo commits)";
     let mut pairs = Vec::new();

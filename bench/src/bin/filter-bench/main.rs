@@ -19,10 +19,14 @@
 //! `.wasm`, and their twins `agents_native` and `rules_native` (made from them by the
 //! harness's wasm-to-native conversion, spliced in at bench.yaml's `@native-listeners`
 //! line) load the native dynamic module (`make native`) with the same plugin
-//! configuration. So every case's wasm side, native side and baselines (plain Envoy,
-//! the empty proxy-wasm filter: the reference of hosting any wasm filter, kept as is)
-//! run interleaved in the same reps, and its rows end in "(wasm)" and "(native)".
-//! `IDEM_E2E_HOST` does not apply here (it is ignored): the bench always runs both.
+//! configuration, and their twins `agents_ext_proc` and `rules_ext_proc` run Envoy's
+//! ext_proc filter (BUFFERED, the harness's conversion) in front of idemd's ext_proc
+//! service: the main idemd serves `agents`' plugin configuration, a second idemd on the
+//! same stores `rules'` (one configuration per service). So every case's three hosts and
+//! baselines (plain Envoy, the empty proxy-wasm filter: the reference of hosting any wasm
+//! filter, kept as is) run interleaved in the same reps, and its rows end in "(wasm)",
+//! "(native)" and "(ext_proc)". `IDEM_E2E_HOST` does not apply here (it is ignored): the
+//! bench always runs all three.
 //!
 //! Optional: `IDEM_BENCH_STANDALONE_PROXY=<binary>` adds a standalone Redis-backed
 //! idempotency proxy (ldclabs/idempotent-proxy) to the duplicate case on Redis + Postgres
@@ -110,7 +114,7 @@ filter-bench [--seconds 2] [--reps 3] [--conns 16] [--warmup 0.5] [--proxy-only]
 --cases: only these case groups (all by default): proxy (unannotated route, preview), duplicate (the replay),
     fresh (the fresh confirm); for an A/B of one path. Full runs make the published figures.
 
-The agent filter as proxy-wasm (.wasm) and as the native Envoy dynamic module (make native), side by side
+The agent filter as proxy-wasm (.wasm), as the native Envoy dynamic module (make native) and behind Envoy's ext_proc filter, side by side
 in one Envoy, against plain Envoy and an empty proxy-wasm filter; writes target/bench/summary.md and chart.svg.
 
 Environment:
@@ -187,13 +191,13 @@ async fn bench(o: Opts) -> Result<(), BoxError> {
     if std::env::var_os("RUST_LOG").is_none() {
         std::env::set_var("RUST_LOG", "warn");
     }
-    // Both hosts run side by side: the harness must not convert the .wasm listeners too.
+    // The hosts run side by side: the harness must not convert the .wasm listeners too.
     if std::env::var_os("IDEM_E2E_HOST").is_some() {
-        eprintln!(
-            "filter-bench: IDEM_E2E_HOST ignored: the bench measures the .wasm and the native module side by side"
-        );
+        eprintln!("filter-bench: IDEM_E2E_HOST ignored: the bench measures the three hosts side by side");
         std::env::remove_var("IDEM_E2E_HOST");
     }
+    // The ext_proc host's plugin configuration names idemd's token as the filters' does.
+    std::env::set_var("IDEM_SIDECAR_TOKEN", idem_e2e::SIDECAR_TOKEN);
     let wasm_bytes = std::fs::metadata(wasm()?)?.len();
     let empty_wasm_bytes = std::fs::metadata(empty_wasm()?)?.len();
     let native_bytes = std::fs::metadata(native_module()?)?.len();

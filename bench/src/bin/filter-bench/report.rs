@@ -1,7 +1,7 @@
 //! The report: a markdown table (stdout and target/bench/summary.md) and a chart
 //! (target/bench/chart.svg; plotters' SVG backend only): each case's ratio
 //! against its target, and the CPU per request in Envoy and idemd. A case runs on
-//! both filter hosts: its rows end in "(wasm)" and "(native)", next to each other.
+//! the three hosts: its rows end in "(wasm)", "(native)" and "(ext_proc)", next to each other.
 
 use crate::Opts;
 use idem_e2e::BoxError;
@@ -173,7 +173,9 @@ pub(crate) fn markdown(rows: &[Row], o: &Opts, ctx: &Context) -> String {
          from /proc (utime+stime, 10 ms ticks) of the Envoy and idemd processes over each timed run; store time \
          from idemd's `idem_store_latency_seconds` sum/count, scraped before and after each run (wall time inside \
          store calls, overlapping across connections). (wasm): the proxy-wasm filter; (native): the same filter as \
-         the Envoy dynamic module, in the same Envoy, interleaved with the wasm side and the baselines. The \
+         the Envoy dynamic module; (ext_proc): Envoy's ext_proc filter (BUFFERED) in front of idemd's ext_proc \
+         service, whose filter runs in idemd (its CPU is in the idemd column); all in the same Envoy, \
+         interleaved with each other and the baselines. The \
          standalone proxy's row counts its own process's CPU in the Envoy column (not Redis's). Fresh-confirm fingerprints are minted before the clock \
          starts. Client, Envoy, demo, idemd and the stores share this machine's cores: foreign CPU above ~0.1 \
          cores makes the numbers noisy; re-run when the machine is quiet. The bench never asserts timings."
@@ -189,6 +191,8 @@ const BLUE: RGBColor = RGBColor(31, 119, 180);
 const ORANGE: RGBColor = RGBColor(255, 127, 14);
 /// The names of the native module's rows.
 const PURPLE: RGBColor = RGBColor(118, 42, 131);
+/// The names of the ext_proc host's rows.
+const TEAL: RGBColor = RGBColor(1, 102, 94);
 
 /// Ratio per case with its target marker; CPU µs per request per case.
 pub(crate) fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), BoxError> {
@@ -212,11 +216,16 @@ pub(crate) fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), BoxErr
     c.configure_mesh().disable_y_mesh().disable_y_axis().x_desc("× baseline").draw()?;
     for (i, r) in rows.iter().enumerate() {
         let b = band(i);
-        // The case's name, in the label column, level with its bar; the native module's in purple.
+        // The case's name, in the label column, level with its bar; the native module's in purple,
+        // the ext_proc host's in teal.
         let (_, py) = c.backend_coord(&(0.0, b + 0.5));
         let name: String = r.case.chars().take(60).collect();
         let versus: String = format!("vs {}", r.baseline).chars().take(70).collect();
-        let host_color = if r.case.ends_with("(native)") { PURPLE } else { BLACK };
+        let host_color = match r.case.rsplit_once('(').map(|(_, host)| host) {
+            Some("native)") => PURPLE,
+            Some("ext_proc)") => TEAL,
+            _ => BLACK,
+        };
         labels.draw(&Text::new(name, (8, py - 12), ("sans-serif", 12).into_font().color(&host_color)))?;
         labels.draw(&Text::new(versus, (16, py + 3), ("sans-serif", 10).into_font().color(&GREY)))?;
         if let Some(why) = &r.unmeasured {

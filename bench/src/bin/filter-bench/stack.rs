@@ -5,8 +5,8 @@
 
 use idem_e2e::filter_host::{native_module_dir, to_native, NATIVE_MODULE};
 use idem_e2e::{
-    bench_plain_listener, free_port, repo_root, start_demo, start_envoy_with, start_sidecar, wait_ready, BoxError,
-    DemoOpts, FilterHost, Ports, Proc, SidecarOpts,
+    bench_plain_listener, ext_proc, free_port, repo_root, spawn_sidecar, start_demo, start_envoy_with, start_sidecar,
+    wait_ready, BoxError, DemoOpts, FilterHost, Ports, Proc, SidecarOpts,
 };
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -23,24 +23,41 @@ const NATIVE_LISTENERS_MARKER: &str =
     "  # @native-listeners (agents_native and rules_native, made by filter-bench from the two above)\n";
 const EMPTY_WASM: &str = "target/wasm32-wasip1/wasm/idem_empty_filter.wasm";
 
-/// The filter's two builds, measured side by side in the same Envoy.
-pub(crate) const HOSTS: [FilterHost; 2] = [FilterHost::Wasm, FilterHost::Native];
+/// The line of envoy/bench.yaml before which the ext_proc clusters go.
+const CLUSTERS_LINE: &str = "  clusters:\n";
+/// The clusters the ext_proc twins of `agents` and `rules` send their streams on.
+const EXT_PROC_AGENTS_CLUSTER: &str = "idem_ext_proc";
+const EXT_PROC_RULES_CLUSTER: &str = "idem_ext_proc_rules";
 
-/// How a report row names the host: "wasm" or "native".
+/// The filter's three hosts, measured side by side in the same Envoy: the `.wasm`, the native
+/// module, and Envoy's ext_proc filter in front of idemd's ext_proc service (BUFFERED, as
+/// envoy/ext-proc.yaml ships it).
+pub(crate) const HOSTS: [FilterHost; 3] = [FilterHost::Wasm, FilterHost::Native, FilterHost::ExtProc];
+
+/// How a report row names the host.
 pub(crate) fn host_name(host: FilterHost) -> &'static str {
-    if host.is_native() {
-        "native"
-    } else {
-        "wasm"
+    match host {
+        FilterHost::Wasm => "wasm",
+        FilterHost::Native => "native",
+        FilterHost::ExtProc => "ext_proc",
     }
 }
 
-/// The filter's replay-cache hit counter in Envoy's /stats, as each host names it.
+/// The filter's replay-cache hit counter, as each host names it: in Envoy's /stats for the two
+/// filters, in idemd's /metrics for the ext_proc host (whose filter runs in idemd).
 pub(crate) fn replay_hits_counter(host: FilterHost) -> &'static str {
-    if host.is_native() {
-        "dynamicmodulescustom.idem.replay_cache_hits"
-    } else {
-        "wasmcustom.idem.replay_cache_hits"
+    match host {
+        FilterHost::Wasm => "wasmcustom.idem.replay_cache_hits",
+        FilterHost::Native => "dynamicmodulescustom.idem.replay_cache_hits",
+        FilterHost::ExtProc => "idem_ext_proc_filter_events_total{event=\"replay_cache_hits\"}",
+    }
+}
+
+/// The replay-cache hits of `host` so far, read where it keeps them.
+pub(crate) async fn replay_hits(host: FilterHost, admin: u16, sidecar_port: u16) -> u64 {
+    match host {
+        FilterHost::ExtProc => idemd_counter(sidecar_port, replay_hits_counter(host)).await,
+        _ => envoy_counter(admin, replay_hits_counter(host)).await,
     }
 }
 
@@ -54,10 +71,12 @@ pub(crate) struct FilterPorts {
 pub(crate) struct BenchStack {
     pub(crate) label: &'static str,
     _dir: tempfile::TempDir,
-    /// The agent filter's listeners as proxy-wasm (`agents`, `rules`) and as the native module
-    /// (`agents_native`, `rules_native`); plain Envoy; the empty proxy-wasm filter.
+    /// The agent filter's listeners as proxy-wasm (`agents`, `rules`), as the native module
+    /// (`agents_native`, `rules_native`) and as Envoy's ext_proc filter (`agents_ext_proc`,
+    /// `rules_ext_proc`); plain Envoy; the empty proxy-wasm filter.
     wasm: FilterPorts,
     native: FilterPorts,
+    ext_proc: FilterPorts,
     pub(crate) plain: u16,
     pub(crate) empty: u16,
     /// Plain Envoy with its buffer filter: the request held until complete, nothing else.
@@ -70,6 +89,9 @@ pub(crate) struct BenchStack {
     redis_url: Option<String>,
     demo: Proc,
     sidecar: Proc,
+    /// The idemd whose ext_proc service runs `rules`' plugin configuration (an ext_proc service runs
+    /// one; the main idemd's runs `agents`'), on the same stores.
+    rules_sidecar: Proc,
     pub(crate) envoy: Proc,
     /// Nonces this run wrote into shared stores, removed at the end.
     pub(crate) nonces: Vec<String>,
@@ -108,15 +130,27 @@ fn listener_block(yaml: &str, name: &str) -> Result<String, BoxError> {
 
 /// bench.yaml's listener `name` with the native module in place of the .wasm (the harness's
 /// `to_native`, as `IDEM_E2E_HOST=native` runs the e2e suite: the same plugin configuration),
-/// renamed `<name>_native` (stats prefix and route-table anchor too) and moved to `port`.
-/// The route table is its own copy, so per-route filter configs name the native filter.
+/// renamed `<name>_native` and moved to `port`.
 fn native_listener(yaml: &str, name: &str, port: u16) -> Result<String, BoxError> {
-    let native = to_native(&listener_block(yaml, name)?)?;
-    let renamed = native
-        .replacen(&format!("  - name: {name}\n"), &format!("  - name: {name}_native\n"), 1)
-        .replace(&format!("stat_prefix: {name}\n"), &format!("stat_prefix: {name}_native\n"))
-        .replace("&routes\n", "&routes_native\n")
-        .replace("*routes\n", "*routes_native\n");
+    twin(&to_native(&listener_block(yaml, name)?)?, name, "native", port)
+}
+
+/// bench.yaml's listener `name` with Envoy's ext_proc filter on `cluster` in place of the .wasm
+/// (the harness's conversion, as `IDEM_E2E_HOST=extproc` runs the e2e suite), renamed
+/// `<name>_ext_proc` and moved to `port`.
+fn ext_proc_listener(yaml: &str, name: &str, cluster: &str, port: u16) -> Result<String, BoxError> {
+    twin(&ext_proc::listener_to_ext_proc(&listener_block(yaml, name)?, cluster, "BUFFERED")?, name, "ext_proc", port)
+}
+
+/// A converted copy of listener `name`, renamed `<name>_<host>` (stats prefix and route-table
+/// anchor too) and moved to `port`. The route table is its own copy, so per-route filter configs
+/// name the host's filter.
+fn twin(converted: &str, name: &str, host: &str, port: u16) -> Result<String, BoxError> {
+    let renamed = converted
+        .replacen(&format!("  - name: {name}\n"), &format!("  - name: {name}_{host}\n"), 1)
+        .replace(&format!("stat_prefix: {name}\n"), &format!("stat_prefix: {name}_{host}\n"))
+        .replace("&routes\n", &format!("&routes_{host}\n"))
+        .replace("*routes\n", &format!("*routes_{host}\n"));
     // The listener's own address is the block's only `port_value`.
     let (before, after) = renamed.split_once("port_value: ").ok_or_else(|| format!("listener `{name}` has no port"))?;
     let digits = after.find(|c: char| !c.is_ascii_digit()).unwrap_or(after.len());
@@ -132,26 +166,56 @@ pub(crate) async fn start_stack(
     let ports = Ports { listener: free_port()?, admin: free_port()?, demo: free_port()?, sidecar: free_port()? };
     let (plain, empty, rules, buffered) = (free_port()?, free_port()?, free_port()?, free_port()?);
     let native = FilterPorts { agents: free_port()?, rules: free_port()? };
+    let ext_proc_ports = FilterPorts { agents: free_port()?, rules: free_port()? };
     let sql_url = sql_url.unwrap_or_else(|| format!("sqlite://{}/idem.db?mode=rwc", dir.path().display()));
     let mut demo = start_demo(&DemoOpts::default(), ports.demo, dir.path())?;
     wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.demo), &mut demo).await?;
-    let sopts = SidecarOpts { redis_url: redis_url.clone(), database_url: Some(sql_url.clone()), extra_args: vec![] };
-    let mut sidecar = start_sidecar(&sopts, ports.sidecar, dir.path())?;
+    let bench = std::fs::read_to_string(repo_root().join("envoy/bench.yaml"))?;
+    // The ext_proc host: the main idemd serves `agents`' plugin configuration, a second idemd on the
+    // same stores `rules'` (an ext_proc service runs one configuration). One thread each, as Envoy
+    // runs one worker: the filters' hosts run on that one thread too.
+    let rules_sidecar_port = free_port()?;
+    let mut grpc = Vec::new();
+    for (listener, sidecar_port) in [("agents", ports.sidecar), ("rules", rules_sidecar_port)] {
+        let config = ext_proc::plugin_config_of(&listener_block(&bench, listener)?)
+            .ok_or_else(|| format!("envoy/bench.yaml's `{listener}` has no plugin configuration"))?;
+        let (file, port) = ext_proc::prepare(sidecar_port, &config, dir.path())?;
+        let args = ["--ext-proc", &format!("127.0.0.1:{port}"), "--ext-proc-config", &file.display().to_string()]
+            .into_iter()
+            .chain(["--ext-proc-threads", "1"])
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        grpc.push((port, args));
+    }
+    let [(agents_grpc, agents_args), (rules_grpc, rules_args)] = <[_; 2]>::try_from(grpc).map_err(|_| "two")?;
+    let opts =
+        |extra_args| SidecarOpts { redis_url: redis_url.clone(), database_url: Some(sql_url.clone()), extra_args };
+    let mut sidecar = start_sidecar(&opts(agents_args), ports.sidecar, dir.path())?;
     wait_ready(&format!("http://127.0.0.1:{}/healthz", ports.sidecar), &mut sidecar).await?;
+    let mut rules_sidecar = spawn_sidecar("idemd-rules", &opts(rules_args), rules_sidecar_port, dir.path())?;
+    wait_ready(&format!("http://127.0.0.1:{rules_sidecar_port}/healthz"), &mut rules_sidecar).await?;
     let fragment = std::fs::read_to_string(repo_root().join("envoy/bench-empty.yaml"))?;
     // The fragment's own header comment stays out; its listener goes where the marker is.
     let listener: String = fragment.lines().skip_while(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect();
     let listener = listener
         .replace(EMPTY_WASM, &empty_wasm()?.display().to_string())
         .replace(&format!("port_value: {BENCH_EMPTY_LISTENER_PORT}"), &format!("port_value: {empty}"));
-    let bench = std::fs::read_to_string(repo_root().join("envoy/bench.yaml"))?;
-    let natives = native_listener(&bench, "agents", native.agents)? + &native_listener(&bench, "rules", native.rules)?;
+    let twins = native_listener(&bench, "agents", native.agents)?
+        + &native_listener(&bench, "rules", native.rules)?
+        + &ext_proc_listener(&bench, "agents", EXT_PROC_AGENTS_CLUSTER, ext_proc_ports.agents)?
+        + &ext_proc_listener(&bench, "rules", EXT_PROC_RULES_CLUSTER, ext_proc_ports.rules)?;
+    let clusters: String = [(EXT_PROC_AGENTS_CLUSTER, agents_grpc), (EXT_PROC_RULES_CLUSTER, rules_grpc)]
+        .into_iter()
+        .flat_map(|(name, port)| ext_proc::cluster(name, &[port], "  "))
+        .map(|l| format!("{l}\n"))
+        .collect();
     let edits = [
         bench_plain_listener(plain),
         (EMPTY_LISTENER_MARKER.to_owned(), listener),
         (format!("port_value: {BENCH_RULES_LISTENER_PORT}"), format!("port_value: {rules}")),
         (format!("port_value: {BENCH_BUFFERED_LISTENER_PORT}"), format!("port_value: {buffered}")),
-        (NATIVE_LISTENERS_MARKER.to_owned(), natives),
+        (NATIVE_LISTENERS_MARKER.to_owned(), twins),
+        (CLUSTERS_LINE.to_owned(), format!("{CLUSTERS_LINE}{clusters}")),
     ];
     let mut envoy = start_envoy_with("bench.yaml", &ports, &edits, dir.path())?;
     wait_ready(&format!("http://127.0.0.1:{}/ready", ports.admin), &mut envoy).await?;
@@ -160,6 +224,7 @@ pub(crate) async fn start_stack(
         _dir: dir,
         wasm: FilterPorts { agents: ports.listener, rules },
         native,
+        ext_proc: ext_proc_ports,
         plain,
         empty,
         buffered,
@@ -170,6 +235,7 @@ pub(crate) async fn start_stack(
         redis_url,
         demo,
         sidecar,
+        rules_sidecar,
         envoy,
         nonces: Vec::new(),
     })
@@ -178,15 +244,17 @@ pub(crate) async fn start_stack(
 impl BenchStack {
     /// The listeners of the filter on `host`.
     pub(crate) fn filter(&self, host: FilterHost) -> FilterPorts {
-        if host.is_native() {
-            self.native
-        } else {
-            self.wasm
+        match host {
+            FilterHost::Wasm => self.wasm,
+            FilterHost::Native => self.native,
+            FilterHost::ExtProc => self.ext_proc,
         }
     }
 
-    pub(crate) fn idemd_pid(&self) -> Option<u32> {
-        self.sidecar.pid()
+    /// Both idemd processes: the CPU of a side is theirs together (the second one only serves
+    /// `rules_ext_proc`, and idles otherwise).
+    pub(crate) fn idemd_pids(&self) -> Vec<u32> {
+        [self.sidecar.pid(), self.rules_sidecar.pid()].into_iter().flatten().collect()
     }
 
     /// Upstream requests and connections per cluster (a pool that reconnects per request costs a lot).
@@ -212,7 +280,10 @@ impl BenchStack {
     }
 
     pub(crate) fn pids(&self) -> Vec<u32> {
-        [self.demo.pid(), self.sidecar.pid(), self.envoy.pid()].into_iter().flatten().collect()
+        [self.demo.pid(), self.sidecar.pid(), self.rules_sidecar.pid(), self.envoy.pid()]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Remove this run's rows from the shared Postgres and keys from Redis.
@@ -354,6 +425,18 @@ pub(crate) fn store_delta(before: &StoreTimes, after: &StoreTimes) -> Vec<(Strin
 }
 
 /// One counter of Envoy's /stats (e.g. `wasmcustom.idem.replay_cache_hits`); 0 when absent.
+/// A counter of idemd's /metrics, by its whole series (`name{labels}`).
+pub(crate) async fn idemd_counter(sidecar_port: u16, series: &str) -> u64 {
+    let text = match reqwest::get(format!("http://127.0.0.1:{sidecar_port}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return 0,
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 pub(crate) async fn envoy_counter(admin: u16, name: &str) -> u64 {
     let url = format!("http://127.0.0.1:{admin}/stats?filter=^{}$", name.replace('.', "%5C."));
     let text = match reqwest::get(url).await {
