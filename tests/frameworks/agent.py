@@ -3,7 +3,8 @@
     python agent.py FRAMEWORK URL
 
 FRAMEWORK is one of the configurations in FRAMEWORKS below (pydantic-ai, with its default and with
-`tool_error_behavior='failed'`; the OpenAI Agents SDK, with `use_structured_content` off and on). Each
+`tool_error_behavior='failed'`; the OpenAI Agents SDK, with `use_structured_content` off and on; LangGraph's
+prebuilt agent over langchain-mcp-adapters, run from .venv-langchain: the adapters need the MCP SDK 1.x). Each
 call of a tool is one agent run: the scripted model asks for the call, then is shown the tool's answer
 as the framework hands it to a model, and ends the run. One JSON line per step:
 
@@ -138,11 +139,76 @@ class OpenAiAgents:
             return {"ran": False, "seen": "\n".join(seen), "error": f"{type(e).__name__}: {e}"}
 
 
+# --- LangGraph over langchain-mcp-adapters ------------------------------------------------------
+
+
+class LangGraph:
+    """LangGraph's prebuilt ReAct agent (`create_react_agent`, its ToolNode with its default error
+    handling) over the tools langchain-mcp-adapters' MultiServerMCPClient loads, as their docs show
+    (Streamable HTTP; the adapter opens a session per call), and a scripted chat model. The model
+    reads a ToolMessage's content: the result's content blocks (text, an embedded text resource as
+    its text); `structuredContent` goes to the message's artifact, which no model is shown."""
+
+    def __init__(self, url, headers):
+        from langchain_mcp_adapters.client import MultiServerMCPClient
+
+        self.client = MultiServerMCPClient({"demo": {"url": url, "transport": "streamable_http", "headers": headers}})
+        self.tools = None
+
+    async def __aenter__(self):
+        self.tools = await self.client.get_tools()
+        return self
+
+    async def __aexit__(self, *exc):
+        return None
+
+    async def call(self, tool, arguments, times=1):
+        """As PydanticAi.call."""
+        from langchain_core.language_models.chat_models import BaseChatModel
+        from langchain_core.messages import AIMessage, ToolMessage
+        from langchain_core.outputs import ChatGeneration, ChatResult
+        from langgraph.prebuilt import create_react_agent
+
+        seen = []
+
+        def shown(content):
+            if isinstance(content, str):
+                return content
+            return "\n".join(b.get("text", json.dumps(b)) if isinstance(b, dict) else str(b) for b in content)
+
+        class Scripted(BaseChatModel):
+            @property
+            def _llm_type(self):
+                return "scripted"
+
+            def bind_tools(self, tools, **kwargs):
+                return self
+
+            def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+                outputs = [m for m in messages if isinstance(m, ToolMessage)]
+                if outputs:
+                    seen.append(shown(outputs[-1].content))
+                if len(outputs) < times:
+                    call = {"name": tool, "args": arguments, "id": f"c{len(outputs)}", "type": "tool_call"}
+                    message = AIMessage(content="", tool_calls=[call])
+                else:
+                    message = AIMessage(content="noted")
+                return ChatResult(generations=[ChatGeneration(message=message)])
+
+        agent = create_react_agent(Scripted(), self.tools)
+        try:
+            await agent.ainvoke({"messages": [("user", f"call {tool}")]})
+            return {"ran": True, "seen": "\n".join(seen), "error": None}
+        except Exception as e:  # noqa: BLE001
+            return {"ran": False, "seen": "\n".join(seen), "error": f"{type(e).__name__}: {e}"}
+
+
 FRAMEWORKS = {
     "pydantic-ai": lambda url, h: PydanticAi(url, h, None),
     "pydantic-ai-failed": lambda url, h: PydanticAi(url, h, "failed"),
     "openai-agents": lambda url, h: OpenAiAgents(url, h, False),
     "openai-agents-structured": lambda url, h: OpenAiAgents(url, h, True),
+    "langgraph": LangGraph,
 }
 
 

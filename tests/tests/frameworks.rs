@@ -1,7 +1,8 @@
 //! Real agent frameworks show the model what happened (DESIGN §7, §11). An agent never reads the
 //! wire: it reads what its framework hands the model. tests/frameworks/agent.py drives pydantic-ai
 //! (`pydantic-ai-slim`, a `FunctionModel`, its default and `tool_error_behavior='failed'`) and the
-//! OpenAI Agents SDK (`openai-agents`, a scripted `Model`, `use_structured_content` off and on)
+//! OpenAI Agents SDK (`openai-agents`, a scripted `Model`, `use_structured_content` off and on) and
+//! LangGraph's prebuilt agent over langchain-mcp-adapters (a scripted chat model)
 //! through their own MCP clients against the guarded demo, on `/mcp` (JSON answers) and
 //! `/mcp/stream` (SSE-framed answers), each client choosing its transport as it does for a user
 //! (pydantic-ai infers it from the URL), and prints what each framework put in front of the model
@@ -9,7 +10,9 @@
 //! model, a replay never reads as a fresh execution (with `use_structured_content=True` the
 //! envelope rides in the `agent_idempotency` property the gateway declared in the tool's
 //! `outputSchema`), the run goes on, and the demo's ledger shows one execution per fingerprint.
-//! Pinned in tests/mcp-sdk/requirements.txt; `make mcp-sdk` installs them into `.venv`.
+//! Pinned in tests/mcp-sdk/requirements.txt (and LangGraph's, which needs the MCP SDK 1.x, in
+//! tests/frameworks/requirements-langchain.txt); `make mcp-sdk` installs them into `.venv` (and
+//! `.venv-langchain`).
 
 use idem_e2e::*;
 use serde_json::Value;
@@ -17,24 +20,48 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-const INSTALL: &str = "run `make mcp-sdk` (it installs tests/mcp-sdk/requirements.txt into .venv)";
+/// Where a framework is installed: its venv, its pins, and the distributions (with the module
+/// each is imported as) whose versions must be the pinned ones.
+struct Install {
+    venv: &'static str,
+    pins: &'static str,
+    dists: &'static [(&'static str, &'static str)],
+}
+
+fn install(framework: &str) -> Install {
+    if framework == "langgraph" {
+        Install {
+            venv: ".venv-langchain",
+            pins: "tests/frameworks/requirements-langchain.txt",
+            dists: &[("langgraph", "langgraph"), ("langchain-mcp-adapters", "langchain_mcp_adapters"), ("mcp", "mcp")],
+        }
+    } else {
+        Install {
+            venv: ".venv",
+            pins: "tests/mcp-sdk/requirements.txt",
+            dists: &[("pydantic-ai-slim", "pydantic_ai"), ("openai-agents", "agents")],
+        }
+    }
+}
 
 /// The framework's lines, after checking it is installed as pinned.
 async fn run_agent(framework: &str, url: &str) -> Result<Vec<Value>, BoxError> {
-    let python = repo_root().join(".venv/bin/python");
-    let pins = std::fs::read_to_string(repo_root().join("tests/mcp-sdk/requirements.txt"))?;
-    for (dist, module) in [("pydantic-ai-slim", "pydantic_ai"), ("openai-agents", "agents")] {
+    let Install { venv, pins: pins_file, dists } = install(framework);
+    let hint = format!("run `make mcp-sdk` (it installs {pins_file} into {venv})");
+    let python = repo_root().join(venv).join("bin/python");
+    let pins = std::fs::read_to_string(repo_root().join(pins_file))?;
+    for &(dist, module) in dists {
         let want = pins
             .lines()
             .find_map(|l| l.split_once("==").filter(|(n, _)| n.split('[').next() == Some(dist)).map(|(_, v)| v.trim()))
-            .ok_or_else(|| format!("tests/mcp-sdk/requirements.txt pins no {dist}"))?;
+            .ok_or_else(|| format!("{pins_file} pins no {dist}"))?;
         let out = std::process::Command::new(&python)
             .args(["-c", &format!("import {module}, importlib.metadata as m; print(m.version('{dist}'))")])
             .output()
-            .map_err(|e| format!("{}: {e}: {INSTALL}", python.display()))?;
+            .map_err(|e| format!("{}: {e}: {hint}", python.display()))?;
         let have = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         if !out.status.success() || have != want {
-            return Err(format!("{dist} {want} is not installed in .venv (found {have:?}): {INSTALL}").into());
+            return Err(format!("{dist} {want} is not installed in {venv} (found {have:?}): {hint}").into());
         }
     }
     let mut cmd = tokio::process::Command::new(python);
@@ -191,4 +218,6 @@ frameworks! {
     openai_agents_stream: "openai-agents" on "/mcp/stream";
     openai_agents_structured_json: "openai-agents-structured" on "/mcp";
     openai_agents_structured_stream: "openai-agents-structured" on "/mcp/stream";
+    langgraph_json: "langgraph" on "/mcp";
+    langgraph_stream: "langgraph" on "/mcp/stream";
 }
