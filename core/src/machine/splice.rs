@@ -675,10 +675,10 @@ mod tests {
                         prop_assert_eq!(parsed, serde_json::Value::Object(want));
                     }
                     Err(_) => {
-                        // Refused: what went on is a prefix of the answer, the rest spaces.
-                        let text = String::from_utf8_lossy(&out);
-                        let kept = text.trim_end();
-                        prop_assert!(body.starts_with(kept.as_bytes()), "{}", text);
+                        // Refused: what went on is a prefix of the answer, the rest spaces. Compared as
+                        // bytes: the cut may fall inside a character, which is no JSON either.
+                        let kept = out.iter().rposition(|&b| b != b' ').map_or(&out[..0], |end| &out[..=end]);
+                        prop_assert!(body.starts_with(kept), "{}", String::from_utf8_lossy(&out));
                     }
                 }
                 return Ok(());
