@@ -81,6 +81,8 @@ test: build lint
 	IDEM_E2E_HOST=native IDEM_SKIP_LOG=$(SKIP_LOG) cargo nextest run -p idem-e2e -p idem-soak --no-fail-fast || status=1; \
 	echo; echo "*** the end-to-end suite and the soak again, on idemd's ext_proc host behind Envoy's ext_proc filter (IDEM_E2E_HOST=extproc)"; \
 	IDEM_E2E_HOST=extproc IDEM_SKIP_LOG=$(SKIP_LOG) cargo nextest run -p idem-e2e -p idem-soak --no-fail-fast || status=1; \
+	echo; echo "*** the end-to-end suite once more on the ext_proc host, both bodies FULL_DUPLEX_STREAMED (Google's Agent Gateway's mode)"; \
+	IDEM_E2E_HOST=extproc IDEM_E2E_EXT_PROC_BODY=FULL_DUPLEX_STREAMED IDEM_SKIP_LOG=$(SKIP_LOG) cargo nextest run -p idem-e2e --no-fail-fast || status=1; \
 	if [ -s $(SKIP_LOG) ]; then echo; echo "*** SKIPPED BACKENDS (unreachable; these tests passed without them, IDEM_REQUIRE_BACKENDS=1 fails them):"; sort $(SKIP_LOG) | uniq -c; fi; \
 	exit $$status
 

@@ -125,6 +125,12 @@ fn sidecar_ports(yaml: &str) -> Vec<u16> {
 /// `IDEM_E2E_EXT_PROC_BODY` chooses the body mode of both directions: `BUFFERED` (default) or
 /// `FULL_DUPLEX_STREAMED` (what Google's Agent Gateway uses for every event).
 pub fn to_ext_proc(yaml: &str) -> Result<String, BoxError> {
+    to_ext_proc_with(yaml, &body_mode()?)
+}
+
+/// `IDEM_E2E_EXT_PROC_BODY`: the body mode the converted configs use, BUFFERED unless it says
+/// FULL_DUPLEX_STREAMED or STREAMED.
+pub fn body_mode() -> Result<String, BoxError> {
     let mode = std::env::var("IDEM_E2E_EXT_PROC_BODY").ok().filter(|m| !m.trim().is_empty());
     let mode = mode.as_deref().map(str::trim).unwrap_or("BUFFERED");
     if !["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"].contains(&mode) {
@@ -132,7 +138,7 @@ pub fn to_ext_proc(yaml: &str) -> Result<String, BoxError> {
             format!("IDEM_E2E_EXT_PROC_BODY={mode}: expected BUFFERED, FULL_DUPLEX_STREAMED or STREAMED").into()
         );
     }
-    to_ext_proc_with(yaml, mode)
+    Ok(mode.to_owned())
 }
 
 /// [`to_ext_proc`] with another body mode for both directions (`FULL_DUPLEX_STREAMED`, …).

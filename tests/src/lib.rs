@@ -686,6 +686,15 @@ pub fn in_envoy_only(why: &str) -> Result<bool, BoxError> {
     Ok(ext_proc)
 }
 
+/// The `content-length` an answer of `len` bytes that the gateway rewrote goes out with on the host
+/// under test: its length, or none (chunked) where the host cannot announce one. Envoy's ext_proc
+/// filter always removes it under FULL_DUPLEX_STREAMED (its headers go out before the body's
+/// changes come back, so it cannot know the length; the HTTP/1 codec then chunks the answer).
+pub fn announced_length(len: usize) -> Result<Option<usize>, BoxError> {
+    let duplex = FilterHost::current()?.is_ext_proc() && ext_proc::body_mode()? == "FULL_DUPLEX_STREAMED";
+    Ok((!duplex).then_some(len))
+}
+
 /// Run `envoy --mode validate` on a config under envoy/ (with the real .wasm path; with
 /// `IDEM_E2E_HOST=native`, converted to the native module as the stacks are).
 pub fn validate_envoy_config(config: &str) -> Result<(bool, String), BoxError> {
