@@ -49,28 +49,27 @@ impl Ctx {
     /// A header the guard reads came more than once: which value is meant is unknowable, and
     /// choosing one ("first wins") is how a proxy and an upstream come to disagree (DESIGN §6).
     pub(super) fn repeated_header(&self, name: &str) -> Step {
-        let kind = match name {
-            FINGERPRINT_HEADER => ReplyKind::FingerprintInvalid,
-            IDEMPOTENCY_KEY_HEADER => ReplyKind::KeyInvalid,
-            _ => ReplyKind::InvalidHeader,
-        };
-        let detail = format!("{name} was sent more than once (a spelling with `_` for `-` counts as another copy)");
-        let ctx = ReplyContext { detail: Some(&detail), ..Default::default() };
-        Step::pause()
-            .with(Effect::Reply(self.render_as(kind, ctx, self.for_programs())))
-            .with(Effect::Count(Counter::RejectedHeader))
+        self.header_refusal(
+            name,
+            &format!("{name} was sent more than once (a spelling with `_` for `-` counts as another copy)"),
+        )
     }
 
     /// A header the guard reads is not text: what its bytes mean is a guess (decoded leniently,
     /// two different values may read as one), so it is refused like a repeated one.
     pub(super) fn header_not_text(&self, name: &str) -> Step {
+        self.header_refusal(name, &format!("{name} is not text (its value is not UTF-8)"))
+    }
+
+    /// A header the guard reads refused before anything is read or forwarded, in the words of what
+    /// the header carries, to the callers the route names.
+    fn header_refusal(&self, name: &str, detail: &str) -> Step {
         let kind = match name {
             FINGERPRINT_HEADER => ReplyKind::FingerprintInvalid,
             IDEMPOTENCY_KEY_HEADER => ReplyKind::KeyInvalid,
             _ => ReplyKind::InvalidHeader,
         };
-        let detail = format!("{name} is not text (its value is not UTF-8)");
-        let ctx = ReplyContext { detail: Some(&detail), ..Default::default() };
+        let ctx = ReplyContext { detail: Some(detail), ..Default::default() };
         Step::pause()
             .with(Effect::Reply(self.render_as(kind, ctx, self.for_programs())))
             .with(Effect::Count(Counter::RejectedHeader))

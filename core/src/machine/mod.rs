@@ -142,16 +142,6 @@ impl Machine {
         (machine, first.then(next))
     }
 
-    pub fn role(&self) -> Option<Role> {
-        match self {
-            Machine::Pass => None,
-            Machine::Preview(_) => Some(Role::Preview),
-            Machine::Confirm(_) => Some(Role::Confirm),
-            Machine::Status(_) => Some(Role::Status),
-            Machine::Mcp(_) => Some(Role::Mcp),
-        }
-    }
-
     /// A role whose stream has ended (replied, or passing through) becomes `Pass`.
     fn settle(self) -> Machine {
         let finished = match &self {

@@ -1172,6 +1172,13 @@ fn a_header_value_that_is_not_text_is_refused_where_the_guard_reads_it_and_ignor
         let (m, step) = Machine::start(ctx("confirm")?, &h, false, &mut env);
         let r = step.reply().ok_or(format!("{name}: no reply"))?;
         assert_eq!(r.http_status, 400, "{name}");
+        // In the words of what the header carries, as a repeated one is.
+        let word = match label {
+            FINGERPRINT_HEADER => "fingerprint_invalid",
+            IDEMPOTENCY_KEY_HEADER => "idempotency_key_invalid",
+            _ => "invalid_header",
+        };
+        assert_eq!(serde_json::from_slice::<Value>(&r.body)?["status"], word, "{name}");
         assert!(counted(&step, Counter::RejectedHeader) && matches!(m, Machine::Pass), "{name}");
         assert!(!step.effects.iter().any(|e| matches!(e, Effect::Call(_) | Effect::ResumeRequest)), "{name}");
     }
@@ -1639,6 +1646,9 @@ fn mcp_confirm_records_the_result_and_replays_it_with_the_retrys_id() -> TestRes
     let step = m.on_callout(&answer(200, json!({"outcome": "ACQUIRED", "owner": OWNER})), &mut env)?;
     assert!(step.effects.contains(&Effect::SetRequestHeader(IDEMPOTENCY_KEY_HEADER, KEY.into())));
     assert!(m.response_needs_headers());
+    // The tool's call is upstream: its lease is the host's to renew, as a confirm's is.
+    let lease = m.live_lease().ok_or("no lease while the tool call is upstream")?;
+    assert_eq!((lease.key.as_str(), lease.owner.as_str()), (KEY, OWNER));
     // Small enough for the test config's max_response_bytes (64).
     let result = json!({"structuredContent": {"id": "t_1"}, "isError": false});
     let body = json!({"jsonrpc": "2.0", "id": 3, "result": result}).to_string().into_bytes();
@@ -2110,6 +2120,62 @@ fn a_client_key_is_removed_when_it_came_in_any_case_and_only_then() -> TestResul
         let removes = first.effects.contains(&Effect::RemoveRequestHeader(IDEMPOTENCY_KEY_HEADER));
         assert_eq!(removes, removed, "{headers:?}");
     }
+    Ok(())
+}
+
+/// What is refused before the body is read is told to the callers the route names: programs get
+/// docs/programs.md's problem, agents the §7 envelope (with the stream's trace id). A missing
+/// subject is a problem only where the route takes nothing but client keys; a bad header wherever
+/// programs send their own keys.
+#[test]
+fn the_first_refusals_speak_to_the_callers_the_route_names() -> TestResult {
+    let with = |role: &str, extra: &[(&str, &str)]| -> Result<Ctx, Box<dyn std::error::Error>> {
+        Ok(Ctx { config: config()?, policy: policy_with(role, "envelope", extra)?, trace_id: "trace-1".into() })
+    };
+    let cases: Vec<(&str, Ctx, bool, bool)> = vec![
+        // (route, ctx, a missing subject is a problem, a repeated header is a problem)
+        ("idempotent", idempotent_ctx(&[])?, true, true),
+        (
+            "confirm, client keys, programs",
+            with("confirm", &[("client_keys", "true"), ("callers", "programs")])?,
+            false,
+            true,
+        ),
+        ("confirm, programs, no client keys", with("confirm", &[("callers", "programs")])?, false, false),
+        ("status, client keys, agents", with("status", &[("client_keys", "true")])?, false, false),
+        ("confirm", ctx("confirm")?, false, false),
+    ];
+    let problem =
+        |step: &Step| step.reply().is_some_and(|r| r.headers.iter().any(|(_, v)| v == "application/problem+json"));
+    for (label, c, subject_problem, header_problem) in cases {
+        let mut env = FixedEnv::at(999, NONCE);
+        let (_, missing) = Machine::start(c.clone(), &RequestHead { subject: None, ..head(None) }, false, &mut env);
+        let (_, repeated) =
+            Machine::start(c, &RequestHead { repeated: Some(SUBJECT_HEADER_LABEL), ..head(None) }, false, &mut env);
+        assert_eq!((problem(&missing), problem(&repeated)), (subject_problem, header_problem), "{label}");
+        for step in [&missing, &repeated] {
+            let r = step.reply().ok_or(format!("{label}: no reply"))?;
+            let v: Value = serde_json::from_slice(&r.body)?;
+            if !problem(step) {
+                assert_eq!(v["trace_id"], "trace-1", "{label}: {v}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A declared length up to the limit is read; one past it is refused before a byte is.
+#[test]
+fn a_declared_length_at_the_limit_is_read_and_one_past_it_refused() -> TestResult {
+    let mut env = FixedEnv::at(999, NONCE);
+    let limit = ctx("confirm")?.config.max_body_bytes as u64;
+    let at = RequestHead { content_length: Some(limit), ..head(None) };
+    let (m, step) = Machine::start(ctx("confirm")?, &at, false, &mut env);
+    assert!(step.reply().is_none() && !matches!(m, Machine::Pass), "{step:?}");
+    let past = RequestHead { content_length: Some(limit + 1), ..head(None) };
+    let (m, step) = Machine::start(ctx("confirm")?, &past, false, &mut env);
+    assert_eq!(reply_status(&step)?, (413, "body_too_large".into()));
+    assert!(matches!(m, Machine::Pass));
     Ok(())
 }
 
