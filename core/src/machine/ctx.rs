@@ -124,7 +124,8 @@ impl Ctx {
             BodyError::TooLarge { .. } => ReplyKind::BodyTooLarge,
             BodyError::Invalid(_) | BodyError::NotAnObject => ReplyKind::InvalidJson,
         };
-        let ctx = ReplyContext { retry_after_ms: self.config.defaults.retry_after_ms, ..Default::default() };
+        // Neither kind says when to retry: the same body is refused again.
+        let ctx = ReplyContext::default();
         Step::pause().with(Effect::Reply(self.render_as(kind, ctx, problem))).with(Effect::Count(Counter::RejectedBody))
     }
 
@@ -182,8 +183,6 @@ impl Ctx {
         })
     }
 
-    /// Where and when `in_progress` polls: the status tool, else this call's own tool (by its
-    /// `tool.name`; an MCP tool always has one), after the route's interval.
     /// The reply about an operation a person is asked about (DESIGN §4, "Approval"): what the
     /// approval record says as of `now_s`, for a confirm or (`status_query`) a status lookup.
     pub(super) fn approval_reply(&self, view: &crate::protocol::ApprovalView, now_s: u64, status_query: bool) -> Step {
@@ -213,6 +212,8 @@ impl Ctx {
         step.with(Effect::Count(counter))
     }
 
+    /// Where and when `in_progress` polls: the status tool, else this call's own tool (by its
+    /// `tool.name`; an MCP tool always has one), after the route's interval.
     pub(super) fn polling(&self) -> ReplyContext<'_> {
         ReplyContext {
             poll_with: self.policy.status_tool.as_deref(),

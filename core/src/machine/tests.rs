@@ -2294,6 +2294,7 @@ fn approval_answers_become_replies_and_nothing_is_forwarded() -> TestResult {
     assert_eq!(v["status"], "approval_required", "before exp the record reads as awaiting");
     assert_eq!(v["approval"]["fields"]["/amount"], 10);
     assert_eq!(v["approval"]["approve_at"], "https://idemd.example/approvals");
+    assert_eq!(v["approval"]["expires_at"], 1000, "the record's exp, in seconds: {v}");
     assert_eq!(v["poll_with"], "get_status");
     assert_eq!(v["operation"], KEY);
     // A rejection carries the approver's reason.
@@ -2309,6 +2310,42 @@ fn approval_answers_become_replies_and_nothing_is_forwarded() -> TestResult {
     let (mut m, _, mut env) = approval_acquiring("always", 999)?;
     let step = m.on_callout(&answer(200, json!({"outcome": "REJECTED", "approval": other})), &mut env)?;
     assert_eq!(reply_status(&step)?.1, "status_unavailable");
+    Ok(())
+}
+
+/// A status lookup that finds a person's approval answers what they decided, and counts each
+/// lookup once (when it went out) plus, for a verdict, the verdict's own counter.
+#[test]
+fn a_status_lookup_answers_the_approval_and_counts_it_once() -> TestResult {
+    let fp = token(1000)?;
+    for (state, status, verdict) in [
+        ("AWAITING_APPROVAL", "awaiting_approval", None),
+        ("APPROVED", "approved", None),
+        ("REJECTED", "rejected", Some(Counter::ApprovalRejected)),
+        ("LAPSED", "approval_lapsed", Some(Counter::ApprovalLapsed)),
+    ] {
+        let mut env = FixedEnv::at(999, NONCE);
+        let h = RequestHead { path: format!("/status?fingerprint={fp}"), ..head(None) };
+        let (mut m, first) = Machine::start(ctx("status")?, &h, true, &mut env);
+        let sent = first.effects.iter().filter(|e| **e == Effect::Count(Counter::StatusLookups)).count();
+        let step = m.on_callout(&answer(404, json!({"approval": approval_view(state, 1_000_000)})), &mut env)?;
+        assert_eq!(reply_status(&step)?.1, status, "{state}");
+        let lookups = step.effects.iter().filter(|e| **e == Effect::Count(Counter::StatusLookups)).count();
+        assert_eq!(sent + lookups, 1, "{state}: one lookup, counted once");
+        let counts: Vec<&Effect> = step.effects.iter().filter(|e| matches!(e, Effect::Count(_))).collect();
+        assert_eq!(counts, verdict.map(Effect::Count).iter().collect::<Vec<_>>(), "{state}");
+    }
+    Ok(())
+}
+
+/// The replies that need nothing but the defaults say when to retry where their kind does.
+#[test]
+fn a_simple_reply_carries_the_configured_retry_interval() -> TestResult {
+    let c = ctx("status")?;
+    let wait = c.config.defaults.retry_after_ms;
+    let r = c.simple(ReplyKind::StatusUnavailable).reply().cloned().ok_or("no reply")?;
+    let v: Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(v["retry_after_ms"].as_u64(), Some(wait), "{v}");
     Ok(())
 }
 
