@@ -2338,6 +2338,45 @@ fn a_status_lookup_answers_the_approval_and_counts_it_once() -> TestResult {
     Ok(())
 }
 
+/// `in_progress` polls the status tool, else the call's own tool (by `tool.name`), after the
+/// route's own interval.
+#[test]
+fn polling_names_the_status_tool_else_the_calls_own_tool_and_the_routes_interval() -> TestResult {
+    let leaves = [
+        ("role", "confirm"),
+        ("scope", "pay"),
+        ("bind", "/amount:decimal"),
+        ("upstream_keys", "honoured"),
+        ("poll_after_ms", "1500"),
+        ("tool", r#"{"name": "execute_transfer"}"#),
+    ];
+    let own = Ctx { config: config()?, policy: testing::route(&leaves)?, trace_id: "trace-1".into() };
+    let p = own.polling();
+    assert_eq!((p.poll_with, p.own_tool, p.poll_after_ms), (None, Some("execute_transfer"), 1500));
+    let with_status = [&leaves[..], &[("status_tool", "get_status")]].concat();
+    let status = Ctx { policy: testing::route(&with_status)?, ..own };
+    let p = status.polling();
+    assert_eq!((p.poll_with, p.own_tool, p.poll_after_ms), (Some("get_status"), Some("execute_transfer"), 1500));
+    Ok(())
+}
+
+/// The answers a host gives from the route table itself (a route whose annotation does not parse,
+/// a path or method spelled otherwise than a rule's) carry the stream's trace id and what to do.
+#[test]
+fn the_hosts_route_answers_carry_the_trace_and_what_to_do() -> TestResult {
+    let c = config()?;
+    let json = |r: crate::reply::Reply| serde_json::from_slice::<Value>(&r.body);
+    let v = json(super::misconfigured(&c, "trace-9"))?;
+    assert_eq!((v["status"].as_str(), v["trace_id"].as_str()), (Some("status_unavailable"), Some("trace-9")), "{v}");
+    assert_eq!(v["retry_after_ms"].as_u64(), Some(c.defaults.retry_after_ms), "{v}");
+    let v = json(super::not_canonical(&c, "trace-9", "/v1/transfers"))?;
+    assert_eq!(v["trace_id"], "trace-9", "{v}");
+    assert!(v["detail"].as_str().is_some_and(|d| d.contains("/v1/transfers")), "{v}");
+    let v = json(super::method_not_guarded(&c, "trace-9", "POST is guarded here"))?;
+    assert_eq!((v["trace_id"].as_str(), v["detail"].as_str()), (Some("trace-9"), Some("POST is guarded here")), "{v}");
+    Ok(())
+}
+
 /// The replies that need nothing but the defaults say when to retry where their kind does.
 #[test]
 fn a_simple_reply_carries_the_configured_retry_interval() -> TestResult {
