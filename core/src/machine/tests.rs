@@ -2377,6 +2377,41 @@ fn the_hosts_route_answers_carry_the_trace_and_what_to_do() -> TestResult {
     Ok(())
 }
 
+/// The head reads what the role needs and nothing else: a header a role does not read is never
+/// refused there, however odd (twice, not text), and never read into the head. The trace context is
+/// read on every role.
+#[test]
+fn the_head_reads_only_what_the_role_needs_and_always_the_trace() -> TestResult {
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let odd = |name: &str| vec![(name.to_string(), vec![0xE9, 0xFF]), (name.to_string(), b"x".to_vec())];
+    let nothing = HeadNeeds::default();
+    for name in [FINGERPRINT_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER, ":path", ":method"] {
+        let h = RequestHead::from_headers(&odd(name), nothing, None);
+        assert_eq!((h.repeated, h.not_text), (None, None), "{name}");
+        assert!(h.fingerprint.is_none() && h.mcp_method.is_none() && h.mcp_name.is_none(), "{name}");
+        assert!(h.path.is_empty() && h.method.is_empty(), "{name}");
+    }
+    let traced = pairs(&[("traceparent", tp), ("tracestate", "vendor=1")]);
+    for needs in [nothing, HeadNeeds::for_role(Role::Confirm), HeadNeeds::for_role(Role::Mcp)] {
+        let h = RequestHead::from_headers(&traced, needs, None);
+        assert_eq!(h.trace, crate::trace::Trace::of(None, Some(tp), Some("vendor=1")));
+    }
+    Ok(())
+}
+
+/// A subject header configured with `_` has its dashed spelling as a second copy; no other header
+/// is one.
+#[test]
+fn a_subject_header_spelled_with_underscores_has_its_dashed_alias_and_no_other() -> TestResult {
+    let needs = HeadNeeds::for_role(Role::Confirm);
+    let subject = Some("x_agent_subject");
+    let h = RequestHead::from_headers(&pairs(&[("x_agent_subject", "alice"), ("accept", "*/*")]), needs, subject);
+    assert_eq!((h.repeated, h.subject.as_deref()), (None, Some("alice")));
+    let h = RequestHead::from_headers(&pairs(&[("x-agent-subject", "mallory")]), needs, subject);
+    assert_eq!(h.repeated, Some(SUBJECT_HEADER_LABEL));
+    Ok(())
+}
+
 /// The replies that need nothing but the defaults say when to retry where their kind does.
 #[test]
 fn a_simple_reply_carries_the_configured_retry_interval() -> TestResult {
