@@ -2399,6 +2399,25 @@ fn the_head_reads_only_what_the_role_needs_and_always_the_trace() -> TestResult 
     Ok(())
 }
 
+/// Each role's own headers: an MCP call carries its fingerprint in the call's arguments and takes
+/// no client key, a status lookup reads no method, a preview that binds only body fields reads
+/// neither its path nor every header. What a role does not read, it never refuses.
+#[test]
+fn each_role_reads_its_own_headers() -> TestResult {
+    let odd = |name: &str| vec![(name.to_string(), vec![0xE9, 0xFF]), (name.to_string(), b"x".to_vec())];
+    for name in [FINGERPRINT_HEADER, IDEMPOTENCY_KEY_HEADER] {
+        let h = RequestHead::from_headers(&odd(name), HeadNeeds::for_role(Role::Mcp), None);
+        assert_eq!((h.repeated, h.not_text, h.fingerprint, h.idempotency_key), (None, None, None, None), "{name}");
+    }
+    let h = RequestHead::from_headers(&odd(":method"), HeadNeeds::for_role(Role::Status), None);
+    assert_eq!((h.repeated, h.not_text, h.method.as_str()), (None, None, ""));
+    let preview = HeadNeeds::for_policy(&*policy("preview", "envelope")?);
+    assert!(!preview.path && !preview.headers, "{preview:?}");
+    let h = RequestHead::from_headers(&odd(":path"), preview, None);
+    assert_eq!((h.repeated, h.not_text), (None, None));
+    Ok(())
+}
+
 /// A subject header configured with `_` has its dashed spelling as a second copy; no other header
 /// is one.
 #[test]
