@@ -1142,6 +1142,19 @@ fn the_answer_head_picks_no_copy_of_a_header_the_guard_reads() {
     assert_eq!((h.status, h.content_length), (200, None));
     assert_eq!(h.not_text, vec!["x".to_string()]);
     assert!(h.values("x").is_none());
+    // One length, or copies that agree, is the length; no coding is none, several are one list.
+    for lengths in [&[&b"10"[..]][..], &[b"10", b"10"]] {
+        let list: Vec<(&str, &[u8])> = lengths.iter().map(|l| ("content-length", *l)).collect();
+        assert_eq!(ResponseHead::from_headers(&raw(&list), false, true).content_length, Some(10), "{lengths:?}");
+    }
+    let coded = |codings: &[&[u8]]| {
+        let list: Vec<(&str, &[u8])> = codings.iter().map(|c| ("content-encoding", *c)).collect();
+        ResponseHead::from_headers(&raw(&list), false, true).content_encoding
+    };
+    assert_eq!(coded(&[]), None);
+    assert_eq!(coded(&[b"gzip", b"br"]).as_deref(), Some("gzip, br"));
+    // Without the full map, the answer is one attempt (Envoy's count is read only with it).
+    assert_eq!(ResponseHead::from_headers(&raw(&[(":status", b"200")]), false, false).attempts, 1);
     let twice = vec![("retry-after".to_string(), "7".to_string()), ("retry-after".to_string(), "3600".to_string())];
     assert_eq!(retry_after_ms(&twice), None);
     assert_eq!(retry_after_ms(&twice[..1]), Some(7000));
@@ -2411,6 +2424,13 @@ fn each_role_reads_its_own_headers() -> TestResult {
     }
     let h = RequestHead::from_headers(&odd(":method"), HeadNeeds::for_role(Role::Status), None);
     assert_eq!((h.repeated, h.not_text, h.method.as_str()), (None, None, ""));
+    // A value bound in the path or the query is read from the path, whatever the role.
+    for bind in ["path:account, /amount:decimal", "query:currency, /amount:decimal"] {
+        let leaves =
+            [("role", "preview"), ("scope", "pay"), ("template", "/v1/accounts/{account}/quotes"), ("bind", bind)];
+        assert!(HeadNeeds::for_policy(&*testing::route(&leaves)?).path, "{bind}");
+    }
+    assert!(HeadNeeds::for_policy(&*policy("confirm", "envelope")?).path, "a confirm reads its path");
     let preview = HeadNeeds::for_policy(&*policy("preview", "envelope")?);
     assert!(!preview.path && !preview.headers, "{preview:?}");
     let h = RequestHead::from_headers(&odd(":path"), preview, None);
