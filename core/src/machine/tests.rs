@@ -717,6 +717,7 @@ fn events_in_the_wrong_phase_are_errors_and_change_nothing() -> TestResult {
     // The error names the event and the phase, for the host's log line.
     let err = m.on_callout(&CalloutAnswer::failed(), &mut env).err();
     assert_eq!(err.map(|e| (e.event, e.phase)), Some(("callout", "confirm.await_body")));
+    assert_eq!(err.map(|e| e.to_string()).as_deref(), Some("event callout in phase confirm.await_body"));
     assert!(m.on_response_body(b"{}", &mut env).is_err());
     assert!(m.on_response_head(&upstream(201, "via_upstream"), false, &mut env).is_err());
     // Still waiting for its body.
