@@ -17,6 +17,17 @@ pub(crate) struct StoreShare {
     pub(crate) calls_per_request: f64,
 }
 
+/// A goal against the reps of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Met {
+    /// Every rep reached it.
+    Yes,
+    /// No rep reached it.
+    No,
+    /// Some reps did: the spread crosses the goal, so the run cannot say.
+    Straddled,
+}
+
 /// One case against one baseline, from the same run.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Row {
@@ -45,8 +56,17 @@ impl Row {
         median(&self.ratios)
     }
 
-    fn met(&self) -> Option<bool> {
-        self.target.filter(|_| self.unmeasured.is_none()).map(|t| self.ratio() >= t)
+    /// Whether the goal is met, judged on every rep, not the median alone: the machine's noise moves
+    /// a ratio between reps, and a goal the reps straddle is neither met nor missed.
+    fn met(&self) -> Option<Met> {
+        let t = self.target.filter(|_| self.unmeasured.is_none() && !self.ratios.is_empty())?;
+        Some(if self.ratios.iter().all(|r| *r >= t) {
+            Met::Yes
+        } else if self.ratios.iter().all(|r| *r < t) {
+            Met::No
+        } else {
+            Met::Straddled
+        })
     }
 
     fn store_us(&self) -> f64 {
@@ -103,8 +123,9 @@ pub(crate) fn markdown(rows: &[Row], o: &Opts, ctx: &Context) -> String {
         let reps = r.ratios.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ");
         let target = r.target.map(|t| format!("≥ {t:.2}×")).unwrap_or_else(|| "–".into());
         let met = match r.met() {
-            Some(true) => "yes",
-            Some(false) => "**no**",
+            Some(Met::Yes) => "yes",
+            Some(Met::No) => "**no**",
+            Some(Met::Straddled) => "the reps straddle it",
             None => "",
         };
         let _ = writeln!(
@@ -169,7 +190,8 @@ pub(crate) fn markdown(rows: &[Row], o: &Opts, ctx: &Context) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "ratio: median over the reps of (this side's rate / the baseline's rate in the same rep). CPU per request \
+        "ratio: median over the reps of (this side's rate / the baseline's rate in the same rep); met: yes when every \
+         rep reaches the target, **no** when none does, \"the reps straddle it\" otherwise. CPU per request \
          from /proc (utime+stime, 10 ms ticks) of the Envoy and idemd processes over each timed run; store time \
          from idemd's `idem_store_latency_seconds` sum/count, scraped before and after each run (wall time inside \
          store calls, overlapping across connections). (wasm): the proxy-wasm filter; (native): the same filter as \
@@ -233,8 +255,9 @@ pub(crate) fn chart(rows: &[Row], title: &str, path: &Path) -> Result<(), BoxErr
             continue;
         }
         let color = match r.met() {
-            Some(true) => GREEN,
-            Some(false) => RED,
+            Some(Met::Yes) => GREEN,
+            Some(Met::No) => RED,
+            Some(Met::Straddled) => ORANGE,
             None => GREY,
         };
         c.draw_series(std::iter::once(Rectangle::new([(0.0, b + 0.2), (r.ratio(), b + 0.8)], color.filled())))?;
@@ -293,4 +316,22 @@ pub(crate) fn write(rows: &[Row], o: &Opts, ctx: &Context, dir: &Path) -> Result
     chart(rows, &format!("filter-bench @ {}", ctx.commit), &dir.join("chart.svg"))?;
     eprintln!("filter-bench: wrote {} and {}", dir.join("summary.md").display(), dir.join("chart.svg").display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Met, Row};
+
+    /// A goal is met when every rep reaches it, missed when none does, and neither when the reps
+    /// straddle it: the median alone would call a run on either side of the noise.
+    #[test]
+    fn a_goal_is_judged_on_every_rep() {
+        let row = |ratios: &[f64]| Row { ratios: ratios.to_vec(), target: Some(0.95), ..Row::default() };
+        assert_eq!(row(&[0.96, 0.97, 1.2]).met(), Some(Met::Yes));
+        assert_eq!(row(&[0.5, 0.6, 0.94]).met(), Some(Met::No));
+        assert_eq!(row(&[0.90, 0.96, 0.97]).met(), Some(Met::Straddled), "the median passes, one rep does not");
+        assert_eq!(row(&[0.90, 0.91, 0.97]).met(), Some(Met::Straddled), "the median fails, one rep passes");
+        assert_eq!(Row { target: None, ..row(&[1.0]) }.met(), None);
+        assert_eq!(row(&[]).met(), None, "no reps, no verdict");
+    }
 }

@@ -474,6 +474,32 @@ mod tests {
         Ok(())
     }
 
+    /// The ext_proc twins: Envoy's ext_proc filter on each listener's own cluster, its own route
+    /// table (whose opted-out route disables it), the processor's failure answered with the envelope,
+    /// and no plugin configuration left in Envoy (idemd has it).
+    #[test]
+    fn ext_proc_listeners_are_the_wasm_ones_behind_envoys_ext_proc_filter() -> Result<(), BoxError> {
+        let bench = std::fs::read_to_string(repo_root().join("envoy/bench.yaml"))?;
+        let agents = ext_proc_listener(&bench, "agents", EXT_PROC_AGENTS_CLUSTER, 31002)?;
+        let rules = ext_proc_listener(&bench, "rules", EXT_PROC_RULES_CLUSTER, 31003)?;
+        for (text, name, port, cluster) in [
+            (&agents, "agents_ext_proc", 31002, EXT_PROC_AGENTS_CLUSTER),
+            (&rules, "rules_ext_proc", 31003, EXT_PROC_RULES_CLUSTER),
+        ] {
+            assert!(text.starts_with(&format!("  - name: {name}\n")), "{text}");
+            assert!(text.contains(&format!("stat_prefix: {name}\n")) && text.contains(&format!("port_value: {port} ")));
+            assert!(text.contains(&format!("envoy_grpc: {{ cluster_name: {cluster} }}")), "{text}");
+            assert!(text.contains("failure_mode_allow: false") && text.contains("startsWith('ext_proc_error')"));
+            assert!(!text.contains("envoy.extensions.filters.http.wasm") && !text.contains("\"sidecar_cluster\""));
+            assert!(!text.contains("clusters:"), "one listener only");
+        }
+        assert!(
+            agents.contains("route_config: &routes_ext_proc\n") && rules.contains("route_config: *routes_ext_proc\n")
+        );
+        assert!(agents.contains("envoy.filters.http.ext_proc:\n"), "the opted-out route names the ext_proc filter");
+        Ok(())
+    }
+
     #[test]
     fn store_times_from_openmetrics() {
         let text = "# TYPE idem_store_latency_seconds histogram\n\
