@@ -458,6 +458,18 @@ pub fn approval_reapable(row: &ApprovalRow, now_ms: i64, retention_ms: u64) -> b
 mod tests {
     use super::*;
 
+    /// The insert writes a fresh IN_FLIGHT row with nothing recorded, whatever the record it is
+    /// handed says of state, result and attempts: the statement takes none of them from its caller
+    /// (`sql::NewInFlight`), and the rule must not either.
+    #[test]
+    fn a_fresh_insert_is_in_flight_with_nothing_recorded() {
+        let done = Record { reconcile_attempts: 3, ..rec(OpState::Done) };
+        let row = insert_in_flight(None, &done);
+        let seen = row.as_ref().map(|r| (r.state, r.result.is_none(), r.reconcile_attempts, r.key.as_str()));
+        assert_eq!(seen, Some((OpState::InFlight, true, 0, "k")));
+        assert_eq!(insert_in_flight(Some(&done), &done), None, "a row with the key: the insert does nothing");
+    }
+
     fn rec(state: OpState) -> Record {
         Record {
             key: "k".into(),
