@@ -499,6 +499,50 @@ mod tests {
         }
     }
 
+    /// The approval gate too: an approval row bound to other arguments, another subject or another
+    /// scope answers a mismatch, whatever its state, before any verdict is told.
+    #[test]
+    fn any_binding_difference_is_a_mismatch_at_the_approval_gate() {
+        let row = ApprovalRow {
+            key: "k".into(),
+            state: ApprovalState::Approved,
+            param_hash: "p".into(),
+            subject_hash: "u".into(),
+            scope: "s".into(),
+            fields: "{}".into(),
+            fp_exp_ms: 1_000,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            decided_by: Some("ann".into()),
+            reason: None,
+        };
+        for binding in [("x", "u", "s"), ("p", "x", "s"), ("p", "u", "x")] {
+            assert_eq!(approval_gate(Some(&row), false, binding, 10), Gate::Answer(AcquireOutcome::ParamMismatch));
+        }
+        assert_eq!(approval_gate(Some(&row), false, ("p", "u", "s"), 10), Gate::Proceed);
+        // At `exp` an open or approved row has lapsed; a refusal stays what it is.
+        for state in [ApprovalState::AwaitingApproval, ApprovalState::Approved] {
+            let open = ApprovalRow { state, ..row.clone() };
+            assert_eq!(approval_state_at(&open, 999), state);
+            assert_eq!(approval_state_at(&open, 1_000), ApprovalState::Lapsed, "{state:?}");
+        }
+        let refused = ApprovalRow { state: ApprovalState::Rejected, ..row };
+        assert_eq!(approval_state_at(&refused, 5_000), ApprovalState::Rejected);
+    }
+
+    /// A renewal moves the lease forward only, and stamps the row with its own time (as the
+    /// statement's `updated_at_ms = now` does).
+    #[test]
+    fn a_renewal_extends_the_lease_and_stamps_the_row() {
+        let owner = "0f".repeat(16);
+        let row = rec(OpState::InFlight);
+        let longer = renew(Some(&row), &owner, 50, 77);
+        assert_eq!(longer.as_ref().map(|r| (r.lease_until_ms, r.updated_at_ms)), Some((Some(50), 77)));
+        let shorter = renew(Some(&row), &owner, 5, 78);
+        assert_eq!(shorter.as_ref().map(|r| (r.lease_until_ms, r.updated_at_ms)), Some((Some(10), 78)));
+        assert_eq!(renew(Some(&row), "another", 50, 77), None);
+    }
+
     #[test]
     fn rows_answer_per_state() {
         let a = |s| answer_from_row(&rec(s), "p", "u", "s");
