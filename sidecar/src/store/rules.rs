@@ -530,6 +530,41 @@ mod tests {
         assert_eq!(approval_state_at(&refused, 5_000), ApprovalState::Rejected);
     }
 
+    /// A decision is what idemd writes (`store::approval` hands this row to the `UPDATE`): the new
+    /// state, who decided, why, and when; an approval insert is an open row whatever it is handed.
+    #[test]
+    fn a_decision_records_who_why_and_when_and_an_insert_is_open() {
+        let open = ApprovalRow {
+            key: "k".into(),
+            state: ApprovalState::AwaitingApproval,
+            param_hash: "p".into(),
+            subject_hash: "u".into(),
+            scope: "s".into(),
+            fields: "{}".into(),
+            fp_exp_ms: 1_000,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            decided_by: None,
+            reason: None,
+        };
+        for (decision, state) in
+            [(Decision::Approve, ApprovalState::Approved), (Decision::Reject, ApprovalState::Rejected)]
+        {
+            let row = decide(Some(&open), decision, ("ann", "ann-hash"), "checked the invoice", false, 500);
+            let seen = row.map(|r| (r.state, r.decided_by, r.reason, r.updated_at_ms));
+            assert_eq!(seen, Ok((state, Some("ann".into()), Some("checked the invoice".into()), 500)));
+        }
+        let handed = ApprovalRow {
+            state: ApprovalState::Rejected,
+            decided_by: Some("x".into()),
+            reason: Some("y".into()),
+            ..open.clone()
+        };
+        let inserted = insert_awaiting(None, &handed).map(|r| (r.state, r.decided_by, r.reason));
+        assert_eq!(inserted, Some((ApprovalState::AwaitingApproval, None, None)));
+        assert_eq!(insert_awaiting(Some(&open), &handed), None, "a row with the key: the insert does nothing");
+    }
+
     /// A renewal moves the lease forward only, and stamps the row with its own time (as the
     /// statement's `updated_at_ms = now` does).
     #[test]
