@@ -173,19 +173,12 @@ fn with_processor_failure_envelope(yaml: &str) -> Result<String, BoxError> {
 /// list's indentation (comments dropped).
 fn processor_failure_mapper(yaml: &str) -> Option<Vec<String>> {
     let lines: Vec<&str> = yaml.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
-    let indent = |l: &str| l.len() - l.trim_start().len();
     let items = lines.iter().enumerate().filter(|(_, l)| l.trim_start().starts_with("- filter:"));
     items
         .map(|(i, l)| {
-            let pad = indent(l);
-            let end = (i + 1..lines.len())
-                .find(|&j| {
-                    !lines[j].trim().is_empty()
-                        && (indent(lines[j]) < pad
-                            || (indent(lines[j]) == pad && lines[j].trim_start().starts_with('-')))
-                })
-                .unwrap_or(lines.len());
-            lines[i..end].iter().map(|l| l.get(pad..).unwrap_or("").trim_end().to_string()).collect::<Vec<_>>()
+            let pad = l.len() - l.trim_start().len();
+            let item = &lines[i..block_end(&lines, i)];
+            item.iter().map(|l| l.get(pad..).unwrap_or("").trim_end().to_string()).collect::<Vec<_>>()
         })
         .find(|item| item.iter().any(|l| l.contains("ext_proc_error")))
 }

@@ -490,6 +490,23 @@ mod tests {
         }
     }
 
+    /// An approval row of the operation `rec` makes, in `state`, lapsing at 1,000 ms.
+    fn approval(state: ApprovalState) -> ApprovalRow {
+        ApprovalRow {
+            key: "k".into(),
+            state,
+            param_hash: "p".into(),
+            subject_hash: "u".into(),
+            scope: "s".into(),
+            fields: "{}".into(),
+            fp_exp_ms: 1_000,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            decided_by: None,
+            reason: None,
+        }
+    }
+
     #[test]
     fn any_binding_difference_is_a_mismatch_before_any_result_is_shown() {
         for (p, u, s) in [("x", "u", "s"), ("p", "x", "s"), ("p", "u", "x")] {
@@ -503,19 +520,7 @@ mod tests {
     /// scope answers a mismatch, whatever its state, before any verdict is told.
     #[test]
     fn any_binding_difference_is_a_mismatch_at_the_approval_gate() {
-        let row = ApprovalRow {
-            key: "k".into(),
-            state: ApprovalState::Approved,
-            param_hash: "p".into(),
-            subject_hash: "u".into(),
-            scope: "s".into(),
-            fields: "{}".into(),
-            fp_exp_ms: 1_000,
-            created_at_ms: 0,
-            updated_at_ms: 0,
-            decided_by: Some("ann".into()),
-            reason: None,
-        };
+        let row = ApprovalRow { decided_by: Some("ann".into()), ..approval(ApprovalState::Approved) };
         for binding in [("x", "u", "s"), ("p", "x", "s"), ("p", "u", "x")] {
             assert_eq!(approval_gate(Some(&row), false, binding, 10), Gate::Answer(AcquireOutcome::ParamMismatch));
         }
@@ -534,19 +539,7 @@ mod tests {
     /// state, who decided, why, and when; an approval insert is an open row whatever it is handed.
     #[test]
     fn a_decision_records_who_why_and_when_and_an_insert_is_open() {
-        let open = ApprovalRow {
-            key: "k".into(),
-            state: ApprovalState::AwaitingApproval,
-            param_hash: "p".into(),
-            subject_hash: "u".into(),
-            scope: "s".into(),
-            fields: "{}".into(),
-            fp_exp_ms: 1_000,
-            created_at_ms: 0,
-            updated_at_ms: 0,
-            decided_by: None,
-            reason: None,
-        };
+        let open = approval(ApprovalState::AwaitingApproval);
         for (decision, state) in
             [(Decision::Approve, ApprovalState::Approved), (Decision::Reject, ApprovalState::Rejected)]
         {

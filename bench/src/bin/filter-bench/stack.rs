@@ -175,19 +175,16 @@ pub(crate) async fn start_stack(
     // same stores `rules'` (an ext_proc service runs one configuration). One thread each, as Envoy
     // runs one worker: the filters' hosts run on that one thread too.
     let rules_sidecar_port = free_port()?;
-    let mut grpc = Vec::new();
-    for (listener, sidecar_port) in [("agents", ports.sidecar), ("rules", rules_sidecar_port)] {
+    // The harness's own ext_proc flags for the idemd on `sidecar_port`, with `listener`'s plugin
+    // configuration; and the port its ext_proc service listens on.
+    let serve = |listener: &str, sidecar_port: u16| -> Result<(u16, Vec<String>), BoxError> {
         let config = ext_proc::plugin_config_of(&listener_block(&bench, listener)?)
             .ok_or_else(|| format!("envoy/bench.yaml's `{listener}` has no plugin configuration"))?;
-        let (file, port) = ext_proc::prepare(sidecar_port, &config, dir.path())?;
-        let args = ["--ext-proc", &format!("127.0.0.1:{port}"), "--ext-proc-config", &file.display().to_string()]
-            .into_iter()
-            .chain(["--ext-proc-threads", "1"])
-            .map(str::to_owned)
-            .collect::<Vec<_>>();
-        grpc.push((port, args));
-    }
-    let [(agents_grpc, agents_args), (rules_grpc, rules_args)] = <[_; 2]>::try_from(grpc).map_err(|_| "two")?;
+        let (_, port) = ext_proc::prepare(sidecar_port, &config, dir.path())?;
+        Ok((port, ext_proc::sidecar_args(sidecar_port, dir.path())?))
+    };
+    let (agents_grpc, agents_args) = serve("agents", ports.sidecar)?;
+    let (rules_grpc, rules_args) = serve("rules", rules_sidecar_port)?;
     let opts =
         |extra_args| SidecarOpts { redis_url: redis_url.clone(), database_url: Some(sql_url.clone()), extra_args };
     let mut sidecar = start_sidecar(&opts(agents_args), ports.sidecar, dir.path())?;
@@ -424,8 +421,7 @@ pub(crate) fn store_delta(before: &StoreTimes, after: &StoreTimes) -> Vec<(Strin
         .collect()
 }
 
-/// One counter of Envoy's /stats (e.g. `wasmcustom.idem.replay_cache_hits`); 0 when absent.
-/// A counter of idemd's /metrics, by its whole series (`name{labels}`).
+/// A counter of idemd's /metrics, by its whole series (`name{labels}`); 0 when absent.
 pub(crate) async fn idemd_counter(sidecar_port: u16, series: &str) -> u64 {
     let text = match reqwest::get(format!("http://127.0.0.1:{sidecar_port}/metrics")).await {
         Ok(r) => r.text().await.unwrap_or_default(),
@@ -437,6 +433,7 @@ pub(crate) async fn idemd_counter(sidecar_port: u16, series: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// One counter of Envoy's /stats (e.g. `wasmcustom.idem.replay_cache_hits`); 0 when absent.
 pub(crate) async fn envoy_counter(admin: u16, name: &str) -> u64 {
     let url = format!("http://127.0.0.1:{admin}/stats?filter=^{}$", name.replace('.', "%5C."));
     let text = match reqwest::get(url).await {
